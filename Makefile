@@ -1,0 +1,40 @@
+# The two commands of the README: `make test` and `make demo`. Each works on a fresh machine with
+# nothing but Python: it creates .venv and installs the project (editable) with what it needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint typecheck pytest bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP) lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+# pytest exits 5 when it collected no tests: that is a broken suite, not a pass, and it says so.
+pytest: $(STAMP)
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); code=$$?; \
+	if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests; the suite is broken" >&2; exit 1; fi; \
+	exit $$code
+
+demo: $(STAMP)
+	$(BIN)/callgate demo
+
+bench: $(STAMP)
+	$(BIN)/python bench/gate_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

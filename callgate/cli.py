@@ -1,0 +1,100 @@
+"""The `callgate` command line: wiring only; the work lives in the packages."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.tree import Tree
+
+app = typer.Typer(
+    name="callgate",
+    help="One gate between an LLM agent and every tool it can reach.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+
+
+def load_object(spec: str) -> Any:
+    """Import `MODULE:ATTR` (the current directory is importable); raise `typer.BadParameter` naming
+    what is missing."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise typer.BadParameter(f"expected MODULE:ATTR, got {spec!r}")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise typer.BadParameter(f"cannot import module {module_name!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise typer.BadParameter(f"module {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def resolve_gate(spec: str) -> Any:
+    """A `Gate` from `MODULE:ATTR`: the attribute itself, or what calling it (no arguments) returns."""
+    from interceptor_core import Gate
+
+    obj = load_object(spec)
+    if not isinstance(obj, Gate) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Gate):
+        raise typer.BadParameter(f"{spec} is a {type(obj).__name__}, not a Gate or a function returning one")
+    return obj
+
+
+@app.command()
+def describe(
+    target: Annotated[str, typer.Argument(help="MODULE:ATTR of a Gate, or of a function that builds one.")],
+) -> None:
+    """Print each scope, its tools and the effective interceptor chain per tool. No network."""
+    gate = resolve_gate(target)
+    root = Tree(f"[bold]gate {gate.name}[/bold]")
+    for scope in gate.describe():
+        label = f"[cyan]{scope['scope']}[/cyan] {scope['path']}"
+        if scope["interceptors"]:
+            label += f"  interceptors: {', '.join(scope['interceptors'])}"
+        if scope.get("exclude"):
+            label += f"  [yellow]excludes: {', '.join(scope['exclude'])}[/yellow]"
+        node = root.add(label)
+        for entry in scope["tools"]:
+            tool_node = node.add(
+                f"[green]{entry['tool']}[/green]({', '.join(entry['inputs'])})  {entry['description']}"
+            )
+            chain = " -> ".join(
+                f"{c['interceptor']} [dim]({c['scope']}{', mandatory' if c['mandatory'] else ''})[/dim]"
+                for c in entry["chain"]
+            )
+            tool_node.add(f"chain: {chain or '[dim](none)[/dim]'}")
+            for ex in entry["excluded"]:
+                tool_node.add(f"[yellow]excluded[/yellow] {ex['interceptor']} ({ex['scope']}) by {ex['excluded_by']}")
+    console.print(root)
+
+
+@app.command()
+def demo() -> None:
+    """Run the support-desk example through the gate and show every decision it takes."""
+    from callgate.tour import run_tour
+
+    ok = asyncio.run(run_tour(console))
+    raise typer.Exit(0 if ok else 1)
+
+
+def main() -> None:
+    """Entry point of the `callgate` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Decisions are values an interceptor returns; the gate `match`es on them.
+
+Each is built with one positional argument. `None` from an interceptor means `Allow()`.
+`kind` is a class-level tag, the same string the decision trail and the events record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    """Let the call continue to the next interceptor (and, at the end, to the tool)."""
+
+    kind: ClassVar[Literal["allow"]] = "allow"
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """Replace the arguments (tool calls) or the messages (before-turn) and continue.
+
+    Rewritten tool arguments (a mapping or an instance of the input model) are validated again
+    against the tool's input model; later interceptors and the tool see the new arguments. A rewrite
+    never switches off a later deny.
+    """
+
+    args: Any
+    kind: ClassVar[Literal["rewrite"]] = "rewrite"
+
+    @property
+    def messages(self) -> Any:
+        """The same value, under the name a before-turn interceptor uses."""
+        return self.args
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    """Refuse this call; `message` is what the model reads, so say what it can do instead."""
+
+    message: str
+    kind: ClassVar[Literal["deny"]] = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class Substitute:
+    """Skip the tool; `result` stands in for its output (after-interceptors still run on it)."""
+
+    result: Any
+    kind: ClassVar[Literal["substitute"]] = "substitute"
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Stop the whole run: the call raises `ToolBlockedError` carrying `reason`."""
+
+    reason: str
+    kind: ClassVar[Literal["block"]] = "block"
+
+
+@dataclass(frozen=True, slots=True)
+class RequireApproval:
+    """Ask a human before the tool runs; asked only once the whole chain has run without ending."""
+
+    reason: str
+    kind: ClassVar[Literal["require_approval"]] = "require_approval"
+
+
+Decision = Allow | Rewrite | Deny | Substitute | Block | RequireApproval
+"""Everything a before-interceptor may return (or `None`, meaning `Allow()`)."""
+
+DECISION_TYPES: tuple[type, ...] = (Allow, Rewrite, Deny, Substitute, Block, RequireApproval)
+
+ALLOW = Allow()
+"""The shared `Allow()` the gate substitutes for `None`."""

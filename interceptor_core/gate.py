@@ -1,0 +1,756 @@
+"""The gate: scopes, the compiled interceptor chain per tool, and the one mediated call path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, assert_never
+
+from pydantic import BaseModel, ValidationError
+
+from interceptor_core._eager import finish, resume, start
+from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest
+from interceptor_core.context import RunContext, ScopePath, ToolCall, ToolContext, new_id
+from interceptor_core.decisions import Allow, Block, Deny, RequireApproval, Rewrite, Substitute
+from interceptor_core.exceptions import (
+    ConfigurationError,
+    CoverageError,
+    ToolApprovalRequiredError,
+    ToolBlockedError,
+)
+from interceptor_core.guard import CoverageLedger, CoverageReport, Guarded, current_call
+from interceptor_core.interceptors import BoundInterceptor, ScopeLevel, bind_interceptor
+from interceptor_core.results import TRUNCATION_MARK, DecisionRecord, ToolResult
+from interceptor_core.tools import Tool
+
+OnInterceptorError = Literal["deny", "block"]
+_DECISIONS = (Allow, Rewrite, Deny, Substitute, Block, RequireApproval)
+_perf = time.perf_counter
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    """An interceptor an inner scope switched off for a tool: who, where it lived, who excluded it."""
+
+    interceptor: str
+    scope: ScopeLevel
+    excluded_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledChain:
+    """The effective chain of one tool at one scope, resolved once (and again when the gate changes)."""
+
+    tool: Tool[Any, Any]
+    path: ScopePath
+    interceptors: tuple[BoundInterceptor, ...]
+    """Every interceptor on the chain, outer scope first."""
+    before: tuple[BoundInterceptor, ...]
+    after: tuple[BoundInterceptor, ...]
+    excluded: tuple[Exclusion, ...]
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Level:
+    level: ScopeLevel
+    name: str
+    interceptors: tuple[BoundInterceptor, ...]
+    exclude: tuple[str, ...]
+
+
+def _bind_all(interceptors: Iterable[object], level: ScopeLevel) -> tuple[BoundInterceptor, ...]:
+    return tuple(bind_interceptor(obj, level) for obj in interceptors)
+
+
+def _check_excludes(exclude: Sequence[str], outer: Sequence[_Level], where: str) -> None:
+    """An exclude must name an interceptor of an outer scope, and never a mandatory one."""
+    for name in exclude:
+        matches = [b for level in outer for b in level.interceptors if b.name == name]
+        if not matches:
+            known = sorted({b.name for level in outer for b in level.interceptors})
+            raise ConfigurationError(
+                f"{where} excludes {name!r}, which is no interceptor of its outer scopes "
+                f"(they have: {', '.join(known) or 'none'})",
+                interceptor=name,
+            )
+        for bound in matches:
+            if bound.mandatory:
+                raise ConfigurationError(
+                    f"{where} excludes {name!r}, which is mandatory at the {bound.scope} scope",
+                    interceptor=name,
+                )
+
+
+def _compile(levels: Sequence[_Level], tool: Tool[Any, Any], path: ScopePath, generation: int) -> CompiledChain:
+    chain: list[BoundInterceptor] = []
+    excluded: list[Exclusion] = []
+    for index, level in enumerate(levels):
+        inner_excludes = {name: inner.name for inner in levels[index + 1 :] for name in inner.exclude}
+        for bound in level.interceptors:
+            # A mandatory interceptor added to the gate after a scope was built may share a name an
+            # inner scope excluded; mandatory wins.
+            if bound.name in inner_excludes and not bound.mandatory:
+                excluded.append(Exclusion(bound.name, bound.scope, inner_excludes[bound.name]))
+                continue
+            chain.append(bound)
+    return CompiledChain(
+        tool=tool,
+        path=path,
+        interceptors=tuple(chain),
+        before=tuple(b for b in chain if b.before is not None),
+        after=tuple(b for b in reversed(chain) if b.after is not None),
+        excluded=tuple(excluded),
+        generation=generation,
+    )
+
+
+def _validation_text(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in error["loc"]) or "(arguments)"
+        parts.append(f"{loc}: {error['msg']}")
+    return "; ".join(parts)
+
+
+class Gate:
+    """The application scope and the one path every tool call takes.
+
+    A gate is not bound to an event loop: build scopes anywhere; one gate serves many
+    `asyncio.run` calls and threads at once. It keeps no per-run state.
+
+    - `interceptors`: application-scope interceptors, outermost.
+    - `approval_handler`: answers `RequireApproval`; no answer within `approval_timeout_s` is a
+      refusal. Without a handler such calls raise `ToolApprovalRequiredError`.
+    - `interceptor_timeout_s`: an interceptor running longer fails closed, as one that raises or
+      returns something that is not a decision does: `on_interceptor_error` "deny" (default; the
+      model reads a denial) or "block" (the run stops with `ToolBlockedError`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        interceptors: Sequence[object] = (),
+        sinks: Sequence[object] = (),
+        approval_handler: ApprovalHandler | None = None,
+        approval_timeout_s: float = 300.0,
+        interceptor_timeout_s: float = 5.0,
+        on_interceptor_error: OnInterceptorError = "deny",
+    ) -> None:
+        if on_interceptor_error not in ("deny", "block"):
+            raise ConfigurationError(f"on_interceptor_error must be 'deny' or 'block', got {on_interceptor_error!r}")
+        if interceptor_timeout_s <= 0 or approval_timeout_s <= 0:
+            raise ConfigurationError("interceptor_timeout_s and approval_timeout_s must be positive")
+        self.name = name
+        self.approval_handler = approval_handler
+        self.approval_timeout_s = approval_timeout_s
+        self.interceptor_timeout_s = interceptor_timeout_s
+        self.on_interceptor_error: OnInterceptorError = on_interceptor_error
+        self.sinks = tuple(sinks)
+        self._level = _Level("application", name, _bind_all(interceptors, "application"), ())
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._workflows: dict[str, Workflow] = {}
+        self._agents: list[AgentScope] = []
+        self._direct: dict[str, CompiledChain] = {}
+        self._ledger = CoverageLedger()
+        self._exercised = self._ledger.exercised
+
+    # -- scopes ---------------------------------------------------------------------------------
+
+    def workflow(self, name: str, *, interceptors: Sequence[object] = (), exclude: Sequence[str] = ()) -> Workflow:
+        """A workflow scope under this gate. Raises `ConfigurationError` for a bad exclude."""
+        wf = Workflow(self, name, interceptors=interceptors, exclude=exclude)
+        with self._lock:
+            self._workflows[name] = wf
+        return wf
+
+    def agent(
+        self,
+        name: str,
+        *,
+        tools: Sequence[Tool[Any, Any]],
+        interceptors: Sequence[object] = (),
+        exclude: Sequence[str] = (),
+    ) -> AgentScope:
+        """An agent scope directly under the gate (no workflow)."""
+        return AgentScope(self, None, name, tools=tools, interceptors=interceptors, exclude=exclude)
+
+    def add_interceptor(self, interceptor: object, *, first: bool = False) -> None:
+        """Add an application-scope interceptor (outermost if `first`); every scope picks it up on
+        its next call. Safe from any thread."""
+        bound = bind_interceptor(interceptor, "application")
+        with self._lock:
+            current = self._level.interceptors
+            ordered = (bound, *current) if first else (*current, bound)
+            self._level = _Level("application", self.name, ordered, ())
+            self._generation += 1
+
+    def remove_interceptor(self, interceptor: object) -> None:
+        """Remove an application-scope interceptor added earlier (matched by identity)."""
+        with self._lock:
+            kept = tuple(b for b in self._level.interceptors if b.obj is not interceptor)
+            if len(kept) == len(self._level.interceptors):
+                raise ConfigurationError(f"{interceptor!r} is not an interceptor of gate {self.name!r}")
+            self._level = _Level("application", self.name, kept, ())
+            self._generation += 1
+
+    @property
+    def interceptors(self) -> tuple[object, ...]:
+        """The application-scope interceptors, in order."""
+        return tuple(b.obj for b in self._level.interceptors)
+
+    def _register_agent(self, scope: AgentScope) -> None:
+        with self._lock:
+            self._agents.append(scope)
+        self._ledger.register(scope.tools)
+
+    # -- the direct path ------------------------------------------------------------------------
+
+    async def invoke(
+        self,
+        tool: Tool[Any, Any],
+        args: Mapping[str, Any] | BaseModel | str,
+        *,
+        run: RunContext | None = None,
+        call_id: str | None = None,
+    ) -> ToolResult:
+        """Call `tool` through the application and tool scopes only (no workflow, no agent)."""
+        compiled = self._direct.get(tool.name)
+        if compiled is None or compiled.tool is not tool or compiled.generation != self._generation:
+            levels = (self._level, _Level("tool", tool.name, _bind_all(tool.interceptors, "tool"), ()))
+            _check_excludes(tool.exclude_interceptors, levels[:1], f"tool {tool.name!r}")
+            levels = (levels[0], _Level("tool", tool.name, levels[1].interceptors, tool.exclude_interceptors))
+            compiled = _compile(levels, tool, ScopePath(self.name, None, None, tool.name), self._generation)
+            with self._lock:
+                self._direct[tool.name] = compiled
+            self._ledger.register((tool.name,))
+        return await self._execute(compiled, args, run if run is not None else RunContext(), call_id)
+
+    # -- coverage -------------------------------------------------------------------------------
+
+    def guard(self, obj: Any, *, name: str, tools: Iterable[str]) -> Any:
+        """Wrap a client that has effects so only mediated calls of `tools` may use it.
+
+        `tools` are tool names; they need not be registered yet. Any other use raises
+        `UnmediatedAccessError` and is recorded for `coverage()`.
+        """
+        return Guarded(obj, name=name, tools=tools, gate_id=id(self), ledger=self._ledger)
+
+    def coverage(self, *, require_exercised: bool = False) -> CoverageReport:
+        """Registered tools, tools called through the gate, and every unmediated access so far."""
+        return self._ledger.report(require_exercised=require_exercised)
+
+    def assert_coverage(self, *, require_exercised: bool = False) -> CoverageReport:
+        """Raise `CoverageError` (with the report) on any unmediated access, or, with
+        `require_exercised`, on a registered tool never called through the gate."""
+        report = self.coverage(require_exercised=require_exercised)
+        if not report.ok:
+            raise CoverageError(report)
+        return report
+
+    # -- describe -------------------------------------------------------------------------------
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each scope, its tools and the effective chain per tool, with the excludes that applied."""
+        with self._lock:
+            agents = list(self._agents)
+            direct = list(self._direct.values())
+        out: list[dict[str, Any]] = [
+            {
+                "scope": "application",
+                "path": self.name,
+                "interceptors": [b.name for b in self._level.interceptors],
+                "tools": [],
+            }
+        ]
+        for wf in self._workflows.values():
+            out.append(
+                {
+                    "scope": "workflow",
+                    "path": f"{self.name}/{wf.name}",
+                    "interceptors": [b.name for b in wf._level.interceptors],
+                    "exclude": list(wf._level.exclude),
+                    "tools": [],
+                }
+            )
+        for scope in agents:
+            out.append(
+                {
+                    "scope": "agent",
+                    "path": "/".join(p for p in (self.name, scope.workflow_name, scope.name) if p),
+                    "interceptors": [b.name for b in scope._level.interceptors],
+                    "exclude": list(scope._level.exclude),
+                    "tools": [_describe_chain(scope._chain(t)) for t in scope.tools],
+                }
+            )
+        if direct:
+            out.append(
+                {
+                    "scope": "direct",
+                    "path": f"{self.name} (gate.invoke)",
+                    "interceptors": [],
+                    "tools": [_describe_chain(c) for c in direct],
+                }
+            )
+        return out
+
+    # -- sinks ----------------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Drain every sink."""
+        for sink in self.sinks:
+            flush = getattr(sink, "flush", None)
+            if flush is not None:
+                await flush()
+
+    async def close(self) -> None:
+        """Flush and close every sink; idempotent."""
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                await close()
+
+    # -- the call path --------------------------------------------------------------------------
+
+    async def _execute(
+        self,
+        compiled: CompiledChain,
+        args: Mapping[str, Any] | BaseModel | str,
+        run: RunContext,
+        call_id: str | None,
+    ) -> ToolResult:
+        tool = compiled.tool
+        call_id = call_id or new_id()
+        trail: list[DecisionRecord] = []
+        self._exercised.add(tool.name)  # atomic under the GIL; no lock on the call path
+
+        # 1. Validate.
+        try:
+            if isinstance(args, tool.input_model):
+                model = args
+            elif isinstance(args, str | bytes):
+                model = tool.input_model.model_validate_json(args)
+            else:
+                model = tool.input_model.model_validate(args)
+        except ValidationError as exc:
+            message = f"Invalid arguments for tool {tool.name}: {_validation_text(exc)}"
+            trail.append(DecisionRecord("validation", "gate", "deny", 0.0, "validation", message))
+            return self._result(compiled, call_id, trail, "error", message=message, decided_by="validation")
+
+        call = ToolCall(tool, model, run, call_id, compiled.path)
+
+        # 2. Before-interceptors, outer scope to inner.
+        approvals: list[tuple[str, str]] = []
+        substituted_by: str | None = None
+        output: Any = None
+        timeout = self.interceptor_timeout_s
+        for bound in compiled.before:
+            started = _perf()
+            try:
+                decision = bound.before(call)  # type: ignore[misc]
+                if bound.before_async or inspect.isawaitable(decision):
+                    done, decision_or_pending = start(decision)
+                    decision = decision_or_pending if done else await finish(decision, decision_or_pending, timeout)
+                elapsed = _perf() - started
+                if elapsed > timeout:
+                    raise TimeoutError(f"ran {elapsed:.3f} s, past interceptor_timeout_s={timeout}")
+            except Exception as exc:
+                failure = _failure_text(exc, timeout)
+                trail.append(DecisionRecord(bound.name, bound.scope, "error", _perf() - started, "before", failure))
+                return self._fail_closed(compiled, call_id, trail, bound, failure)
+            elapsed = _perf() - started
+            if decision is None or type(decision) is Allow:
+                trail.append(DecisionRecord(bound.name, bound.scope, "allow", elapsed))
+                continue
+            if not isinstance(decision, _DECISIONS):
+                failure = f"returned {type(decision).__name__}, not a decision"
+                trail.append(DecisionRecord(bound.name, bound.scope, "error", elapsed, "before", failure))
+                return self._fail_closed(compiled, call_id, trail, bound, failure)
+            trail.append(DecisionRecord(bound.name, bound.scope, decision.kind, elapsed))
+            match decision:
+                case Allow():
+                    continue
+                case Rewrite(args=new_args):
+                    try:
+                        if isinstance(new_args, tool.input_model):
+                            call._replace_args(new_args)
+                        else:
+                            call._replace_args(tool.input_model.model_validate(new_args))
+                    except ValidationError as exc:
+                        failure = f"rewrote the arguments into invalid ones: {_validation_text(exc)}"
+                        trail[-1] = DecisionRecord(bound.name, bound.scope, "error", elapsed, "before", failure)
+                        return self._fail_closed(compiled, call_id, trail, bound, failure)
+                case Deny(message=message):
+                    return self._result(compiled, call_id, trail, "denied", message=message, decided_by=bound.name)
+                case Substitute(result=result):
+                    output, substituted_by = result, bound.name
+                    break
+                case Block(reason=reason):
+                    raise ToolBlockedError(reason, tool=tool.name, call_id=call_id, interceptor=bound.name)
+                case RequireApproval(reason=reason):
+                    approvals.append((bound.name, reason))
+                case _:
+                    assert_never(decision)
+
+        # 3. Approval, once the whole chain has run.
+        if approvals and substituted_by is None:
+            refusal = await self._ask_approval(call, approvals, trail)
+            if refusal is not None:
+                return self._result(compiled, call_id, trail, "denied", message=refusal, decided_by="approval")
+
+        # 4. The tool, in its own context (and its own task once it suspends), mediated.
+        ctx = ToolContext(run, call_id, compiled.path, gate_id=id(self))
+        if substituted_by is None:
+            failed, output = await self._run_tool(tool, call.args_model, ctx)
+            if failed:
+                return self._result(compiled, call_id, trail, "error", message=output, cost=ctx.cost_usd)
+
+        # 5. After-interceptors, inner scope to outer; then validate and cut.
+        for bound in compiled.after:
+            started = _perf()
+            try:
+                output = bound.after(call, output)  # type: ignore[misc]
+                if bound.after_async or inspect.isawaitable(output):
+                    done, output_or_pending = start(output)
+                    output = output_or_pending if done else await finish(output, output_or_pending, timeout)
+                if output is None and tool.output_type is not None:
+                    raise TypeError("after_tool_call returned None; return the output, transformed or not")
+            except Exception as exc:
+                failure = _failure_text(exc, timeout)
+                trail.append(DecisionRecord(bound.name, bound.scope, "error", _perf() - started, "after", failure))
+                return self._result(
+                    compiled,
+                    call_id,
+                    trail,
+                    "error",
+                    message=f"output withheld: after-interceptor {bound.name!r} failed",
+                    decided_by=bound.name,
+                    cost=ctx.cost_usd,
+                )
+            trail.append(DecisionRecord(bound.name, bound.scope, "allow", _perf() - started, "after"))
+        try:
+            value = tool.output_adapter.validate_python(output)
+        except ValidationError as exc:
+            source = "output" if substituted_by is None else f"substitute from {substituted_by!r}"
+            return self._result(
+                compiled,
+                call_id,
+                trail,
+                "error",
+                message=f"{source} of tool {tool.name} does not match its declared type: {_validation_text(exc)}",
+                decided_by="output",
+                cost=ctx.cost_usd,
+            )
+        truncated = False
+        limit = tool.max_result_chars
+        if limit is not None and isinstance(value, str) and len(value) > limit:
+            value, truncated = value[:limit] + TRUNCATION_MARK, True
+        return self._result(
+            compiled,
+            call_id,
+            trail,
+            "ok" if substituted_by is None else "substituted",
+            value=value,
+            decided_by=substituted_by,
+            truncated=truncated,
+            cost=ctx.cost_usd,
+        )
+
+    def _result(
+        self,
+        compiled: CompiledChain,
+        call_id: str,
+        trail: list[DecisionRecord],
+        kind: Literal["ok", "error", "denied", "substituted"],
+        *,
+        value: Any = None,
+        message: str | None = None,
+        decided_by: str | None = None,
+        truncated: bool = False,
+        cost: float = 0.0,
+    ) -> ToolResult:
+        return ToolResult(
+            kind=kind,
+            value=value,
+            message=message,
+            tool_name=compiled.tool.name,
+            call_id=call_id,
+            decided_by=decided_by,
+            decisions=tuple(trail),
+            truncated=truncated,
+            cost_usd=cost,
+            max_chars=compiled.tool.max_result_chars,
+        )
+
+    def _fail_closed(
+        self,
+        compiled: CompiledChain,
+        call_id: str,
+        trail: list[DecisionRecord],
+        bound: BoundInterceptor,
+        failure: str,
+    ) -> ToolResult:
+        tool = compiled.tool.name
+        if self.on_interceptor_error == "block":
+            raise ToolBlockedError(
+                f"interceptor {bound.name!r} failed ({failure}); failing closed",
+                tool=tool,
+                call_id=call_id,
+                interceptor=bound.name,
+            )
+        # The model learns that a check failed, not the check's internals.
+        message = f"The call to {tool} was refused: the policy check {bound.name!r} could not be completed."
+        return self._result(compiled, call_id, trail, "denied", message=message, decided_by=bound.name)
+
+    async def _ask_approval(
+        self, call: ToolCall, approvals: list[tuple[str, str]], trail: list[DecisionRecord]
+    ) -> str | None:
+        """Ask the handler; None when approved, else the refusal the model reads."""
+        reason = "; ".join(reason for _, reason in approvals)
+        requested_by = tuple(name for name, _ in approvals)
+        handler = self.approval_handler
+        if handler is None:
+            raise ToolApprovalRequiredError(
+                reason, tool=call.tool_name, call_id=call.call_id, interceptor=", ".join(requested_by)
+            )
+        request = ApprovalRequest(
+            tool=call.tool_name,
+            args=call.args,
+            reason=reason,
+            run=call.run,
+            call_id=call.call_id,
+            requested_by=requested_by,
+        )
+        started = _perf()
+        error: str | None = None
+        answer: Any = None
+        try:
+            answer = handler(request)
+            if inspect.isawaitable(answer):
+                async with asyncio.timeout(self.approval_timeout_s):
+                    answer = await answer
+        except TimeoutError:
+            error = f"no answer within {self.approval_timeout_s} s"
+        except Exception as exc:
+            error = f"approval handler raised {type(exc).__name__}: {exc}"
+        match answer:
+            case bool():
+                approval = Approval(approved=answer)
+            case Approval():
+                approval = answer
+            case _:
+                if error is None:
+                    error = f"approval handler returned {type(answer).__name__}, not bool or Approval"
+                approval = Approval(approved=False)
+        trail.append(
+            DecisionRecord(
+                "approval",
+                "gate",
+                "allow" if approval.approved else "deny",
+                _perf() - started,
+                "approval",
+                error,
+            )
+        )
+        if approval.approved:
+            return None
+        refusal = f"The call to {call.tool_name} needs approval ({reason}) and was refused"
+        if error is not None:
+            refusal += " (no decision was given)"
+        elif approval.by:
+            refusal += f" by {approval.by}"
+        return refusal + (f": {approval.note}" if approval.note else ".")
+
+    async def _run_tool(self, tool: Tool[Any, Any], args: BaseModel, ctx: ToolContext) -> tuple[bool, Any]:
+        """Run the tool body; (False, output) or (True, error text). Never raises its errors."""
+        pos, kwargs = tool.bind(args, ctx)
+        context = contextvars.copy_context()
+        context.run(current_call.set, ctx)
+        loop = asyncio.get_running_loop()
+        runner: Awaitable[Any]
+        scope: asyncio.Timeout | None = None
+        try:
+            if tool.is_async:
+                # Eager start inside the tool's own context: a body that never suspends needs no
+                # task and no timer; one that does continues as its own task.
+                coro = tool.fn(*pos, **kwargs)
+                try:
+                    pending = context.run(coro.send, None)
+                except StopIteration as stop:
+                    return False, stop.value
+                runner = loop.create_task(resume(coro, pending), context=context)
+            else:
+                # The worker thread keeps running if the timeout fires first: threads cannot be killed.
+                runner = loop.run_in_executor(None, functools.partial(context.run, tool.fn, *pos, **kwargs))
+            scope = asyncio.timeout(tool.timeout_s)
+            async with scope:
+                return False, await runner
+        except TimeoutError as exc:
+            if scope is not None and scope.expired():
+                return True, f"timed out after {tool.timeout_s} s"
+            return True, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            return True, f"{type(exc).__name__}: {exc}"
+
+
+def _failure_text(exc: BaseException, timeout: float) -> str:
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return f"no decision within interceptor_timeout_s={timeout}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _describe_chain(chain: CompiledChain) -> dict[str, Any]:
+    tool = chain.tool
+    schema = tool.input_model.model_json_schema()
+    required = set(schema.get("required", []))
+    fields = [
+        f"{name}{'' if name in required else '?'}: {prop.get('type', prop.get('$ref', 'any'))}"
+        for name, prop in schema.get("properties", {}).items()
+    ]
+    return {
+        "tool": tool.name,
+        "description": tool.description,
+        "inputs": fields,
+        "chain": [{"interceptor": b.name, "scope": b.scope, "mandatory": b.mandatory} for b in chain.interceptors],
+        "excluded": [
+            {"interceptor": e.interceptor, "scope": e.scope, "excluded_by": e.excluded_by} for e in chain.excluded
+        ],
+    }
+
+
+async def _unknown_tool(name: str, call_id: str | None, available: tuple[str, ...]) -> ToolResult:
+    return ToolResult(
+        kind="error",
+        message=f"Unknown tool {name!r}; available tools: {', '.join(available) or 'none'}",
+        tool_name=name,
+        call_id=call_id or new_id(),
+        decided_by="registry",
+    )
+
+
+class Workflow:
+    """A workflow scope: interceptors that apply to every agent under it, and excludes of the
+    application's. Raises `ConfigurationError` when an exclude names no application interceptor or
+    a mandatory one."""
+
+    def __init__(
+        self, gate: Gate, name: str, *, interceptors: Sequence[object] = (), exclude: Sequence[str] = ()
+    ) -> None:
+        self.gate = gate
+        self.name = name
+        _check_excludes(exclude, (gate._level,), f"workflow {name!r}")
+        self._level = _Level("workflow", name, _bind_all(interceptors, "workflow"), tuple(exclude))
+
+    def agent(
+        self,
+        name: str,
+        *,
+        tools: Sequence[Tool[Any, Any]],
+        interceptors: Sequence[object] = (),
+        exclude: Sequence[str] = (),
+    ) -> AgentScope:
+        """An agent scope under this workflow."""
+        return AgentScope(self.gate, self, name, tools=tools, interceptors=interceptors, exclude=exclude)
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.gate.name}/{self.name})"
+
+
+class AgentScope:
+    """An agent's scope: its tools and the chain each call of them meets.
+
+    `await scope.call(tool_name, args, run=...)` is the mediated path; safe from many tasks and
+    threads at once. An unknown tool name is an error result (the model may ask for anything),
+    not an exception.
+    """
+
+    def __init__(
+        self,
+        gate: Gate,
+        workflow: Workflow | None,
+        name: str,
+        *,
+        tools: Sequence[Tool[Any, Any]],
+        interceptors: Sequence[object] = (),
+        exclude: Sequence[str] = (),
+    ) -> None:
+        self.gate = gate
+        self.workflow = workflow
+        self.name = name
+        outer = [gate._level] + ([workflow._level] if workflow else [])
+        _check_excludes(exclude, outer, f"agent {name!r}")
+        self._level = _Level("agent", name, _bind_all(interceptors, "agent"), tuple(exclude))
+        self._tools: dict[str, Tool[Any, Any]] = {}
+        self._tool_levels: dict[str, _Level] = {}
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise ConfigurationError(
+                    f"agent {name!r} was given {t!r}, which is not a Tool (decorate it with @tool)"
+                )
+            if t.name in self._tools:
+                raise ConfigurationError(f"agent {name!r} has two tools named {t.name!r}", tool=t.name)
+            _check_excludes(t.exclude_interceptors, [*outer, self._level], f"tool {t.name!r} in agent {name!r}")
+            self._tools[t.name] = t
+            self._tool_levels[t.name] = _Level(
+                "tool", t.name, _bind_all(t.interceptors, "tool"), t.exclude_interceptors
+            )
+        self._chains: dict[str, CompiledChain] = {}
+        for t in tools:
+            self._chain(t.name)
+        gate._register_agent(self)
+
+    @property
+    def workflow_name(self) -> str | None:
+        """The enclosing workflow's name, if any."""
+        return self.workflow.name if self.workflow else None
+
+    @property
+    def tools(self) -> dict[str, Tool[Any, Any]]:
+        """The scope's tools by name (a copy)."""
+        return dict(self._tools)
+
+    def tool_definitions(self) -> list[dict[str, Any]]:
+        """`Tool.definition()` of every tool, in registration order: what a model is shown."""
+        return [t.definition() for t in self._tools.values()]
+
+    def _chain(self, tool_name: str) -> CompiledChain:
+        chain = self._chains.get(tool_name)
+        gate = self.gate
+        if chain is None or chain.generation != gate._generation:
+            levels = [gate._level]
+            if self.workflow is not None:
+                levels.append(self.workflow._level)
+            levels += [self._level, self._tool_levels[tool_name]]
+            path = ScopePath(gate.name, self.workflow_name, self.name, tool_name)
+            chain = _compile(levels, self._tools[tool_name], path, gate._generation)
+            self._chains[tool_name] = chain
+        return chain
+
+    def call(
+        self,
+        tool_name: str,
+        args: Mapping[str, Any] | BaseModel | str,
+        *,
+        run: RunContext | None = None,
+        call_id: str | None = None,
+    ) -> Coroutine[Any, Any, ToolResult]:
+        """Call one of this scope's tools through the whole chain.
+
+        Returns a `ToolResult`; raises `ToolBlockedError` on `Block` and
+        `ToolApprovalRequiredError` when approval is needed and nobody can give it.
+        """
+        # A plain function returning the gate's coroutine: one coroutine less per call.
+        if tool_name not in self._tools:
+            return _unknown_tool(tool_name, call_id, tuple(self._tools))
+        return self.gate._execute(self._chain(tool_name), args, run if run is not None else RunContext(), call_id)
+
+    def __repr__(self) -> str:
+        return f"AgentScope({'/'.join(p for p in (self.gate.name, self.workflow_name, self.name) if p)})"

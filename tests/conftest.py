@@ -1,0 +1,1 @@
+"""Shared pieces for the whole suite."""
