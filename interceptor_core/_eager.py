@@ -67,6 +67,36 @@ async def finish(awaitable: Any, pending: Any, limit_s: float) -> Any:
         return await _Continue(awaitable, pending)
 
 
-async def resume(coro: Coroutine[Any, Any, Any], pending: Any) -> Any:
-    """Finish a coroutine started eagerly; the body of the task it continues in."""
-    return await _Continue(coro, pending)
+class Resumed(Coroutine[Any, Any, Any]):
+    """A coroutine started eagerly, as a coroutine object a task can drive from its pending yield.
+
+    The task's first step gets the pending yield back; after that every `send` and `throw` goes
+    straight to the started coroutine. A cancellation that arrives before the task's first step is
+    therefore thrown into the started coroutine, which can clean up, rather than into a wrapper
+    that never ran.
+    """
+
+    __slots__ = ("_coro", "_first", "_pending")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], pending: Any) -> None:
+        self._coro = coro
+        self._pending = pending
+        self._first = True
+
+    def send(self, value: Any) -> Any:
+        if self._first:
+            self._first = False
+            return self._pending
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self._first = False
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # pragma: no cover - the three-argument form is deprecated
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return _Continue(self._coro, self._pending).__await__()

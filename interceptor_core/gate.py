@@ -14,7 +14,7 @@ from typing import Any, Literal, assert_never
 
 from pydantic import BaseModel, ValidationError
 
-from interceptor_core._eager import finish, resume, start
+from interceptor_core._eager import Resumed, finish, start
 from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest
 from interceptor_core.context import RunContext, ScopePath, ToolCall, ToolContext, new_id
 from interceptor_core.decisions import Allow, Block, Deny, RequireApproval, Rewrite, Substitute
@@ -574,7 +574,6 @@ class Gate:
         pos, kwargs = tool.bind(args, ctx)
         context = contextvars.copy_context()
         context.run(current_call.set, ctx)
-        loop = asyncio.get_running_loop()
         runner: Awaitable[Any]
         scope: asyncio.Timeout | None = None
         try:
@@ -586,10 +585,12 @@ class Gate:
                     pending = context.run(coro.send, None)
                 except StopIteration as stop:
                     return False, stop.value
-                runner = loop.create_task(resume(coro, pending), context=context)
+                runner = asyncio.get_running_loop().create_task(Resumed(coro, pending), context=context)
             else:
                 # The worker thread keeps running if the timeout fires first: threads cannot be killed.
-                runner = loop.run_in_executor(None, functools.partial(context.run, tool.fn, *pos, **kwargs))
+                runner = asyncio.get_running_loop().run_in_executor(
+                    None, functools.partial(context.run, tool.fn, *pos, **kwargs)
+                )
             scope = asyncio.timeout(tool.timeout_s)
             async with scope:
                 return False, await runner

@@ -42,7 +42,7 @@ class TestInputModel:
 
     def test_unannotated_parameter_is_a_configuration_error(self) -> None:
         """A parameter without a type cannot be shown to a model: refused when the tool is built."""
-        with pytest.raises(ConfigurationError, match="'x' .* no type annotation"):
+        with pytest.raises(ConfigurationError, match=r"'x' .* no type annotation"):
 
             @tool
             def bad(x) -> None:  # type: ignore[no-untyped-def]

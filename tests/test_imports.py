@@ -1,0 +1,25 @@
+"""The direction of imports: the core loads no transport."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("aiokafka", "duckdb", "opentelemetry", "streamlit")
+
+
+@pytest.mark.parametrize("package", ["interceptor_core", "interceptor_core.testing"])
+def test_core_imports_no_transport(package: str) -> None:
+    """Importing the package in a fresh interpreter loads none of aiokafka, duckdb, opentelemetry, streamlit."""
+    code = f"import sys, {package}; print(' '.join(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == ""
+
+
+def test_the_check_would_see_a_transport() -> None:
+    """The same probe reports a transport when one is imported (so the test above can fail)."""
+    code = "import sys, duckdb; print(' '.join(m for m in sys.modules if m.split('.')[0] == 'duckdb'))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "duckdb" in loaded
