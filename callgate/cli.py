@@ -83,6 +83,16 @@ def describe(
 
 
 @app.command()
+def schema() -> None:
+    """Print the JSON Schema of every event type (kept in docs/events.schema.json)."""
+    import json
+
+    from events import event_json_schema
+
+    typer.echo(json.dumps(event_json_schema(), indent=2, sort_keys=True))
+
+
+@app.command()
 def demo() -> None:
     """Run the support-desk example through the gate and show every decision it takes."""
     from callgate.tour import run_tour

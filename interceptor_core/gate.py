@@ -6,16 +6,20 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, assert_never
+from typing import Any, Literal, NoReturn, assert_never
 
 from pydantic import BaseModel, ValidationError
 
+from events.redaction import Redactor
+from events.sinks import SinkStats
 from interceptor_core._eager import Resumed, finish, start
 from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest
+from interceptor_core.audit import Audit
 from interceptor_core.context import RunContext, ScopePath, ToolCall, ToolContext, new_id
 from interceptor_core.decisions import Allow, Block, Deny, RequireApproval, Rewrite, Substitute
 from interceptor_core.exceptions import (
@@ -29,6 +33,7 @@ from interceptor_core.interceptors import BoundInterceptor, ScopeLevel, bind_int
 from interceptor_core.results import TRUNCATION_MARK, DecisionRecord, ToolResult
 from interceptor_core.tools import Tool
 
+log = logging.getLogger("callgate.gate")
 OnInterceptorError = Literal["deny", "block"]
 _DECISIONS = (Allow, Rewrite, Deny, Substitute, Block, RequireApproval)
 _perf = time.perf_counter
@@ -119,6 +124,43 @@ def _validation_text(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+class _CallState:
+    """One call in flight: what its result and its events are built from."""
+
+    __slots__ = (
+        "call",
+        "call_id",
+        "compiled",
+        "concluded",
+        "raw_args",
+        "redacted",
+        "rewritten",
+        "run",
+        "started_at",
+        "timed_out",
+        "tool_s",
+        "tool_started",
+        "trace",
+        "trail",
+    )
+
+    def __init__(self, compiled: CompiledChain, call_id: str, run: RunContext) -> None:
+        self.compiled = compiled
+        self.call_id = call_id
+        self.run = run
+        self.trail: list[DecisionRecord] = []
+        self.call: ToolCall | None = None
+        self.raw_args: Any = None
+        self.rewritten = False
+        self.timed_out = False
+        self.tool_started: float | None = None
+        self.tool_s: float | None = None
+        self.concluded = False
+        self.started_at: float = 0.0
+        self.trace: Any = None
+        self.redacted: Any = None
+
+
 class Gate:
     """The application scope and the one path every tool call takes.
 
@@ -143,6 +185,7 @@ class Gate:
         approval_timeout_s: float = 300.0,
         interceptor_timeout_s: float = 5.0,
         on_interceptor_error: OnInterceptorError = "deny",
+        redactor: Redactor | None = None,
     ) -> None:
         if on_interceptor_error not in ("deny", "block"):
             raise ConfigurationError(f"on_interceptor_error must be 'deny' or 'block', got {on_interceptor_error!r}")
@@ -153,14 +196,20 @@ class Gate:
         self.approval_timeout_s = approval_timeout_s
         self.interceptor_timeout_s = interceptor_timeout_s
         self.on_interceptor_error: OnInterceptorError = on_interceptor_error
+        for sink in sinks:
+            if not callable(getattr(sink, "emit", None)):
+                raise ConfigurationError(f"sink {sink!r} has no emit(event) method")
         self.sinks = tuple(sinks)
+        self.redactor = redactor if redactor is not None else Redactor()
+        # No sinks, no events: the call path then skips building them altogether.
+        self._audit: Audit | None = Audit(name, self.sinks, self.redactor) if self.sinks else None
         self._level = _Level("application", name, _bind_all(interceptors, "application"), ())
         self._lock = threading.Lock()
         self._generation = 0
         self._workflows: dict[str, Workflow] = {}
         self._agents: list[AgentScope] = []
         self._direct: dict[str, CompiledChain] = {}
-        self._ledger = CoverageLedger()
+        self._ledger = CoverageLedger(on_unmediated=self._audit.unmediated if self._audit else None)
         self._exercised = self._ledger.exercised
 
     # -- scopes ---------------------------------------------------------------------------------
@@ -211,6 +260,9 @@ class Gate:
         with self._lock:
             self._agents.append(scope)
         self._ledger.register(scope.tools)
+        if self._audit is not None:
+            path = ScopePath(self.name, scope.workflow_name, scope.name, "")
+            self._audit.tools_registered(path, [scope._chain(name) for name in scope.tools])
 
     # -- the direct path ------------------------------------------------------------------------
 
@@ -230,8 +282,11 @@ class Gate:
             levels = (levels[0], _Level("tool", tool.name, levels[1].interceptors, tool.exclude_interceptors))
             compiled = _compile(levels, tool, ScopePath(self.name, None, None, tool.name), self._generation)
             with self._lock:
+                known = self._direct.get(tool.name)
                 self._direct[tool.name] = compiled
             self._ledger.register((tool.name,))
+            if self._audit is not None and (known is None or known.tool is not tool):
+                self._audit.tools_registered(ScopePath(self.name, None, None, ""), [compiled])
         return await self._execute(compiled, args, run if run is not None else RunContext(), call_id)
 
     # -- coverage -------------------------------------------------------------------------------
@@ -304,6 +359,15 @@ class Gate:
 
     # -- sinks ----------------------------------------------------------------------------------
 
+    @property
+    def producer_id(self) -> str | None:
+        """The id this gate's events carry (None without sinks: no events are built)."""
+        return self._audit.producer.producer_id if self._audit else None
+
+    def sink_stats(self) -> dict[str, SinkStats]:
+        """Per sink: events handed to it, failures inside its emit, events its queue dropped."""
+        return self._audit.stats() if self._audit else {}
+
     async def flush(self) -> None:
         """Drain every sink."""
         for sink in self.sinks:
@@ -327,9 +391,23 @@ class Gate:
         run: RunContext,
         call_id: str | None,
     ) -> ToolResult:
+        state = _CallState(compiled, call_id or new_id(), run)
+        audit = self._audit
+        if audit is None:
+            return await self._run_call(state, args)
+        audit.begin(state)
+        try:
+            return await self._run_call(state, args)
+        except BaseException as exc:
+            # Cancellation (or a bug) mid-call: the call still leaves its one outcome event.
+            if not state.concluded:
+                audit.interrupted(state, exc)
+            raise
+
+    async def _run_call(self, state: _CallState, args: Mapping[str, Any] | BaseModel | str) -> ToolResult:
+        compiled = state.compiled
         tool = compiled.tool
-        call_id = call_id or new_id()
-        trail: list[DecisionRecord] = []
+        trail = state.trail
         self._exercised.add(tool.name)  # atomic under the GIL; no lock on the call path
 
         # 1. Validate.
@@ -341,11 +419,12 @@ class Gate:
             else:
                 model = tool.input_model.model_validate(args)
         except ValidationError as exc:
+            state.raw_args = args
             message = f"Invalid arguments for tool {tool.name}: {_validation_text(exc)}"
             trail.append(DecisionRecord("validation", "gate", "deny", 0.0, "validation", message))
-            return self._result(compiled, call_id, trail, "error", message=message, decided_by="validation")
+            return self._result(state, "error", message=message, decided_by="validation", cause="validation")
 
-        call = ToolCall(tool, model, run, call_id, compiled.path)
+        call = state.call = ToolCall(tool, model, state.run, state.call_id, compiled.path)
 
         # 2. Before-interceptors, outer scope to inner.
         approvals: list[tuple[str, str]] = []
@@ -365,7 +444,7 @@ class Gate:
             except Exception as exc:
                 failure = _failure_text(exc, timeout)
                 trail.append(DecisionRecord(bound.name, bound.scope, "error", _perf() - started, "before", failure))
-                return self._fail_closed(compiled, call_id, trail, bound, failure)
+                return self._fail_closed(state, bound, failure)
             elapsed = _perf() - started
             if decision is None or type(decision) is Allow:
                 trail.append(DecisionRecord(bound.name, bound.scope, "allow", elapsed))
@@ -373,7 +452,7 @@ class Gate:
             if not isinstance(decision, _DECISIONS):
                 failure = f"returned {type(decision).__name__}, not a decision"
                 trail.append(DecisionRecord(bound.name, bound.scope, "error", elapsed, "before", failure))
-                return self._fail_closed(compiled, call_id, trail, bound, failure)
+                return self._fail_closed(state, bound, failure)
             trail.append(DecisionRecord(bound.name, bound.scope, decision.kind, elapsed))
             match decision:
                 case Allow():
@@ -387,14 +466,15 @@ class Gate:
                     except ValidationError as exc:
                         failure = f"rewrote the arguments into invalid ones: {_validation_text(exc)}"
                         trail[-1] = DecisionRecord(bound.name, bound.scope, "error", elapsed, "before", failure)
-                        return self._fail_closed(compiled, call_id, trail, bound, failure)
+                        return self._fail_closed(state, bound, failure)
+                    state.rewritten = True
                 case Deny(message=message):
-                    return self._result(compiled, call_id, trail, "denied", message=message, decided_by=bound.name)
+                    return self._result(state, "denied", message=message, decided_by=bound.name, cause="deny")
                 case Substitute(result=result):
                     output, substituted_by = result, bound.name
                     break
                 case Block(reason=reason):
-                    raise ToolBlockedError(reason, tool=tool.name, call_id=call_id, interceptor=bound.name)
+                    self._block(state, reason, bound.name, "block")
                 case RequireApproval(reason=reason):
                     approvals.append((bound.name, reason))
                 case _:
@@ -402,16 +482,18 @@ class Gate:
 
         # 3. Approval, once the whole chain has run.
         if approvals and substituted_by is None:
-            refusal = await self._ask_approval(call, approvals, trail)
+            refusal = await self._ask_approval(state, call, approvals)
             if refusal is not None:
-                return self._result(compiled, call_id, trail, "denied", message=refusal, decided_by="approval")
+                return self._result(state, "denied", message=refusal, decided_by="approval", cause="approval_refused")
 
         # 4. The tool, in its own context (and its own task once it suspends), mediated.
-        ctx = ToolContext(run, call_id, compiled.path, gate_id=id(self))
+        ctx = ToolContext(state.run, state.call_id, compiled.path, gate_id=id(self))
         if substituted_by is None:
-            failed, output = await self._run_tool(tool, call.args_model, ctx)
+            state.tool_started = _perf()
+            failed, output = await self._run_tool(tool, call.args_model, ctx, state)
+            state.tool_s = _perf() - state.tool_started
             if failed:
-                return self._result(compiled, call_id, trail, "error", message=output, cost=ctx.cost_usd)
+                return self._result(state, "error", message=output, cost=ctx.cost_usd, cause="tool")
 
         # 5. After-interceptors, inner scope to outer; then validate and cut.
         for bound in compiled.after:
@@ -427,13 +509,13 @@ class Gate:
                 failure = _failure_text(exc, timeout)
                 trail.append(DecisionRecord(bound.name, bound.scope, "error", _perf() - started, "after", failure))
                 return self._result(
-                    compiled,
-                    call_id,
-                    trail,
+                    state,
                     "error",
                     message=f"output withheld: after-interceptor {bound.name!r} failed",
                     decided_by=bound.name,
                     cost=ctx.cost_usd,
+                    substituted_by=substituted_by,
+                    cause="after",
                 )
             trail.append(DecisionRecord(bound.name, bound.scope, "allow", _perf() - started, "after"))
         try:
@@ -441,34 +523,45 @@ class Gate:
         except ValidationError as exc:
             source = "output" if substituted_by is None else f"substitute from {substituted_by!r}"
             return self._result(
-                compiled,
-                call_id,
-                trail,
+                state,
                 "error",
                 message=f"{source} of tool {tool.name} does not match its declared type: {_validation_text(exc)}",
                 decided_by="output",
                 cost=ctx.cost_usd,
+                substituted_by=substituted_by,
+                cause="output",
             )
         truncated = False
         limit = tool.max_result_chars
         if limit is not None and isinstance(value, str) and len(value) > limit:
             value, truncated = value[:limit] + TRUNCATION_MARK, True
         return self._result(
-            compiled,
-            call_id,
-            trail,
+            state,
             "ok" if substituted_by is None else "substituted",
             value=value,
             decided_by=substituted_by,
             truncated=truncated,
             cost=ctx.cost_usd,
+            substituted_by=substituted_by,
         )
+
+    async def _unknown_tool(
+        self, scope: AgentScope, name: str, args: Any, run: RunContext | None, call_id: str | None
+    ) -> ToolResult:
+        result = ToolResult(
+            kind="error",
+            message=f"Unknown tool {name!r}; available tools: {', '.join(scope.tools) or 'none'}",
+            tool_name=name,
+            call_id=call_id or new_id(),
+            decided_by="registry",
+        )
+        if self._audit is not None:
+            self._audit.unknown_tool(scope, name, args, run if run is not None else RunContext(), result)
+        return result
 
     def _result(
         self,
-        compiled: CompiledChain,
-        call_id: str,
-        trail: list[DecisionRecord],
+        state: _CallState,
         kind: Literal["ok", "error", "denied", "substituted"],
         *,
         value: Any = None,
@@ -476,51 +569,57 @@ class Gate:
         decided_by: str | None = None,
         truncated: bool = False,
         cost: float = 0.0,
+        substituted_by: str | None = None,
+        cause: str | None = None,
     ) -> ToolResult:
-        return ToolResult(
+        tool = state.compiled.tool
+        result = ToolResult(
             kind=kind,
             value=value,
             message=message,
-            tool_name=compiled.tool.name,
-            call_id=call_id,
+            tool_name=tool.name,
+            call_id=state.call_id,
             decided_by=decided_by,
-            decisions=tuple(trail),
+            decisions=tuple(state.trail),
             truncated=truncated,
             cost_usd=cost,
-            max_chars=compiled.tool.max_result_chars,
+            max_chars=tool.max_result_chars,
         )
+        if self._audit is not None:
+            self._audit.outcome(state, result, cause, substituted_by)
+        return result
 
-    def _fail_closed(
+    def _block(
         self,
-        compiled: CompiledChain,
-        call_id: str,
-        trail: list[DecisionRecord],
-        bound: BoundInterceptor,
-        failure: str,
-    ) -> ToolResult:
-        tool = compiled.tool.name
+        state: _CallState,
+        reason: str,
+        interceptor: str,
+        cause: str,
+        error: type[ToolBlockedError | ToolApprovalRequiredError] = ToolBlockedError,
+    ) -> NoReturn:
+        if self._audit is not None:
+            self._audit.blocked(state, reason, interceptor, cause)
+        raise error(reason, tool=state.compiled.tool.name, call_id=state.call_id, interceptor=interceptor)
+
+    def _fail_closed(self, state: _CallState, bound: BoundInterceptor, failure: str) -> ToolResult:
+        tool = state.compiled.tool.name
         if self.on_interceptor_error == "block":
-            raise ToolBlockedError(
-                f"interceptor {bound.name!r} failed ({failure}); failing closed",
-                tool=tool,
-                call_id=call_id,
-                interceptor=bound.name,
-            )
+            reason = f"interceptor {bound.name!r} failed ({failure}); failing closed"
+            self._block(state, reason, bound.name, "interceptor_error")
         # The model learns that a check failed, not the check's internals.
         message = f"The call to {tool} was refused: the policy check {bound.name!r} could not be completed."
-        return self._result(compiled, call_id, trail, "denied", message=message, decided_by=bound.name)
+        return self._result(state, "denied", message=message, decided_by=bound.name, cause="interceptor_error")
 
-    async def _ask_approval(
-        self, call: ToolCall, approvals: list[tuple[str, str]], trail: list[DecisionRecord]
-    ) -> str | None:
+    async def _ask_approval(self, state: _CallState, call: ToolCall, approvals: list[tuple[str, str]]) -> str | None:
         """Ask the handler; None when approved, else the refusal the model reads."""
         reason = "; ".join(reason for _, reason in approvals)
         requested_by = tuple(name for name, _ in approvals)
         handler = self.approval_handler
         if handler is None:
-            raise ToolApprovalRequiredError(
-                reason, tool=call.tool_name, call_id=call.call_id, interceptor=", ".join(requested_by)
-            )
+            self._block(state, reason, ", ".join(requested_by), "approval_required", ToolApprovalRequiredError)
+        audit = self._audit
+        if audit is not None:
+            audit.approval_requested(state, reason, requested_by)
         request = ApprovalRequest(
             tool=call.tool_name,
             args=call.args,
@@ -550,16 +649,12 @@ class Gate:
                 if error is None:
                     error = f"approval handler returned {type(answer).__name__}, not bool or Approval"
                 approval = Approval(approved=False)
-        trail.append(
-            DecisionRecord(
-                "approval",
-                "gate",
-                "allow" if approval.approved else "deny",
-                _perf() - started,
-                "approval",
-                error,
-            )
+        waited = _perf() - started
+        state.trail.append(
+            DecisionRecord("approval", "gate", "allow" if approval.approved else "deny", waited, "approval", error)
         )
+        if audit is not None:
+            audit.approval_resolved(state, approval, waited, error)
         if approval.approved:
             return None
         refusal = f"The call to {call.tool_name} needs approval ({reason}) and was refused"
@@ -569,11 +664,18 @@ class Gate:
             refusal += f" by {approval.by}"
         return refusal + (f": {approval.note}" if approval.note else ".")
 
-    async def _run_tool(self, tool: Tool[Any, Any], args: BaseModel, ctx: ToolContext) -> tuple[bool, Any]:
+    async def _run_tool(
+        self, tool: Tool[Any, Any], args: BaseModel, ctx: ToolContext, state: _CallState
+    ) -> tuple[bool, Any]:
         """Run the tool body; (False, output) or (True, error text). Never raises its errors."""
         pos, kwargs = tool.bind(args, ctx)
         context = contextvars.copy_context()
         context.run(current_call.set, ctx)
+        for handle in state.trace or ():
+            try:
+                context.run(handle.activate)
+            except Exception:
+                log.exception("tracing sink failed to activate a call's span")
         runner: Awaitable[Any]
         scope: asyncio.Timeout | None = None
         try:
@@ -596,6 +698,7 @@ class Gate:
                 return False, await runner
         except TimeoutError as exc:
             if scope is not None and scope.expired():
+                state.timed_out = True
                 return True, f"timed out after {tool.timeout_s} s"
             return True, f"{type(exc).__name__}: {exc}"
         except Exception as exc:
@@ -625,16 +728,6 @@ def _describe_chain(chain: CompiledChain) -> dict[str, Any]:
             {"interceptor": e.interceptor, "scope": e.scope, "excluded_by": e.excluded_by} for e in chain.excluded
         ],
     }
-
-
-async def _unknown_tool(name: str, call_id: str | None, available: tuple[str, ...]) -> ToolResult:
-    return ToolResult(
-        kind="error",
-        message=f"Unknown tool {name!r}; available tools: {', '.join(available) or 'none'}",
-        tool_name=name,
-        call_id=call_id or new_id(),
-        decided_by="registry",
-    )
 
 
 class Workflow:
@@ -750,7 +843,7 @@ class AgentScope:
         """
         # A plain function returning the gate's coroutine: one coroutine less per call.
         if tool_name not in self._tools:
-            return _unknown_tool(tool_name, call_id, tuple(self._tools))
+            return self.gate._unknown_tool(self, tool_name, args, run, call_id)
         return self.gate._execute(self._chain(tool_name), args, run if run is not None else RunContext(), call_id)
 
     def __repr__(self) -> str:

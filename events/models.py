@@ -1,0 +1,195 @@
+"""The event contract: one frozen pydantic model per wire `type`, and their discriminated union.
+
+Every decision the gate takes leaves exactly one outcome event per call (`ToolUse`, `ToolDenied`,
+`Substitute` or `Blocked`), preceded by `ApprovalRequested` and `ApprovalResolved` when a human was
+asked. `Unmediated` records a guarded resource used around the gate; `ToolsRegistered` an agent
+scope's tools and their interceptor chains.
+
+Each event carries the envelope (ids, integrity chain, scope path, run, trace) and the decision
+trail. `hash` is the SHA-256 of the canonical JSON of the event without `hash` (see
+`events.chain`). Bump `SCHEMA_VERSION` on any change a consumer must know about.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+"""The newest schema this code writes and reads; `parse_event` refuses newer ones."""
+
+ZERO_HASH = "0" * 64
+"""`prev_hash` of a producer's first event."""
+
+
+class DecisionStep(BaseModel):
+    """One step of the decision trail: an interceptor (or the gate's own validation/approval step)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interceptor: str = Field(description="Interceptor name, or validation / approval / output / registry.")
+    scope: str = Field(description="application, workflow, agent, tool, or gate for the gate's own steps.")
+    kind: str = Field(description="allow, rewrite, deny, substitute, block, require_approval, or error.")
+    phase: Literal["before", "after", "approval", "validation"] = "before"
+    duration_ms: float = Field(description="How long the step took, in milliseconds.")
+    error: str | None = Field(default=None, description="Why the step failed (it then failed closed).")
+
+
+class EventBase(BaseModel):
+    """The envelope every event carries."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: str = Field(description="Unique id of the event (deduplication key downstream).")
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Version of this schema.")
+    time: datetime = Field(description="When the decision was taken (UTC).")
+    producer_id: str = Field(description="The gate instance that wrote the event.")
+    seq: int = Field(ge=1, description="1, 2, 3 ... per producer, no gaps.")
+    prev_hash: str = Field(description="hash of the producer's previous event; 64 zeros for seq 1.")
+    hash: str = Field(default="", description="SHA-256 hex of the canonical JSON of the event without hash.")
+    gate: str = Field(description="Application scope (the Gate's name).")
+    workflow: str | None = None
+    agent: str | None = None
+    tool: str | None = None
+    call_id: str | None = None
+    parent_call_id: str | None = Field(default=None, description="The call of an enclosing agent-as-tool.")
+    run_id: str | None = None
+    thread_id: str | None = None
+    tenant: str | None = None
+    principal: str | None = None
+    trace_id: str | None = Field(default=None, description="W3C trace id (32 hex) of the call's span, if traced.")
+    span_id: str | None = Field(default=None, description="W3C span id (16 hex) of the call's span, if traced.")
+    decisions: tuple[DecisionStep, ...] = Field(default=(), description="The decision trail, in order.")
+
+
+class CallEvent(EventBase):
+    """An event about one call: carries the arguments as redacted before leaving the process."""
+
+    args: dict[str, Any] | None = Field(
+        default=None, description="Redacted arguments; None when redaction failed (the raw args never leave)."
+    )
+    redacted_paths: tuple[str, ...] = Field(default=(), description="JSON pointers of the replaced values.")
+    args_truncated: bool = Field(default=False, description="The args were oversized and cut.")
+    redaction_error: str | None = Field(default=None, description="Why redaction failed, when it did.")
+
+
+class ToolUseEvent(CallEvent):
+    """The tool ran (possibly after approval)."""
+
+    type: Literal["ToolUse"] = "ToolUse"
+    outcome: Literal["ok", "error", "timeout", "cancelled"]
+    error: str | None = Field(default=None, description="The tool's error or the output problem (redacted).")
+    duration_ms: float = Field(description="Wall time of the tool body.")
+    output_digest: str | None = Field(default=None, description="SHA-256 of the output's JSON as returned.")
+    output_truncated: bool = False
+    args_rewritten: bool = Field(default=False, description="An interceptor rewrote the arguments.")
+    cost_usd: float = 0.0
+
+
+class ToolDeniedEvent(CallEvent):
+    """The tool did not run: a Deny, an interceptor that failed closed, a refused approval, invalid
+    arguments, or an unknown tool."""
+
+    type: Literal["ToolDenied"] = "ToolDenied"
+    message: str = Field(description="What the model read.")
+    decided_by: str = Field(description="The interceptor, or validation / approval / registry.")
+    cause: Literal["deny", "interceptor_error", "approval_refused", "validation", "unknown_tool", "interrupted"]
+
+
+class SubstituteEvent(CallEvent):
+    """An interceptor answered in place of the tool."""
+
+    type: Literal["Substitute"] = "Substitute"
+    decided_by: str
+    result_digest: str | None = Field(default=None, description="SHA-256 of the synthetic result's JSON.")
+    error: str | None = Field(default=None, description="Why the result was withheld (an after-interceptor failed).")
+
+
+class BlockedEvent(CallEvent):
+    """The run was stopped at this call."""
+
+    type: Literal["Blocked"] = "Blocked"
+    reason: str
+    decided_by: str
+    cause: Literal["block", "interceptor_error", "approval_required"]
+
+
+class ApprovalRequestedEvent(CallEvent):
+    """A human was asked about this call."""
+
+    type: Literal["ApprovalRequested"] = "ApprovalRequested"
+    reason: str
+    requested_by: tuple[str, ...] = ()
+
+
+class ApprovalResolvedEvent(EventBase):
+    """The human's answer (or its absence)."""
+
+    type: Literal["ApprovalResolved"] = "ApprovalResolved"
+    approved: bool
+    by: str | None = None
+    note: str | None = None
+    waited_ms: float
+    error: str | None = Field(default=None, description="No answer in time, or the handler failed.")
+
+
+class UnmediatedEvent(EventBase):
+    """A guarded resource was used outside a mediated call of the tools it is bound to."""
+
+    type: Literal["Unmediated"] = "Unmediated"
+    resource: str
+    attribute: str
+    bound_tools: tuple[str, ...]
+    site: str = Field(description="file:line in function of the use.")
+    active_tool: str | None = Field(default=None, description="The tool being called at the time, if any.")
+    thread: str | None = None
+
+
+class RegisteredTool(BaseModel):
+    """One tool of an agent scope as registered: its schema hash and effective chain."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str = ""
+    input_schema_sha256: str
+    interceptors: tuple[str, ...] = Field(description="Effective chain, outer scope first.")
+    excluded: tuple[str, ...] = Field(default=(), description="Outer interceptors an inner scope excluded.")
+
+
+class ToolsRegisteredEvent(EventBase):
+    """An agent scope was created with these tools."""
+
+    type: Literal["ToolsRegistered"] = "ToolsRegistered"
+    tools: tuple[RegisteredTool, ...]
+
+
+Event: TypeAlias = Annotated[
+    ToolUseEvent
+    | ToolDeniedEvent
+    | SubstituteEvent
+    | BlockedEvent
+    | ApprovalRequestedEvent
+    | ApprovalResolvedEvent
+    | UnmediatedEvent
+    | ToolsRegisteredEvent,
+    Field(discriminator="type"),
+]
+"""Any event, discriminated on `type`."""
+
+EVENT_TYPES: dict[str, type[EventBase]] = {
+    "ToolUse": ToolUseEvent,
+    "ToolDenied": ToolDeniedEvent,
+    "Substitute": SubstituteEvent,
+    "Blocked": BlockedEvent,
+    "ApprovalRequested": ApprovalRequestedEvent,
+    "ApprovalResolved": ApprovalResolvedEvent,
+    "Unmediated": UnmediatedEvent,
+    "ToolsRegistered": ToolsRegisteredEvent,
+}
+"""Wire `type` -> model class."""
+
+OUTCOME_TYPES = frozenset({"ToolUse", "ToolDenied", "Substitute", "Blocked"})
+"""The types of which each call leaves exactly one."""

@@ -1,0 +1,337 @@
+"""The gate's side of the event contract: builds each decision's event, seals it into the
+producer's chain and hands it to every sink.
+
+Nothing here raises into the call path: a sink that fails is counted, an event that cannot be
+built is logged and counted, and the call goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pydantic_core
+from pydantic import BaseModel
+
+from events.chain import Producer
+from events.models import (
+    ApprovalRequestedEvent,
+    ApprovalResolvedEvent,
+    BlockedEvent,
+    EventBase,
+    RegisteredTool,
+    SubstituteEvent,
+    ToolDeniedEvent,
+    ToolsRegisteredEvent,
+    ToolUseEvent,
+    UnmediatedEvent,
+)
+from events.redaction import RedactedArgs, Redactor
+from events.sinks import CallStart, CallTracer, SinkStats, TracedCall
+from interceptor_core.approvals import Approval
+from interceptor_core.context import RunContext, new_id
+from interceptor_core.guard import UnmediatedAccess, current_call
+from interceptor_core.results import DecisionRecord, ToolResult
+
+if TYPE_CHECKING:
+    from interceptor_core.gate import AgentScope, CompiledChain, _CallState
+
+log = logging.getLogger("callgate.gate")
+
+
+def digest(value: Any) -> str | None:
+    """SHA-256 hex of a value's JSON (what the model would read), or None if it has no JSON form."""
+    try:
+        data = value.encode("utf-8") if isinstance(value, str) else pydantic_core.to_json(value)
+    except Exception:
+        return None
+    return hashlib.sha256(data).hexdigest()
+
+
+def _ms(seconds: float | None) -> float:
+    return (seconds or 0.0) * 1000.0
+
+
+class Audit:
+    """Builds, seals and fans out the events of one gate. Safe from any thread."""
+
+    def __init__(self, gate: str, sinks: Sequence[object], redactor: Redactor) -> None:
+        self.gate = gate
+        self.sinks = tuple(sinks)
+        self.tracers: tuple[CallTracer, ...] = tuple(s for s in sinks if isinstance(s, CallTracer))
+        self.redactor = redactor
+        self.producer = Producer()
+        self.emitted = [0] * len(self.sinks)
+        self.failed = [0] * len(self.sinks)
+        self.unbuilt = 0
+
+    # -- fan-out ---------------------------------------------------------------------------------
+
+    def _emit(self, cls: type[EventBase], fields: dict[str, Any]) -> EventBase | None:
+        try:
+            event = self.producer.seal(cls, fields)
+        except Exception:
+            # A bug in building the event; the chain did not advance, so nothing looks missing.
+            self.unbuilt += 1
+            log.exception("callgate could not build a %s event", cls.__name__)
+            return None
+        for index, sink in enumerate(self.sinks):
+            try:
+                sink.emit(event)  # type: ignore[attr-defined]
+                self.emitted[index] += 1
+            except Exception:
+                self.failed[index] += 1
+                log.exception("sink %r failed to take an event", sink)
+        return event
+
+    def stats(self) -> dict[str, SinkStats]:
+        """Per sink (keyed `index:ClassName`): emitted, failed inside emit, dropped by its queue."""
+        return {
+            f"{index}:{type(sink).__name__}": SinkStats(
+                emitted=self.emitted[index],
+                failed=self.failed[index],
+                dropped=int(getattr(sink, "dropped", 0)),
+                exported=getattr(sink, "exported", None),
+            )
+            for index, sink in enumerate(self.sinks)
+        }
+
+    # -- envelopes -------------------------------------------------------------------------------
+
+    def _envelope(self, path: Any, call_id: str | None, run: RunContext | None, trace: Any) -> dict[str, Any]:
+        parent = current_call.get()
+        return {
+            "event_id": new_id(),
+            "time": datetime.now(UTC),
+            "gate": self.gate,
+            "workflow": path.workflow if path else None,
+            "agent": path.agent if path else None,
+            "tool": path.tool if path else None,
+            "call_id": call_id,
+            # A call made from inside another mediated call (an agent used as a tool) names it.
+            "parent_call_id": parent.call_id if parent is not None and parent.call_id != call_id else None,
+            "run_id": run.run_id if run else None,
+            "thread_id": run.thread_id if run else None,
+            "tenant": run.tenant if run else None,
+            "principal": run.principal if run else None,
+            "trace_id": trace[0].trace_id if trace else None,
+            "span_id": trace[0].span_id if trace else None,
+        }
+
+    def _trail(self, trail: Sequence[DecisionRecord]) -> list[dict[str, Any]]:
+        redact = self.redactor.redact_text
+        return [
+            {
+                "interceptor": step.interceptor,
+                "scope": step.scope,
+                "kind": step.kind,
+                "phase": step.phase,
+                "duration_ms": _ms(step.duration_s),
+                "error": redact(step.error) if step.error else None,
+            }
+            for step in trail
+        ]
+
+    def _args(self, state: _CallState) -> dict[str, Any]:
+        if state.redacted is None or state.redacted[0] is not self._current_args(state):
+            source = self._current_args(state)
+            state.redacted = (source, self._redact(state.compiled.tool.name, source))
+        redacted: RedactedArgs = state.redacted[1]
+        return {
+            "args": redacted.args,
+            "redacted_paths": redacted.redacted_paths,
+            "args_truncated": redacted.truncated,
+            "redaction_error": redacted.error,
+        }
+
+    @staticmethod
+    def _current_args(state: _CallState) -> Any:
+        return state.call.args_model if state.call is not None else state.raw_args
+
+    def _redact(self, tool: str, source: Any) -> RedactedArgs:
+        if isinstance(source, BaseModel):
+            data: Any = source.model_dump(mode="json")
+        elif isinstance(source, Mapping):
+            data = dict(source)
+        elif isinstance(source, bytes | str):
+            data = {"_raw": source.decode("utf-8", "replace") if isinstance(source, bytes) else source}
+        else:
+            data = {"_raw": repr(source)}
+        return self.redactor.redact_args(tool, data)
+
+    def _call_fields(self, state: _CallState) -> dict[str, Any]:
+        fields = self._envelope(state.compiled.path, state.call_id, state.run, state.trace)
+        fields["decisions"] = self._trail(state.trail)
+        fields.update(self._args(state))
+        return fields
+
+    # -- one call --------------------------------------------------------------------------------
+
+    def begin(self, state: _CallState) -> None:
+        """Start the call's trace (if a tracing sink is configured)."""
+        if not self.tracers:
+            return
+        path = state.compiled.path
+        start = CallStart(
+            gate=self.gate,
+            workflow=path.workflow,
+            agent=path.agent,
+            tool=path.tool,
+            call_id=state.call_id,
+            run_id=state.run.run_id,
+            tenant=state.run.tenant,
+            principal=state.run.principal,
+        )
+        handles: list[TracedCall] = []
+        for tracer in self.tracers:
+            try:
+                handle = tracer.start_call(start)
+            except Exception:
+                log.exception("tracing sink %r failed to start a call", tracer)
+                continue
+            if handle is not None:
+                handles.append(handle)
+        # The first handle with ids names the call's trace in its events; every handle is ended.
+        handles.sort(key=lambda h: h.trace_id is None)
+        state.trace = tuple(handles) or None
+
+    def _conclude(self, state: _CallState, event: EventBase | None) -> None:
+        state.concluded = True
+        for handle in state.trace or ():
+            try:
+                handle.end(event)
+            except Exception:
+                log.exception("tracing sink failed to end a call")
+
+    def outcome(self, state: _CallState, result: ToolResult, cause: str | None, substituted_by: str | None) -> None:
+        """The call's one outcome event, from its result."""
+        fields = self._call_fields(state)
+        redact = self.redactor.redact_text
+        cls: type[EventBase]
+        if result.kind == "denied" or cause in ("validation",):
+            cls = ToolDeniedEvent
+            fields.update(
+                message=redact(result.message or ""),
+                decided_by=result.decided_by or "gate",
+                cause=cause or "deny",
+            )
+        elif substituted_by is not None:
+            cls = SubstituteEvent
+            fields.update(
+                decided_by=substituted_by,
+                result_digest=digest(result.value) if result.kind == "substituted" else None,
+                error=redact(result.message) if result.kind == "error" and result.message else None,
+            )
+        else:
+            cls = ToolUseEvent
+            failed = result.kind == "error"
+            fields.update(
+                outcome=("timeout" if state.timed_out else "error") if failed else "ok",
+                error=redact(result.message) if failed and result.message else None,
+                duration_ms=_ms(state.tool_s),
+                output_digest=None if failed else digest(result.value),
+                output_truncated=result.truncated,
+                args_rewritten=state.rewritten,
+                cost_usd=result.cost_usd,
+            )
+        self._conclude(state, self._emit(cls, fields))
+
+    def blocked(self, state: _CallState, reason: str, interceptor: str, cause: str) -> None:
+        """The `Blocked` outcome: the run stops at this call."""
+        fields = self._call_fields(state)
+        fields.update(reason=self.redactor.redact_text(reason), decided_by=interceptor, cause=cause)
+        self._conclude(state, self._emit(BlockedEvent, fields))
+
+    def interrupted(self, state: _CallState, exc: BaseException) -> None:
+        """The outcome of a call cut short (cancelled, or an unexpected error in the gate)."""
+        fields = self._call_fields(state)
+        what = "cancelled" if type(exc).__name__ == "CancelledError" else f"{type(exc).__name__}: {exc}"
+        cls: type[EventBase]
+        if state.tool_started is not None:
+            cls = ToolUseEvent
+            fields.update(outcome="cancelled", error=self.redactor.redact_text(what), duration_ms=0.0)
+        else:
+            cls = ToolDeniedEvent
+            fields.update(message=f"call interrupted: {what}", decided_by="gate", cause="interrupted")
+        self._conclude(state, self._emit(cls, fields))
+
+    def approval_requested(self, state: _CallState, reason: str, requested_by: tuple[str, ...]) -> None:
+        fields = self._call_fields(state)
+        fields.update(reason=self.redactor.redact_text(reason), requested_by=requested_by)
+        self._emit(ApprovalRequestedEvent, fields)
+
+    def approval_resolved(self, state: _CallState, approval: Approval, waited_s: float, error: str | None) -> None:
+        fields = self._envelope(state.compiled.path, state.call_id, state.run, state.trace)
+        fields["decisions"] = self._trail(state.trail)
+        fields.update(
+            approved=approval.approved,
+            by=approval.by,
+            note=self.redactor.redact_text(approval.note) if approval.note else None,
+            waited_ms=_ms(waited_s),
+            error=error,
+        )
+        self._emit(ApprovalResolvedEvent, fields)
+
+    def unknown_tool(self, scope: AgentScope, name: str, args: Any, run: RunContext, result: ToolResult) -> None:
+        from interceptor_core.context import ScopePath
+
+        path = ScopePath(self.gate, scope.workflow_name, scope.name, name)
+        fields = self._envelope(path, result.call_id, run, None)
+        fields["decisions"] = [
+            {"interceptor": "registry", "scope": "gate", "kind": "deny", "phase": "validation", "duration_ms": 0.0}
+        ]
+        fields.update(self._args_only(name, args))
+        fields.update(message=result.message or "", decided_by="registry", cause="unknown_tool")
+        self._emit(ToolDeniedEvent, fields)
+
+    def _args_only(self, tool: str, args: Any) -> dict[str, Any]:
+        redacted = self._redact(tool, args)
+        return {
+            "args": redacted.args,
+            "redacted_paths": redacted.redacted_paths,
+            "args_truncated": redacted.truncated,
+            "redaction_error": redacted.error,
+        }
+
+    # -- not about one call ----------------------------------------------------------------------
+
+    def unmediated(self, access: UnmediatedAccess) -> None:
+        """A guarded resource used around the gate."""
+        active = current_call.get()
+        run = active.run if active is not None else None
+        fields = self._envelope(active.scope if active is not None else None, None, run, None)
+        if active is not None:
+            fields["call_id"] = active.call_id
+            fields["parent_call_id"] = None
+        fields.update(
+            resource=access.resource,
+            attribute=access.attribute,
+            bound_tools=access.tools,
+            site=access.site,
+            active_tool=access.active_tool,
+            thread=access.thread,
+        )
+        self._emit(UnmediatedEvent, fields)
+
+    def tools_registered(self, path: Any, chains: Sequence[CompiledChain]) -> None:
+        """A scope's tools, their schema hashes and effective chains."""
+        tools = [
+            RegisteredTool(
+                name=chain.tool.name,
+                description=chain.tool.description,
+                input_schema_sha256=hashlib.sha256(
+                    pydantic_core.to_json(chain.tool.input_model.model_json_schema())
+                ).hexdigest(),
+                interceptors=tuple(b.name for b in chain.interceptors),
+                excluded=tuple(e.interceptor for e in chain.excluded),
+            )
+            for chain in chains
+        ]
+        fields = self._envelope(path, None, None, None)
+        fields["tool"] = None
+        fields["parent_call_id"] = None
+        fields["tools"] = tools
+        self._emit(ToolsRegisteredEvent, fields)
