@@ -113,7 +113,7 @@ class BlockedEvent(CallEvent):
     type: Literal["Blocked"] = "Blocked"
     reason: str
     decided_by: str
-    cause: Literal["block", "interceptor_error", "approval_required"]
+    cause: Literal["block", "interceptor_error", "approval_required", "audit_unavailable"]
 
 
 class ApprovalRequestedEvent(CallEvent):

@@ -8,6 +8,7 @@ built is logged and counted, and the call goes on.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -51,6 +52,14 @@ def digest(value: Any) -> str | None:
     return hashlib.sha256(data).hexdigest()
 
 
+MAX_TEXT = 8192
+"""Longest message, reason or error text an event carries; longer ones are cut (after redaction)."""
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + "…[cut]"
+
+
 def _ms(seconds: float | None) -> float:
     return (seconds or 0.0) * 1000.0
 
@@ -62,11 +71,24 @@ class Audit:
         self.gate = gate
         self.sinks = tuple(sinks)
         self.tracers: tuple[CallTracer, ...] = tuple(s for s in sinks if isinstance(s, CallTracer))
+        # Sinks that can refuse (a full spool that fails closed): checked before every call.
+        self.gates = tuple(s for s in sinks if hasattr(type(s), "available"))
+        # A sink that cannot take large records (Kafka's message limit) shrinks the args budget;
+        # args are cut after redaction, so the cut text never holds a secret.
+        limits = [limit for s in sinks if isinstance(limit := getattr(s, "max_event_bytes", None), int)]
+        self.args_budget: int | None = min(limits) // 2 if limits else None
         self.redactor = redactor
         self.producer = Producer()
         self.emitted = [0] * len(self.sinks)
         self.failed = [0] * len(self.sinks)
         self.unbuilt = 0
+
+    def unavailable(self) -> str | None:
+        """Why the audit path cannot take events now (None when it can)."""
+        for sink in self.gates:
+            if not sink.available:  # type: ignore[attr-defined]
+                return f"audit unavailable: {type(sink).__name__} cannot store events"
+        return None
 
     # -- fan-out ---------------------------------------------------------------------------------
 
@@ -130,7 +152,7 @@ class Audit:
                 "kind": step.kind,
                 "phase": step.phase,
                 "duration_ms": _ms(step.duration_s),
-                "error": redact(step.error) if step.error else None,
+                "error": _cap(redact(step.error)) if step.error else None,
             }
             for step in trail
         ]
@@ -140,6 +162,19 @@ class Audit:
             source = self._current_args(state)
             state.redacted = (source, self._redact(state.compiled.tool.name, source))
         redacted: RedactedArgs = state.redacted[1]
+        return self._args_fields(redacted)
+
+    def _args_fields(self, redacted: RedactedArgs) -> dict[str, Any]:
+        budget = self.args_budget
+        if budget is not None and redacted.args is not None:
+            text = json.dumps(redacted.args, ensure_ascii=False, default=str)
+            if len(text) > budget:
+                return {
+                    "args": {"_truncated": text[:budget]},
+                    "redacted_paths": redacted.redacted_paths,
+                    "args_truncated": True,
+                    "redaction_error": redacted.error,
+                }
         return {
             "args": redacted.args,
             "redacted_paths": redacted.redacted_paths,
@@ -214,7 +249,7 @@ class Audit:
         if result.kind == "denied" or cause in ("validation",):
             cls = ToolDeniedEvent
             fields.update(
-                message=redact(result.message or ""),
+                message=_cap(redact(result.message or "")),
                 decided_by=result.decided_by or "gate",
                 cause=cause or "deny",
             )
@@ -223,14 +258,14 @@ class Audit:
             fields.update(
                 decided_by=substituted_by,
                 result_digest=digest(result.value) if result.kind == "substituted" else None,
-                error=redact(result.message) if result.kind == "error" and result.message else None,
+                error=_cap(redact(result.message)) if result.kind == "error" and result.message else None,
             )
         else:
             cls = ToolUseEvent
             failed = result.kind == "error"
             fields.update(
                 outcome=("timeout" if state.timed_out else "error") if failed else "ok",
-                error=redact(result.message) if failed and result.message else None,
+                error=_cap(redact(result.message)) if failed and result.message else None,
                 duration_ms=_ms(state.tool_s),
                 output_digest=None if failed else digest(result.value),
                 output_truncated=result.truncated,
@@ -242,7 +277,7 @@ class Audit:
     def blocked(self, state: _CallState, reason: str, interceptor: str, cause: str) -> None:
         """The `Blocked` outcome: the run stops at this call."""
         fields = self._call_fields(state)
-        fields.update(reason=self.redactor.redact_text(reason), decided_by=interceptor, cause=cause)
+        fields.update(reason=_cap(self.redactor.redact_text(reason)), decided_by=interceptor, cause=cause)
         self._conclude(state, self._emit(BlockedEvent, fields))
 
     def interrupted(self, state: _CallState, exc: BaseException) -> None:
@@ -260,7 +295,7 @@ class Audit:
 
     def approval_requested(self, state: _CallState, reason: str, requested_by: tuple[str, ...]) -> None:
         fields = self._call_fields(state)
-        fields.update(reason=self.redactor.redact_text(reason), requested_by=requested_by)
+        fields.update(reason=_cap(self.redactor.redact_text(reason)), requested_by=requested_by)
         self._emit(ApprovalRequestedEvent, fields)
 
     def approval_resolved(self, state: _CallState, approval: Approval, waited_s: float, error: str | None) -> None:
@@ -288,13 +323,7 @@ class Audit:
         self._emit(ToolDeniedEvent, fields)
 
     def _args_only(self, tool: str, args: Any) -> dict[str, Any]:
-        redacted = self._redact(tool, args)
-        return {
-            "args": redacted.args,
-            "redacted_paths": redacted.redacted_paths,
-            "args_truncated": redacted.truncated,
-            "redaction_error": redacted.error,
-        }
+        return self._args_fields(self._redact(tool, args))
 
     # -- not about one call ----------------------------------------------------------------------
 

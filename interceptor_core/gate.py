@@ -397,6 +397,10 @@ class Gate:
             return await self._run_call(state, args)
         audit.begin(state)
         try:
+            if audit.gates and (why := audit.unavailable()) is not None:
+                # Fail closed: a call whose decision cannot be recorded does not run.
+                state.raw_args = args
+                self._block(state, why, "audit", "audit_unavailable")
             return await self._run_call(state, args)
         except BaseException as exc:
             # Cancellation (or a bug) mid-call: the call still leaves its one outcome event.

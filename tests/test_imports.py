@@ -10,7 +10,7 @@ import pytest
 HEAVY = ("aiokafka", "duckdb", "opentelemetry", "streamlit")
 
 
-@pytest.mark.parametrize("package", ["interceptor_core", "interceptor_core.testing"])
+@pytest.mark.parametrize("package", ["interceptor_core", "interceptor_core.testing", "events", "callgate.demo"])
 def test_core_imports_no_transport(package: str) -> None:
     """Importing the package in a fresh interpreter loads none of aiokafka, duckdb, opentelemetry, streamlit."""
     code = f"import sys, {package}; print(' '.join(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
