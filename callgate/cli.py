@@ -101,6 +101,40 @@ def demo() -> None:
     raise typer.Exit(0 if ok else 1)
 
 
+@app.command()
+def broker(
+    host: Annotated[str, typer.Option(help="Address to listen on and advertise (keep it loopback).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")] = 9092,
+) -> None:
+    """Run the embedded Kafka-compatible broker (Tansu, memory storage) until Ctrl-C or SIGTERM."""
+    import signal
+
+    from callgate.broker import BrokerError, EmbeddedBroker
+
+    embedded = EmbeddedBroker(host, port)
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            embedded.start()
+        except BrokerError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"broker ready at {embedded.bootstrap}")
+        typer.echo(f"memory storage; log: {embedded.log_path}; Ctrl-C to stop")
+        code = embedded.wait()
+        typer.echo(f"error: the broker exited unexpectedly (code {code})\n{embedded.log_tail()}", err=True)
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        for sig in previous:  # a second Ctrl-C must not interrupt the clean stop
+            signal.signal(sig, signal.SIG_IGN)
+        embedded.stop()
+        typer.echo("broker stopped")
+    finally:
+        embedded.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
 def main() -> None:
     """Entry point of the `callgate` console script."""
     app()

@@ -403,6 +403,14 @@ class KafkaSink:
         finally:
             await admin.close()
 
+    async def _topic_present(self, producer: Any) -> bool:
+        try:
+            metadata = await asyncio.wait_for(producer.client.fetch_all_metadata(), self.connect_timeout_s)
+        except Exception as exc:
+            self._record_failure(exc)
+            return False
+        return self.topic in metadata.topics()
+
     async def _disconnect(self, producer: Any) -> None:
         self._connected = False
         with contextlib.suppress(Exception):
@@ -438,6 +446,16 @@ class KafkaSink:
             for record, result in zip(sendable, results, strict=False)
             if not isinstance(result, BaseException)
         ]
+        if acked and not await self._topic_present(producer):
+            # The broker answered, but the topic is gone (a broker that restarted empty, or a topic
+            # deleted by hand): some brokers acknowledge writes to a missing topic without storing
+            # them. Nothing of this batch counts as delivered; recreate the topic and send again.
+            log.warning(
+                "KafkaSink: topic %s vanished from %s; recreating it and resending", self.topic, self.bootstrap_servers
+            )
+            with contextlib.suppress(Exception):
+                await self._ensure_topic()
+            return True, 0
         if carrier is not None and carrier.position in acked:
             self._unreported_drops -= report
         failures = [result for result in results if isinstance(result, BaseException)]

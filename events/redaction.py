@@ -712,6 +712,11 @@ class Redactor:
         self._quick: Callable[[str], re.Match[str] | None] = self._gate.search if self._fire else _never
         self._only_gated = self._user_gate is None and not self._other
 
+    @property
+    def max_chars(self) -> int:
+        """Arguments whose JSON text is longer than this are cut."""
+        return self._max_chars
+
     @classmethod
     def none(cls) -> Redactor:
         """A redactor with no detectors, no secret keys and no paths (still enabled: oversize still cuts)."""

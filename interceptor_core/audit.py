@@ -76,7 +76,9 @@ class Audit:
         # A sink that cannot take large records (Kafka's message limit) shrinks the args budget;
         # args are cut after redaction, so the cut text never holds a secret.
         limits = [limit for s in sinks if isinstance(limit := getattr(s, "max_event_bytes", None), int)]
-        self.args_budget: int | None = min(limits) // 2 if limits else None
+        budget = min(limits) // 2 if limits else None
+        # The redactor already cuts at its max_chars; a budget above that never needs checking.
+        self.args_budget: int | None = budget if budget is not None and budget < redactor.max_chars else None
         self.redactor = redactor
         self.producer = Producer()
         self.emitted = [0] * len(self.sinks)

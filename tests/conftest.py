@@ -1,1 +1,24 @@
 """Shared pieces for the whole suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from callgate.broker import EmbeddedBroker
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[EmbeddedBroker]:
+    """One embedded broker on a free loopback port for the whole session; tests must not stop or kill it
+    (use `fresh_broker` for that) and should use their own topic names."""
+    with EmbeddedBroker() as broker:
+        yield broker
+
+
+@pytest.fixture
+def fresh_broker() -> Iterator[EmbeddedBroker]:
+    """A broker of the test's own on a free loopback port, free to kill and restart; stopped afterwards."""
+    with EmbeddedBroker() as broker:
+        yield broker
