@@ -201,7 +201,8 @@ class EmbeddedBroker:
 
     @property
     def running(self) -> bool:
-        """True while the broker process is alive (it may still be starting up if `start()` failed)."""
+        """True while the broker process is alive: from a successful `start()` until `stop()`, `kill()` or a
+        crash."""
         return self._process is not None and self._process.poll() is None
 
     @property
@@ -240,6 +241,7 @@ class EmbeddedBroker:
         """
         if self.running:
             raise BrokerError(f"broker at {self.bootstrap} is already running (pid {self.pid})")
+        self._terminate(timeout=0)  # reap a broker that died on its own
         binary = self._resolve_binary()
         if self._port == 0:
             try:
@@ -251,9 +253,7 @@ class EmbeddedBroker:
         if problem is not None:
             reason = "the address is already in use" if problem.errno == errno.EADDRINUSE else str(problem)
             raise BrokerError(f"cannot start broker {binary} at {address}: {reason}")
-        self._spawn(binary)
-        assert self._process is not None
-        process = self._process
+        process = self._spawn(binary)
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
         pause = 0.005
@@ -280,8 +280,10 @@ class EmbeddedBroker:
             last_error = ValueError(f"metadata named no broker: {brokers!r}")
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the broker: SIGTERM to its process group, wait up to `timeout` seconds, then SIGKILL. Blocks
-        until the process is gone and its port is released. Idempotent; also cleans up after `kill()`.
+        """Stop the broker: SIGINT to its process group (the broker exits at once and cleanly; on SIGTERM it
+        would first wait up to five seconds for open client connections), wait up to `timeout` seconds,
+        then SIGKILL. Blocks until the process is gone and
+        its port is released. Idempotent; also cleans up after `kill()`.
         Deletes the log if it was a temporary file. Never raises for a broker that already exited."""
         self._terminate(timeout=timeout)
         if self._owns_log and self._log_path is not None:
@@ -364,7 +366,7 @@ class EmbeddedBroker:
             self._owns_log = True
         return self._log_path.open("ab")
 
-    def _spawn(self, binary: str) -> None:
+    def _spawn(self, binary: str) -> subprocess.Popen[bytes]:
         url = f"tcp://{_address(self.host, self._port)}"
         command = [
             binary,
@@ -376,9 +378,10 @@ class EmbeddedBroker:
             "--storage-engine",
             "memory://tansu/",
         ]
+        failure: BrokerError | None = None
         with self._open_log() as log:
             try:
-                self._process = subprocess.Popen(  # noqa: S603 - a fixed argument list, no shell
+                process = subprocess.Popen(  # noqa: S603 - a fixed argument list, no shell
                     command,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -388,15 +391,21 @@ class EmbeddedBroker:
                     close_fds=True,
                 )
             except OSError as exc:
-                raise BrokerError(f"cannot run broker {binary} at {_address(self.host, self._port)}: {exc}") from exc
-        self._finalizer = weakref.finalize(self, _reap, self._process, self._log_path if self._owns_log else None)
+                failure = BrokerError(f"cannot run broker {binary} at {_address(self.host, self._port)}: {exc}")
+                failure.__cause__ = exc
+        if failure is not None:
+            self.stop()  # removes a temporary log
+            raise failure
+        self._process = process
+        self._finalizer = weakref.finalize(self, _reap, process, self._log_path if self._owns_log else None)
+        return process
 
     def _terminate(self, timeout: float) -> None:
         process = self._process
         if process is None:
             return
         if process.poll() is None:
-            _signal_group(process, signal.SIGTERM)
+            _signal_group(process, signal.SIGINT)
             try:
                 process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

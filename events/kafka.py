@@ -15,7 +15,7 @@ How an event travels:
    (a send the broker stored but never acknowledged); losses are not.
 
 Record key = `producer_id` (each producer's chain stays in order in one partition); value = the
-event's canonical JSON; CloudEvents binary-mode headers (`ce_specversion`, `ce_id`, `ce_source`,
+event's JSON (`encode_event`); CloudEvents binary-mode headers (`ce_specversion`, `ce_id`, `ce_source`,
 `ce_type`, `ce_time`, `content-type`).
 
 When the spool is full (the broker has been away long enough), the default `when_full="block"`
@@ -34,6 +34,7 @@ import atexit
 import collections
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import threading
@@ -125,7 +126,7 @@ class KafkaSink:
         max_queue: int = 100_000,
         max_event_bytes: int = 900_000,
         linger_ms: int = 5,
-        batch_records: int = 500,
+        batch_records: int = 2000,
         connect_timeout_s: float = 5.0,
         **producer_options: Any,
     ) -> None:
@@ -161,6 +162,8 @@ class KafkaSink:
         self._connected = False
         self._oversize_file: IO[bytes] | None = None
         self._unreported_drops = 0
+        # Held while events move from the queue to the spool, so `pending` never counts one twice.
+        self._moving = threading.Lock()
 
         self.dropped = 0
         """Events lost on purpose: the memory queue was full, or `drop_oldest` made room."""
@@ -191,7 +194,8 @@ class KafkaSink:
     @property
     def pending(self) -> int:
         """Events not yet acknowledged by the broker (queued in memory or spooled)."""
-        return len(self._queue) + self._spool.pending
+        with self._moving:
+            return len(self._queue) + self._spool.pending
 
     def emit(self, event: EventBase) -> None:
         """Queue the event for the sender thread. Never blocks, never raises; drops and counts only
@@ -285,21 +289,21 @@ class KafkaSink:
         """Move queued events into the spool (one fsync per batch). Returns how many moved."""
         moved = 0
         while self._queue:
-            batch: list[EventBase] = []
-            while self._queue and len(batch) < self.batch_records:
-                batch.append(self._queue.popleft())
+            # islice over the deque runs in C under the GIL: safe beside emit's appends.
+            batch = list(itertools.islice(self._queue, self.batch_records))
             records = [(_spool_key(event), encode_event(event)) for event in batch]
-            try:
-                self._spool.append(records)
-                self._spool_full = False
-            except SpoolFull:
-                if self.when_full == "drop_oldest":
+            with self._moving:
+                try:
+                    self._spool.append(records)
+                    self._spool_full = False
+                except SpoolFull:
+                    if self.when_full == "block":
+                        # Fail closed: the events wait in memory, the gate refuses new calls.
+                        self._spool_full = True
+                        return moved
                     self._make_room(records)
-                else:
-                    # Fail closed: the events wait in memory, the gate refuses new calls.
-                    self._spool_full = True
-                    self._queue.extendleft(reversed(batch))
-                    return moved
+                for _ in batch:
+                    self._queue.popleft()
             moved += len(batch)
         return moved
 
@@ -418,7 +422,7 @@ class KafkaSink:
 
     async def _send_batch(self, producer: Any) -> tuple[bool, int]:
         """Send the spool's oldest records; ack those the broker took. (healthy, records acked)."""
-        records = self._spool.peek(self.batch_records)
+        records = self._spool.peek(self.batch_records, max_bytes=16 * 2**20)
         if not records:
             return True, 0
         # Drops are reported on the first record of the next batch the broker acknowledges.

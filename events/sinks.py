@@ -203,7 +203,7 @@ class BackgroundSink:
 
 
 class JsonlSink(BackgroundSink):
-    """Appends one event per line (its canonical JSON, `hash` included) to `path`.
+    """Appends one event per line (its JSON, `hash` included: `encode_event`) to `path`.
 
     Reopening the same path appends. `flush()` fsyncs. Written by one worker thread, so lines never
     interleave.
