@@ -35,6 +35,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/gate_overhead.py
+	$(BIN)/python bench/pipeline.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -69,8 +69,3 @@ class RequireApproval:
 
 Decision = Allow | Rewrite | Deny | Substitute | Block | RequireApproval
 """Everything a before-interceptor may return (or `None`, meaning `Allow()`)."""
-
-DECISION_TYPES: tuple[type, ...] = (Allow, Rewrite, Deny, Substitute, Block, RequireApproval)
-
-ALLOW = Allow()
-"""The shared `Allow()` the gate substitutes for `None`."""

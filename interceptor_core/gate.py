@@ -136,7 +136,6 @@ class _CallState:
         "redacted",
         "rewritten",
         "run",
-        "started_at",
         "timed_out",
         "tool_s",
         "tool_started",
@@ -156,8 +155,7 @@ class _CallState:
         self.tool_started: float | None = None
         self.tool_s: float | None = None
         self.concluded = False
-        self.started_at: float = 0.0
-        self.trace: Any = None
+        self.trace: tuple[Any, ...] | None = None
         self.redacted: Any = None
 
 
