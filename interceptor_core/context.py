@@ -86,6 +86,11 @@ class ToolContext:
         """The name of the tool being called."""
         return self.scope.tool
 
+    @property
+    def scope_path(self) -> ScopePath:
+        """The same as `scope`: gate, workflow, agent, tool."""
+        return self.scope
+
     def report_cost(self, usd: float) -> None:
         """Add `usd` to what this call cost (the agent loop sums it into the run's budget)."""
         if usd < 0:
@@ -128,6 +133,11 @@ class ToolCall:
         if self._args is None:
             self._args = MappingProxyType(self.args_model.model_dump())
         return self._args
+
+    @property
+    def scope_path(self) -> ScopePath:
+        """The same as `scope`: gate, workflow, agent, tool."""
+        return self.scope
 
     @property
     def workflow(self) -> str | None:
