@@ -135,6 +135,58 @@ def broker(
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
+def _host_port(spec: str) -> tuple[str, int]:
+    host, _, port = spec.rpartition(":")
+    if not host or not port.isdigit():
+        raise typer.BadParameter(f"expected HOST:PORT, got {spec!r}")
+    return host, int(port)
+
+
+@app.command()
+def materialize(
+    bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers, HOST:PORT.")],
+    db: Annotated[Path, typer.Option(help="The DuckDB audit store (created if missing).")],
+    topic: Annotated[str, typer.Option(help="The events topic.")] = "callgate.events",
+    group: Annotated[str, typer.Option(help="The consumer group.")] = "callgate-materializer",
+    api: Annotated[str | None, typer.Option(help="Serve the read API on HOST:PORT (loopback).")] = None,
+    drain: Annotated[bool, typer.Option(help="Read to the end offsets as of the start, commit and exit.")] = False,
+) -> None:
+    """Consume decision events into the DuckDB audit store (until Ctrl-C / SIGTERM, or --drain)."""
+    import signal
+
+    from consumers.store import StoreLockedError
+
+    from consumers.materializer import Materializer
+
+    try:
+        materializer = Materializer(bootstrap, topic, str(db), group=group, api=_host_port(api) if api else None)
+    except StoreLockedError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    async def run() -> Any:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, materializer.stop)
+        return await materializer.run(drain=drain)
+
+    try:
+        if api:
+            materializer.start_api()
+            typer.echo(f"read API at {materializer.api.url}")
+        summary = asyncio.run(run())
+    except Exception as exc:
+        typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        materializer.close()
+    typer.echo(
+        f"materialized {summary.records} records: {summary.stored} stored, {summary.duplicates} duplicates, "
+        f"{summary.dead_letters} dead letters, {summary.chain_breaks} chain breaks, "
+        f"{summary.gaps_recorded} gaps recorded -> {db}"
+    )
+
+
 def main() -> None:
     """Entry point of the `callgate` console script."""
     app()

@@ -1,0 +1,361 @@
+"""The materializer's read API: health, Prometheus metrics and the named queries over HTTP.
+
+DuckDB lets no other process open a database file that one process holds for writing, so while the
+materializer runs, readers (the dashboard, the coverage job) reach the store through this API. It is
+a small Starlette app (`build_app`) served by uvicorn in a background thread (`ApiServer`).
+
+Routes (GET only; HEAD is answered as GET without a body; any other method is 405):
+
+- `GET /healthz`: 200 `{"status": "ok", ...}` or 503 `{"status": "unavailable", ...}` (`HealthStatus`).
+- `GET /metrics`: the Prometheus text exposition of `MaterializerMetrics`.
+- `GET /v1/queries`: 200 `{"queries": [...]}`, what `QueryRunner.names()` lists.
+- `GET /v1/queries/{name}?param=value...`: 200 with the query's result; 404 for an unknown query,
+  400 for a bad parameter, 500 `{"error": "internal error"}` for anything else (traceback logged).
+
+Every error body is `{"error": "<message>"}`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from consumers.metrics import MaterializerMetrics
+
+__all__ = ["ApiServer", "HealthStatus", "QueryRunner", "build_app"]
+
+log = logging.getLogger(__name__)
+
+
+class QueryRunner(Protocol):
+    """The named, parameterized read queries the API serves.
+
+    Both methods block (they may read DuckDB) and are called from worker threads, several at once:
+    an implementation must be safe for that (for DuckDB, one cursor per call).
+    """
+
+    def names(self) -> list[dict[str, Any]]:
+        """Every query: `{"name", "description", "parameters": [{"name", "type", "default", ...}]}`,
+        JSON-safe."""
+        ...
+
+    def run(self, name: str, params: Mapping[str, str]) -> dict[str, Any]:
+        """Run query `name` with `params` as given in the query string (strings; the runner converts them).
+
+        Returns a JSON-safe `{"columns": [...], "rows": [{...}, ...], ...}`. Raises `KeyError` for an
+        unknown query name and a `ValueError` subclass, whose message names the parameter, for a
+        missing, unknown or malformed parameter.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class HealthStatus:
+    """What the materializer reports at `GET /healthz`.
+
+    `ok` False (the consumer loop died, the store cannot be written, ...) makes the route answer 503;
+    `detail` says why in words a person can act on. The optional fields are shown when known.
+    """
+
+    ok: bool
+    """Whether the materializer is doing its job."""
+    detail: str = ""
+    """Why it is not ok, or a short note when it is."""
+    last_batch_at: datetime | None = None
+    """When the consumer last committed a batch (UTC)."""
+    last_event_at: datetime | None = None
+    """The newest event time stored (UTC)."""
+    lag_total: int | None = None
+    """Messages not yet consumed, summed over the assigned partitions."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON body of `GET /healthz`: `status` is "ok" or "unavailable"; datetimes are ISO 8601."""
+        return {
+            "status": "ok" if self.ok else "unavailable",
+            "detail": self.detail,
+            "last_batch_at": None if self.last_batch_at is None else self.last_batch_at.isoformat(),
+            "last_event_at": None if self.last_event_at is None else self.last_event_at.isoformat(),
+            "lag_total": self.lag_total,
+        }
+
+
+class _JSONResponse(JSONResponse):
+    """JSON that does not fail on values a runner forgot to convert: unknown types become `str`,
+    NaN and infinities become null."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            text = _dumps(content)
+        except ValueError:
+            # A DOUBLE column can hold NaN or inf, which JSON cannot carry; null is what readers can parse.
+            text = _dumps(_finite(content))
+        return text.encode("utf-8")
+
+
+def _dumps(content: Any) -> str:
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=str)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _error(status_code: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    return _JSONResponse({"error": message}, status_code=status_code, headers=headers)
+
+
+_INTERNAL_ERROR = "internal error"
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _guarded(endpoint: Endpoint) -> Endpoint:
+    """The endpoint, answering 500 with a fixed message for any exception; the traceback goes to the
+    log, never to the client (it may hold SQL, paths or data)."""
+
+    @functools.wraps(endpoint)
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception:
+            log.exception("read API: %s %r failed", request.method, request.url.path)
+            return _error(500, _INTERNAL_ERROR)
+
+    return guarded
+
+
+def build_app(
+    runner: QueryRunner,
+    metrics: MaterializerMetrics,
+    health: Callable[[], HealthStatus],
+) -> Starlette:
+    """The read API as a Starlette app (routes in the module docstring).
+
+    `runner` and `health` are called in worker threads, so a slow query or a health check waiting for
+    a lock never stalls other requests. `health` raising counts as unavailable (503, logged).
+    """
+
+    async def healthz(request: Request) -> Response:
+        try:
+            status = await run_in_threadpool(health)
+        except Exception:
+            log.exception("read API: the health check raised")
+            return _JSONResponse({"status": "unavailable", "detail": "health check failed"}, status_code=503)
+        return _JSONResponse(status.to_json(), status_code=200 if status.ok else 503)
+
+    async def metrics_text(request: Request) -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    async def list_queries(request: Request) -> Response:
+        return _JSONResponse({"queries": await run_in_threadpool(runner.names)})
+
+    async def run_query(request: Request) -> Response:
+        name: str = request.path_params["name"]
+        params: dict[str, str] = {}
+        for key, value in request.query_params.multi_items():
+            if key in params:
+                return _error(400, f"parameter {key!r} is given more than once")
+            params[key] = value
+        try:
+            result = await run_in_threadpool(runner.run, name, params)
+        except KeyError:
+            known = {query.get("name") for query in await run_in_threadpool(runner.names)}
+            if name not in known:
+                return _error(404, f"unknown query {name!r}")
+            # A KeyError from inside a known query is a bug in it, not a wrong name.
+            log.exception("read API: query %r raised KeyError", name)
+            return _error(500, _INTERNAL_ERROR)
+        except ValueError as exc:
+            return _error(400, str(exc) or f"bad parameters for query {name!r}")
+        return _JSONResponse(result)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # Starlette raises HTTPException for unmatched paths (404) and methods (405, with Allow).
+        if not isinstance(exc, HTTPException):  # registered for HTTPException only
+            raise exc
+        return _error(exc.status_code, exc.detail, exc.headers)
+
+    return Starlette(
+        routes=[
+            Route("/healthz", _guarded(healthz), methods=["GET"]),
+            Route("/metrics", _guarded(metrics_text), methods=["GET"]),
+            Route("/v1/queries", _guarded(list_queries), methods=["GET"]),
+            Route("/v1/queries/{name}", _guarded(run_query), methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling a waiting thread the moment it serves (instead of being polled)."""
+
+    def __init__(self, config: uvicorn.Config, ready: threading.Event) -> None:
+        super().__init__(config)
+        self._ready = ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self._ready.set()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    return socket.create_server(address, family=family)
+
+
+class ApiServer:
+    """Serves an ASGI app (normally `build_app(...)`) with uvicorn from a background thread.
+
+    The socket is bound in `start()`, in the caller's thread, so a port in use raises `OSError` there;
+    port 0 picks a free port, and `address`/`url` report the real one. Loopback by default. One
+    server runs once: `start` after `stop` raises `RuntimeError`. Usable as a context manager.
+    `start` and `stop` block and may be called from any thread (not from the app's own requests).
+
+    uvicorn logs at `log_level` ("warning" by default) without an access log, and its logging
+    configuration is left to the application (`log_config=None`).
+    """
+
+    def __init__(
+        self,
+        app: Starlette,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        log_level: str = "warning",
+        access_log: bool = False,
+        start_timeout: float = 10.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        self._app = app
+        self._host = host
+        self._port = port
+        self._log_level = log_level
+        self._access_log = access_log
+        self._start_timeout = start_timeout
+        self._stop_timeout = stop_timeout
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._server: _Server | None = None
+        self._address: tuple[str, int] | None = None
+        self._failure: BaseException | None = None
+        self._stopped = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port), e.g. ("127.0.0.1", 53121). Raises `RuntimeError` before `start()`."""
+        if self._address is None:
+            raise RuntimeError("ApiServer has not been started")
+        return self._address
+
+    @property
+    def url(self) -> str:
+        """The base URL, e.g. "http://127.0.0.1:53121" (no trailing slash). Raises `RuntimeError` before `start()`."""
+        host, port = self.address
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def start(self) -> None:
+        """Bind, start serving, and return once requests are answered.
+
+        Raises `OSError` if the address cannot be bound, `RuntimeError` if the server was started
+        before or failed to start, `TimeoutError` if it did not serve within `start_timeout` seconds
+        (it is stopped again in both cases).
+        """
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("ApiServer can be started only once")
+            sock = _bind(self._host, self._port)
+            try:
+                host, port = sock.getsockname()[:2]
+                config = uvicorn.Config(
+                    self._app,
+                    host=host,
+                    port=port,
+                    log_config=None,
+                    log_level=self._log_level,
+                    access_log=self._access_log,
+                    lifespan="off",
+                    # Requests still running after this many seconds of shutdown are cancelled.
+                    timeout_graceful_shutdown=max(1, int(self._stop_timeout / 2)),
+                )
+                server = _Server(config, self._ready)
+                thread = threading.Thread(
+                    target=self._serve, args=(server, sock), name=f"callgate-api-{port}", daemon=True
+                )
+                thread.start()
+            except BaseException:
+                sock.close()
+                raise
+            self._address = (host, port)
+            self._server, self._thread = server, thread
+        if not self._ready.wait(self._start_timeout):
+            self.stop()
+            raise TimeoutError(f"read API did not start within {self._start_timeout} s on {self.url}")
+        if not server.started:
+            self.stop()
+            raise RuntimeError(f"read API failed to start on {self.url}") from self._failure
+        log.info("read API serving on %s", self.url)
+
+    def _serve(self, server: _Server, sock: socket.socket) -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # uvicorn ends a failed startup with SystemExit, which a thread would swallow
+            self._failure = exc
+            log.exception("read API server stopped with an error")
+        finally:
+            sock.close()
+            self._ready.set()
+
+    def stop(self) -> None:
+        """Stop accepting connections, let running requests finish (cancelled after about half of
+        `stop_timeout`), and join the thread. Idempotent; a no-op before `start()`.
+
+        Raises `TimeoutError` if the thread has not ended within `stop_timeout` seconds.
+        """
+        with self._lock:
+            thread, server = self._thread, self._server
+            if thread is None or server is None or self._stopped:
+                return
+            self._stopped = True
+        server.should_exit = True
+        if thread is threading.current_thread():
+            return
+        thread.join(self._stop_timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"read API on {self.url} did not stop within {self._stop_timeout} s")
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

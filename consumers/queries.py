@@ -1,0 +1,820 @@
+"""The named queries: the only SQL a reader of the audit store ever runs.
+
+Each `NamedQuery` is fixed SQL with `$name` parameters and a spec of those parameters (type,
+default, bounds, allowed values). `run_query` checks the parameters a caller gives against the spec
+(unknown names and bad values raise `QueryError` naming them), binds them as DuckDB parameters
+(never pasted into the SQL) and returns JSON-safe rows. Row-returning queries page with `limit`
+(1..1000) and `offset`. The dashboard, the coverage job and the read API all go through `QUERIES`.
+
+Every query answers in well under a second over a million stored events (`bench/queries.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any, Final, Literal
+from uuid import UUID
+
+import duckdb
+
+from events.models import EVENT_TYPES, OUTCOME_TYPES
+
+__all__ = [
+    "MAX_LIMIT",
+    "QUERIES",
+    "NamedQuery",
+    "Param",
+    "ParamValue",
+    "QueryError",
+    "QueryResult",
+    "UnknownQueryError",
+    "describe_queries",
+    "run_query",
+]
+
+MAX_LIMIT: Final = 1000
+"""The most rows one call returns; page with `offset` for more."""
+
+ParamType = Literal["str", "int", "datetime", "bool"]
+ParamValue = str | int | bool | datetime | None
+"""What a caller may pass for a parameter: the typed value, or its text (as in a URL query)."""
+
+
+class QueryError(ValueError):
+    """A query name or parameter a caller got wrong: an unknown query, unknown parameters, a missing
+    required one, or a value of the wrong type, out of bounds or not among the allowed values.
+    `query` and `param` name the culprits (param is None when the query name itself is wrong)."""
+
+    def __init__(self, message: str, *, query: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.query = query
+        self.param = param
+
+
+class UnknownQueryError(QueryError, KeyError):
+    """The query name is not in `QUERIES` (a `KeyError` too, so a lookup-minded caller can answer
+    404 and keep 400 for the other `QueryError`s)."""
+
+    def __str__(self) -> str:
+        # KeyError would quote the message like a key.
+        return str(self.args[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One parameter of a named query: its type, default (None: no filter), and bounds."""
+
+    type: ParamType
+    description: str
+    default: str | int | bool | None = None
+    required: bool = False
+    choices: tuple[str, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The spec of parameter `name` as JSON-safe data (for the read API's listing)."""
+        spec: dict[str, Any] = {
+            "name": name,
+            "type": self.type,
+            "description": self.description,
+            "default": self.default,
+            "required": self.required,
+        }
+        if self.choices:
+            spec["choices"] = list(self.choices)
+        if self.minimum is not None:
+            spec["minimum"] = self.minimum
+        if self.maximum is not None:
+            spec["maximum"] = self.maximum
+        return spec
+
+
+@dataclass(frozen=True, slots=True)
+class NamedQuery:
+    """A query readers may run: fixed SQL whose `$name` parameters are exactly `params`."""
+
+    name: str
+    description: str
+    sql: str
+    params: Mapping[str, Param] = field(default_factory=dict)
+
+    def bind(self, given: Mapping[str, ParamValue] | None) -> dict[str, Any]:
+        """Every parameter's value: the given one checked and converted, or its default. Raises
+        `QueryError` naming unknown parameters, a missing required one, or a bad value."""
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            raise QueryError(
+                f"query {self.name!r} has no parameter {', '.join(map(repr, unknown))}; "
+                f"it takes {', '.join(sorted(self.params)) or 'none'}",
+                query=self.name,
+                param=unknown[0],
+            )
+        values = {name: _coerce(self.name, name, spec, given.get(name)) for name, spec in self.params.items()}
+        since, until = values.get("since"), values.get("until")
+        if isinstance(since, datetime) and isinstance(until, datetime) and since >= until:
+            raise QueryError(
+                f"query {self.name!r}: parameter 'since' ({since.isoformat()}) must be before "
+                f"'until' ({until.isoformat()})",
+                query=self.name,
+                param="since",
+            )
+        return values
+
+    def describe(self) -> dict[str, Any]:
+        """`{"name", "description", "parameters": [{"name", "type", "description", "default", "required",
+        and "choices" / "minimum" / "maximum" when set}]}`, JSON-safe."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": [spec.describe(name) for name, spec in self.params.items()],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    """What a named query returned: its columns in order and one JSON-safe dict per row
+    (datetimes as ISO 8601 strings, JSON columns decoded, bytes as text)."""
+
+    name: str
+    params: dict[str, Any]
+    columns: tuple[str, ...]
+    rows: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as one JSON-safe object: query, params, columns, rows."""
+        return {"query": self.name, "params": self.params, "columns": list(self.columns), "rows": self.rows}
+
+
+def run_query(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, ParamValue] | None = None) -> QueryResult:
+    """Run the named query on `con` (a store cursor or a read-only connection) with `params`.
+
+    Raises `UnknownQueryError` (a `QueryError` and a `KeyError`) for a name not in `QUERIES`,
+    `QueryError` (a `ValueError`) for a bad parameter, both before touching the database, and
+    DuckDB's errors for a database without the store's schema. Blocks for the query (well under a
+    second over a million events). Not safe to share `con` between threads: give each its own
+    (`AuditStore.cursor()`).
+    """
+    query = QUERIES.get(name)
+    if query is None:
+        raise UnknownQueryError(f"unknown query {name!r}; known: {', '.join(sorted(QUERIES))}", query=name)
+    values = query.bind(params)
+    result = con.execute(query.sql, values)
+    description = result.description or []
+    columns = tuple(str(d[0]) for d in description)
+    json_columns = {i for i, d in enumerate(description) if str(d[1]) == "JSON"}
+    rows = [
+        {
+            columns[i]: (json.loads(v) if i in json_columns and v is not None else _json_safe(v))
+            for i, v in enumerate(row)
+        }
+        for row in result.fetchall()
+    ]
+    return QueryResult(name, {k: _json_safe(v) for k, v in values.items()}, columns, rows)
+
+
+def describe_queries() -> list[dict[str, Any]]:
+    """Every named query with its parameters, as JSON-safe data (sorted by name)."""
+    return [QUERIES[name].describe() for name in sorted(QUERIES)]
+
+
+# -- parameters ---------------------------------------------------------------------------------
+
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+def _coerce(query: str, name: str, spec: Param, raw: ParamValue) -> Any:
+    # An empty text is "no filter": forms and URLs send empty fields for filters left blank.
+    if isinstance(raw, str) and not raw.strip():
+        raw = None
+    if raw is None:
+        if spec.required:
+            raise QueryError(f"query {query!r} needs parameter {name!r} ({spec.description})", query=query, param=name)
+        return spec.default
+
+    def bad(expected: str) -> QueryError:
+        return QueryError(
+            f"query {query!r}: parameter {name!r} must be {expected}, got {raw!r}", query=query, param=name
+        )
+
+    value: Any
+    if spec.type == "str":
+        if not isinstance(raw, str):
+            raise bad("text")
+        value = raw
+    elif spec.type == "int":
+        if isinstance(raw, bool):
+            raise bad("an integer")
+        if isinstance(raw, int):
+            value = raw
+        elif isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+            value = int(raw.strip())
+        else:
+            raise bad("an integer")
+        if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
+            raise bad(f"an integer from {spec.minimum} to {spec.maximum}")
+    elif spec.type == "bool":
+        if isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+            value = raw.strip().lower() in _TRUE
+        else:
+            raise bad("true or false")
+    else:
+        if isinstance(raw, datetime):
+            value = raw
+        elif isinstance(raw, str):
+            try:
+                value = datetime.fromisoformat(raw.strip())
+            except ValueError:
+                raise bad("an ISO 8601 date-time (2024-05-01T12:00:00Z)") from None
+        else:
+            raise bad("an ISO 8601 date-time (2024-05-01T12:00:00Z)")
+        # Events are UTC; a time without a zone means UTC, not the host's zone.
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if spec.choices and value not in spec.choices:
+        raise bad(f"one of {', '.join(spec.choices)}")
+    return value
+
+
+def _json_safe(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return str(value)
+
+
+# -- shared parameter specs and SQL pieces ------------------------------------------------------
+
+SINCE = Param("datetime", "Only what happened at or after this time (ISO 8601; UTC if no zone).")
+UNTIL = Param("datetime", "Only what happened before this time (ISO 8601; UTC if no zone).")
+LIMIT = Param("int", "How many rows at most.", default=100, minimum=1, maximum=MAX_LIMIT)
+OFFSET = Param("int", "How many rows to skip (paging).", default=0, minimum=0)
+TENANT = Param("str", "Only this tenant.")
+PAGE = {"limit": LIMIT, "offset": OFFSET}
+
+_OUTCOMES = ", ".join(f"'{t}'" for t in sorted(OUTCOME_TYPES))
+_ALL_TYPES = ", ".join(f"('{t}')" for t in sorted(EVENT_TYPES))
+
+_WINDOW = "($since IS NULL OR time >= $since) AND ($until IS NULL OR time < $until)"
+
+_BLOCKED_FILTERS = f"""
+    {_WINDOW}
+    AND ($tenant IS NULL OR tenant = $tenant)
+    AND ($principal IS NULL OR principal = $principal)
+    AND ($agent IS NULL OR agent = $agent)
+    AND ($tool IS NULL OR tool = $tool)
+    AND ($type IS NULL OR type = $type)
+    AND ($decided_by IS NULL OR decided_by = $decided_by)
+    AND ($text IS NULL OR contains(lower(message), lower($text)))
+"""
+
+_BLOCKED_PARAMS: dict[str, Param] = {
+    "since": SINCE,
+    "until": UNTIL,
+    "tenant": TENANT,
+    "principal": Param("str", "Only this principal (the user or service the agent acted for)."),
+    "agent": Param("str", "Only this agent scope."),
+    "tool": Param("str", "Only this tool."),
+    "type": Param("str", "Only denials or only blocks.", choices=("ToolDenied", "Blocked")),
+    "decided_by": Param("str", "Only what this interceptor (or validation / approval / registry) decided."),
+    "text": Param("str", "Only messages containing this text, case-insensitive (no wildcards)."),
+}
+
+# -- the queries --------------------------------------------------------------------------------
+
+_BLOCKED_ATTEMPTS = f"""
+SELECT time, type, cause, decided_by, message, tenant, principal, gate, workflow, agent, tool,
+       call_id, run_id, thread_id, trace_id, producer_id, seq, event_id
+FROM blocked_attempts
+WHERE {_BLOCKED_FILTERS}
+ORDER BY time DESC, event_id
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_BLOCKED_ATTEMPTS_COUNT = f"""
+SELECT count(*) AS attempts,
+       count(*) FILTER (WHERE type = 'ToolDenied') AS denied,
+       count(*) FILTER (WHERE type = 'Blocked') AS blocked,
+       min(time) AS first_time,
+       max(time) AS last_time
+FROM blocked_attempts
+WHERE {_BLOCKED_FILTERS}
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_DECISION_TRENDS = f"""
+SELECT time_bucket(to_minutes($bucket_minutes), time) AS bucket, type, count(*) AS events
+FROM events
+WHERE {_WINDOW} AND ($tenant IS NULL OR tenant = $tenant)
+GROUP BY ALL
+ORDER BY bucket DESC, type
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# By tool: the share of that tool's calls that were denied or blocked. By interceptor: the share
+# of all calls in the bucket that this interceptor denied or blocked (its own denominator would
+# need every call's trail unnested, a hundred times the cost for the same ranking).
+_DENIAL_RATE = f"""
+WITH outcomes AS (
+    SELECT time_bucket(to_minutes($bucket_minutes), time) AS bucket, type, tool, decided_by
+    FROM events
+    WHERE type IN ({_OUTCOMES}) AND {_WINDOW} AND ($tenant IS NULL OR tenant = $tenant)
+),
+grouped AS (
+    SELECT bucket, CASE WHEN $by = 'tool' THEN tool ELSE decided_by END AS key,
+           count(*) AS n, count(*) FILTER (WHERE type IN ('ToolDenied', 'Blocked')) AS denied
+    FROM outcomes
+    GROUP BY ALL
+),
+rated AS (
+    SELECT bucket, key, denied,
+           CAST(CASE WHEN $by = 'tool' THEN n ELSE sum(n) OVER (PARTITION BY bucket) END AS BIGINT) AS calls
+    FROM grouped
+)
+SELECT bucket, key, calls, denied, round(denied / calls, 4) AS rate
+FROM rated
+WHERE key IS NOT NULL AND ($by = 'tool' OR denied > 0)
+ORDER BY bucket DESC, rate DESC, key
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_TOP_DENIED = f"""
+SELECT CASE $by WHEN 'tool' THEN tool WHEN 'tenant' THEN tenant WHEN 'principal' THEN principal
+                WHEN 'agent' THEN agent ELSE decided_by END AS key,
+       count(*) AS attempts,
+       count(*) FILTER (WHERE type = 'ToolDenied') AS denied,
+       count(*) FILTER (WHERE type = 'Blocked') AS blocked,
+       min(time) AS first_seen,
+       max(time) AS last_seen,
+       arg_max(message, time) AS last_message
+FROM blocked_attempts
+WHERE {_WINDOW} AND ($tenant IS NULL OR tenant = $tenant) AND ($type IS NULL OR type = $type)
+GROUP BY key
+ORDER BY attempts DESC, key
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# A call's own events, then those of calls it made as an agent used as a tool ('child').
+_CALL_DETAIL = """
+SELECT CASE WHEN call_id = $call_id THEN 'call' ELSE 'child' END AS relation,
+       time, type, seq, producer_id, gate, workflow, agent, tool, call_id, parent_call_id, run_id, thread_id,
+       tenant, principal, decided_by, outcome, message, duration_ms, trace_id, span_id,
+       json_extract(event, '$.decisions') AS decisions,
+       json_extract(event, '$.args') AS args,
+       json_extract(event, '$.redacted_paths') AS redacted_paths,
+       json_extract(event, '$.args_truncated') AS args_truncated,
+       event_id
+FROM events
+WHERE call_id = $call_id OR parent_call_id = $call_id
+ORDER BY relation, time, producer_id, seq
+LIMIT $limit OFFSET $offset
+"""
+
+_UNMEDIATED_WHERE = f"""
+type = 'Unmediated' AND {_WINDOW}
+AND ($tenant IS NULL OR tenant = $tenant)
+AND ($tool IS NULL OR list_contains(json_extract_string(event, '$.bound_tools[*]'), $tool))
+"""
+
+_UNMEDIATED = f"""
+SELECT time, gate, workflow, agent, tenant, principal,
+       json_extract_string(event, '$.resource') AS resource,
+       json_extract_string(event, '$.attribute') AS attribute,
+       json_extract(event, '$.bound_tools') AS bound_tools,
+       json_extract_string(event, '$.site') AS site,
+       json_extract_string(event, '$.active_tool') AS active_tool,
+       json_extract_string(event, '$.thread') AS thread,
+       call_id, producer_id, seq, event_id
+FROM events
+WHERE {_UNMEDIATED_WHERE}
+ORDER BY time DESC, event_id
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_UNMEDIATED_COUNT = f"""
+SELECT count(*) AS accesses, count(DISTINCT json_extract_string(event, '$.resource')) AS resources,
+       min(time) AS first_time, max(time) AS last_time
+FROM events
+WHERE {_UNMEDIATED_WHERE}
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_TOOLS_JSON_SHAPE = (
+    '[{"name": "VARCHAR", "description": "VARCHAR", "input_schema_sha256": "VARCHAR", '
+    '"interceptors": ["VARCHAR"], "excluded": ["VARCHAR"]}]'
+)
+
+_REGISTRATIONS = f"""
+SELECT time, gate, workflow, agent,
+       unnest(from_json(json_extract(event, '$.tools'), '{_TOOLS_JSON_SHAPE}'), recursive := true)
+FROM events
+WHERE type = 'ToolsRegistered'
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_REGISTERED_TOOLS = f"""
+WITH registrations AS ({_REGISTRATIONS})
+SELECT gate, workflow, agent, name AS tool,
+       arg_max(description, time) AS description,
+       arg_max(input_schema_sha256, time) AS input_schema_sha256,
+       arg_max(interceptors, time) AS interceptors,
+       arg_max(excluded, time) AS excluded,
+       count(DISTINCT input_schema_sha256) AS schema_versions,
+       count(*) AS registrations,
+       min(time) AS first_registered,
+       max(time) AS last_registered
+FROM registrations
+WHERE ($gate IS NULL OR gate = $gate) AND ($agent IS NULL OR agent = $agent)
+GROUP BY gate, workflow, agent, name
+ORDER BY gate, workflow NULLS FIRST, agent NULLS FIRST, tool
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# `registered`: some ToolsRegistered event of the same scope lists the tool; a denial of an
+# unknown tool shows up here unregistered.
+_EXERCISED_TOOLS = f"""
+WITH exercised AS (
+    SELECT gate, workflow, agent, tool,
+           count(*) AS calls,
+           count(*) FILTER (WHERE type = 'ToolUse') AS ran,
+           count(*) FILTER (WHERE type = 'ToolUse' AND outcome = 'ok') AS ok,
+           count(*) FILTER (WHERE type = 'ToolDenied') AS denied,
+           count(*) FILTER (WHERE type = 'Substitute') AS substituted,
+           count(*) FILTER (WHERE type = 'Blocked') AS blocked,
+           min(time) AS first_seen,
+           max(time) AS last_seen
+    FROM events
+    WHERE type IN ({_OUTCOMES}) AND tool IS NOT NULL AND {_WINDOW} AND ($gate IS NULL OR gate = $gate)
+    GROUP BY ALL
+),
+registered AS (
+    SELECT DISTINCT gate, workflow, agent, name AS tool FROM ({_REGISTRATIONS})
+)
+SELECT e.*, r.tool IS NOT NULL AS registered
+FROM exercised e
+LEFT JOIN registered r
+  ON r.gate = e.gate AND r.workflow IS NOT DISTINCT FROM e.workflow AND r.agent IS NOT DISTINCT FROM e.agent
+ AND r.tool = e.tool
+ORDER BY e.gate, e.workflow NULLS FIRST, e.agent NULLS FIRST, e.tool
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_CHAIN_BREAKS = """
+SELECT b.recorded_at, b.producer_id, b.seq, b.kind, b.detail, b.event_id, b.evidence,
+       (SELECT any_value(gate) FROM events e WHERE e.producer_id = b.producer_id) AS gate
+FROM chain_breaks b
+WHERE ($producer_id IS NULL OR b.producer_id = $producer_id)
+  AND ($kind IS NULL OR b.kind = $kind)
+  AND ($since IS NULL OR b.recorded_at >= $since)
+ORDER BY b.recorded_at DESC, b.producer_id, b.seq, b.kind
+LIMIT $limit OFFSET $offset
+"""
+
+# `missing` is live (max seq minus stored events), whether or not close_open_gaps recorded the
+# holes yet; producers with anything wrong come first.
+_CHAIN_STATUS = """
+WITH produced AS (
+    SELECT producer_id, any_value(gate) AS gate, count(*) AS events, max(seq) AS max_seq,
+           min(time) AS first_time, max(time) AS last_time
+    FROM events
+    WHERE $producer_id IS NULL OR producer_id = $producer_id
+    GROUP BY producer_id
+),
+breaks AS (
+    SELECT producer_id,
+           count(*) FILTER (WHERE kind = 'gap') AS gaps_recorded,
+           count(*) FILTER (WHERE kind = 'tamper') AS tampered,
+           count(*) FILTER (WHERE kind = 'conflict') AS conflicts
+    FROM chain_breaks
+    GROUP BY producer_id
+),
+status AS (
+    SELECT p.producer_id, p.gate, p.max_seq, p.events, p.max_seq - p.events AS missing,
+           coalesce(b.gaps_recorded, 0) AS gaps_recorded, coalesce(b.tampered, 0) AS tampered,
+           coalesce(b.conflicts, 0) AS conflicts, p.first_time, p.last_time
+    FROM produced p LEFT JOIN breaks b USING (producer_id)
+)
+SELECT producer_id, gate, max_seq, events, missing, gaps_recorded, tampered, conflicts,
+       missing = 0 AND tampered = 0 AND conflicts = 0 AS ok, first_time, last_time
+FROM status
+WHERE NOT $only_broken OR missing > 0 OR tampered > 0 OR conflicts > 0
+ORDER BY ok, last_time DESC, producer_id
+LIMIT $limit OFFSET $offset
+"""
+
+_DEAD_LETTER_WHERE = """
+($since IS NULL OR received_at >= $since) AND ($until IS NULL OR received_at < $until)
+AND ($topic IS NULL OR topic = $topic)
+"""
+
+_DEAD_LETTERS = f"""
+SELECT reason, count(*) AS messages,
+       min(received_at) AS first_received, max(received_at) AS last_received,
+       arg_max(error, received_at) AS sample_error,
+       arg_max(preview, received_at) AS sample_preview,
+       arg_max(topic || '/' || partition || '/' || "offset", received_at) AS sample_position
+FROM dead_letters
+WHERE {_DEAD_LETTER_WHERE}
+GROUP BY reason
+ORDER BY messages DESC, reason
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_DEAD_LETTER_RECORDS = f"""
+SELECT received_at, topic, partition, "offset", reason, error, preview, key, octet_length(value) AS value_bytes,
+       kafka_time
+FROM dead_letters
+WHERE {_DEAD_LETTER_WHERE} AND ($reason IS NULL OR reason = $reason)
+ORDER BY received_at DESC, topic, partition, "offset"
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# The window [since, until) and the one of the same length just before it, for every known type
+# (zeros included, so a type that vanished shows up as a drop).
+_EVENT_COUNTS = f"""
+WITH bounds AS (
+    SELECT coalesce($until::TIMESTAMPTZ, now()) AS until_,
+           coalesce($since::TIMESTAMPTZ, coalesce($until::TIMESTAMPTZ, now()) - INTERVAL 1 HOUR) AS since_
+),
+windows AS (SELECT since_, until_, since_ - (until_ - since_) AS previous_since FROM bounds),
+counted AS (
+    SELECT type,
+           count(*) FILTER (WHERE time >= w.since_) AS events,
+           count(*) FILTER (WHERE time < w.since_) AS previous_events
+    FROM events, windows w
+    WHERE time >= w.previous_since AND time < w.until_ AND ($tenant IS NULL OR tenant = $tenant)
+    GROUP BY type
+)
+SELECT t.type, coalesce(c.events, 0) AS events, coalesce(c.previous_events, 0) AS previous_events,
+       coalesce(c.events, 0) - coalesce(c.previous_events, 0) AS change,
+       w.since_ AS since, w.until_ AS until, w.previous_since
+FROM (VALUES {_ALL_TYPES}) t(type)
+CROSS JOIN windows w
+LEFT JOIN counted c USING (type)
+ORDER BY t.type
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# One row per stored Kafka partition (one row with a NULL topic before the first ingest), each
+# carrying the same store-wide figures. Recent means ingested in the last $minutes, by the
+# store's clock.
+_PIPELINE_HEALTH = """
+WITH summary AS (
+    SELECT count(*) AS total_events,
+           count(*) FILTER (WHERE ingested_at >= now() - to_minutes($minutes)) AS recent_events,
+           max(time) AS last_event_time,
+           max(ingested_at) AS last_ingested_at
+    FROM events
+),
+dead AS (
+    SELECT count(*) AS dead_letters,
+           count(*) FILTER (WHERE received_at >= now() - to_minutes($minutes)) AS recent_dead_letters
+    FROM dead_letters
+),
+breaks AS (SELECT count(*) AS chain_breaks FROM chain_breaks)
+SELECT o.topic, o.partition, o.next_offset, o.updated_at AS offset_updated_at,
+       s.last_event_time, s.last_ingested_at,
+       epoch(now() - s.last_ingested_at) AS seconds_since_last_ingest,
+       s.total_events, s.recent_events, round(s.recent_events / $minutes, 2) AS events_per_minute,
+       d.dead_letters, d.recent_dead_letters, b.chain_breaks
+FROM summary s CROSS JOIN dead d CROSS JOIN breaks b
+LEFT JOIN kafka_offsets o ON true
+ORDER BY o.topic, o.partition
+"""
+
+# A reason is the message with ids and numbers masked, so "Order ACME-42 ..." and "Order ACME-7
+# ..." are one reason; new = first seen inside the window (default: the last 24 hours).
+_NEW_DENIAL_REASONS = """
+WITH bounds AS (
+    SELECT coalesce($until::TIMESTAMPTZ, now()) AS until_,
+           coalesce($since::TIMESTAMPTZ, coalesce($until::TIMESTAMPTZ, now()) - INTERVAL 1 DAY) AS since_
+),
+reasons AS (
+    SELECT regexp_replace(regexp_replace(message, '[0-9a-fA-F]{8,}(-[0-9a-fA-F]{4,})*', '<id>', 'g'),
+                          '[0-9]+', 'N', 'g') AS reason,
+           decided_by, type, time, message, tool, tenant
+    FROM blocked_attempts, bounds
+    WHERE time < bounds.until_ AND ($decided_by IS NULL OR decided_by = $decided_by)
+)
+SELECT reason, decided_by, min(time) AS first_seen, max(time) AS last_seen, count(*) AS occurrences,
+       count(DISTINCT tenant) AS tenants, arg_min(message, time) AS sample_message,
+       arg_min(tool, time) AS sample_tool, arg_min(type, time) AS type
+FROM reasons
+GROUP BY reason, decided_by
+HAVING min(time) >= (SELECT since_ FROM bounds)
+ORDER BY first_seen DESC, reason
+LIMIT $limit OFFSET $offset
+"""
+
+
+def _query(name: str, description: str, sql: str, params: Mapping[str, Param]) -> tuple[str, NamedQuery]:
+    return name, NamedQuery(name, description, sql, dict(params))
+
+
+QUERIES: Final[dict[str, NamedQuery]] = dict(
+    [
+        _query(
+            "blocked_attempts",
+            "Denied and blocked calls, newest first, with who, what tool, which interceptor and the message.",
+            _BLOCKED_ATTEMPTS,
+            {**_BLOCKED_PARAMS, **PAGE},
+        ),
+        _query(
+            "blocked_attempts_count",
+            "How many calls the filters of blocked_attempts match: all, denied, blocked, first and last time.",
+            _BLOCKED_ATTEMPTS_COUNT,
+            _BLOCKED_PARAMS,
+        ),
+        _query(
+            "decision_trends",
+            "Events per time bucket and type, newest bucket first.",
+            _DECISION_TRENDS,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "bucket_minutes": Param("int", "Bucket width in minutes.", default=1, minimum=1, maximum=10080),
+                "tenant": TENANT,
+                **PAGE,
+            },
+        ),
+        _query(
+            "denial_rate",
+            "Share of calls denied or blocked per bucket, by tool (of that tool's calls) or by interceptor "
+            "(of all calls in the bucket); newest bucket first, highest rate first.",
+            _DENIAL_RATE,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "bucket_minutes": Param("int", "Bucket width in minutes.", default=60, minimum=1, maximum=10080),
+                "by": Param(
+                    "str", "Rate per tool or per interceptor.", default="tool", choices=("tool", "interceptor")
+                ),
+                "tenant": TENANT,
+                **PAGE,
+            },
+        ),
+        _query(
+            "top_denied",
+            "Who or what is denied most: denied and blocked calls grouped by tool, tenant, principal, agent or "
+            "deciding interceptor.",
+            _TOP_DENIED,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "by": Param(
+                    "str",
+                    "What to group by.",
+                    default="tool",
+                    choices=("tool", "tenant", "principal", "agent", "decided_by"),
+                ),
+                "tenant": TENANT,
+                "type": _BLOCKED_PARAMS["type"],
+                "limit": Param("int", "How many rows at most.", default=10, minimum=1, maximum=MAX_LIMIT),
+                "offset": OFFSET,
+            },
+        ),
+        _query(
+            "call_detail",
+            "Every event of one call (approval, outcome, an unmediated use during it) and of the calls it made "
+            "as an agent used as a tool: decision trail, redacted args, redacted paths, trace id.",
+            _CALL_DETAIL,
+            {"call_id": Param("str", "The call's id.", required=True), **PAGE},
+        ),
+        _query(
+            "unmediated",
+            "Uses of guarded clients outside a mediated call of their tools, newest first.",
+            _UNMEDIATED,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "tenant": TENANT,
+                "tool": Param("str", "Only clients bound to this tool."),
+                **PAGE,
+            },
+        ),
+        _query(
+            "unmediated_count",
+            "How many unmediated uses the filters match (what a CI job asserts to be zero).",
+            _UNMEDIATED_COUNT,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "tenant": TENANT,
+                "tool": Param("str", "Only clients bound to this tool."),
+            },
+        ),
+        _query(
+            "registered_tools",
+            "Tools as registered per scope (ToolsRegistered events): latest schema hash and interceptor chain, "
+            "how often registered and with how many schemas.",
+            _REGISTERED_TOOLS,
+            {"gate": Param("str", "Only this gate."), "agent": Param("str", "Only this agent scope."), **PAGE},
+        ),
+        _query(
+            "exercised_tools",
+            "Tools seen in outcome events per scope: calls, ran, ok, denied, substituted, blocked, and whether "
+            "the scope registered the tool.",
+            _EXERCISED_TOOLS,
+            {"since": SINCE, "until": UNTIL, "gate": Param("str", "Only this gate."), **PAGE},
+        ),
+        _query(
+            "chain_breaks",
+            "Recorded integrity problems (gaps, tampering, conflicts), newest first.",
+            _CHAIN_BREAKS,
+            {
+                "producer_id": Param("str", "Only this producer (gate instance)."),
+                "kind": Param("str", "Only this kind.", choices=("gap", "tamper", "conflict")),
+                "since": Param("datetime", "Only breaks recorded at or after this time."),
+                **PAGE,
+            },
+        ),
+        _query(
+            "chain_status",
+            "Per producer: highest seq, stored events, seqs missing now, recorded gaps, tampering and conflicts, "
+            "ok; broken producers first.",
+            _CHAIN_STATUS,
+            {
+                "producer_id": Param("str", "Only this producer (gate instance)."),
+                "only_broken": Param("bool", "Only producers with something wrong.", default=False),
+                **PAGE,
+            },
+        ),
+        _query(
+            "dead_letters",
+            "Records that were not events, per reason: how many, when, and the latest one's error and text.",
+            _DEAD_LETTERS,
+            {
+                "since": Param("datetime", "Only dead letters received at or after this time."),
+                "until": Param("datetime", "Only dead letters received before this time."),
+                "topic": Param("str", "Only this Kafka topic."),
+                **PAGE,
+            },
+        ),
+        _query(
+            "dead_letter_records",
+            "The dead letters themselves, newest first: position, reason, error, key and the start of the value.",
+            _DEAD_LETTER_RECORDS,
+            {
+                "since": Param("datetime", "Only dead letters received at or after this time."),
+                "until": Param("datetime", "Only dead letters received before this time."),
+                "topic": Param("str", "Only this Kafka topic."),
+                "reason": Param(
+                    "str",
+                    "Only this reason.",
+                    choices=("not_json", "unknown_type", "newer_schema", "invalid", "no_value", "oversize", "error"),
+                ),
+                **PAGE,
+            },
+        ),
+        _query(
+            "event_counts",
+            "Events per type in [since, until) and in the window of the same length just before "
+            "(defaults: the last hour and the hour before).",
+            _EVENT_COUNTS,
+            {"since": SINCE, "until": UNTIL, "tenant": TENANT},
+        ),
+        _query(
+            "pipeline_health",
+            "Per Kafka partition the committed offset, with the store's last event and ingest times, events "
+            "per minute recently, dead letters and chain breaks.",
+            _PIPELINE_HEALTH,
+            {
+                "minutes": Param(
+                    "int", "What 'recently' means, in minutes of ingest time.", default=15, minimum=1, maximum=1440
+                )
+            },
+        ),
+        _query(
+            "new_denial_reasons",
+            "Denial and block reasons (messages with ids and numbers masked) first seen in the window "
+            "(default: the last 24 hours), newest first.",
+            _NEW_DENIAL_REASONS,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "decided_by": _BLOCKED_PARAMS["decided_by"],
+                **PAGE,
+            },
+        ),
+    ]
+)
+"""Every query a reader may run, by name."""

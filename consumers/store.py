@@ -1,0 +1,948 @@
+"""The audit store: decision events materialized into one DuckDB file.
+
+`AuditStore` is what the materializer writes through and what readers open read-only. One call of
+`AuditStore.ingest` is one transaction: the events of a batch of Kafka records, the records that
+are not events (dead letters), the Kafka offsets that batch reached and the chain checks of the
+producers in it are committed together or not at all, so a crash replays from the stored offsets
+and the keys drop what was already stored.
+
+Rows travel from Python to DuckDB as Arrow tables (DuckDB ingests those some 1,000 times faster
+than `executemany`), and the chain checks are joins of the batch against the stored events, so a
+batch costs the same whether the table holds a thousand events or a million.
+
+Tables: `events` (one row per event, typed columns plus the whole event as JSON), `dead_letters`,
+`kafka_offsets`, `chain_breaks`, `schema_migrations`; views for readers: `blocked_attempts`,
+`decision_trends`, `calls`. Readers should go through `consumers.queries`, not these names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+import duckdb
+import pyarrow as pa  # type: ignore[import-untyped]  # ships no type information
+
+from events import (
+    ApprovalRequestedEvent,
+    ApprovalResolvedEvent,
+    BlockedEvent,
+    EventBase,
+    EventParseError,
+    SubstituteEvent,
+    ToolDeniedEvent,
+    ToolUseEvent,
+    event_hash,
+    parse_event,
+)
+from events.models import ZERO_HASH
+
+__all__ = [
+    "DEFAULT_MAX_VALUE_BYTES",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "AuditStore",
+    "IngestResult",
+    "Migration",
+    "RawRecord",
+    "StoreCounts",
+    "StoreError",
+    "StoreLockedError",
+    "connect",
+]
+
+DEFAULT_MAX_VALUE_BYTES: Final = 4 * 1024 * 1024
+"""Records with a larger value are dead-lettered unparsed (the parser is not fed unbounded input)."""
+
+MAX_GAP_ROWS_PER_HOLE: Final = 1000
+"""`close_open_gaps` records at most this many missing seqs per hole (each row's detail names the
+whole hole): a forged seq of 10**12 must not make it write 10**12 rows."""
+
+PREVIEW_CHARS: Final = 200
+"""How much of a dead letter's value is kept as text in `dead_letters.preview`."""
+
+# DuckDB 2.0 bundles core_functions, icu, json and parquet; anything else it would fetch from the
+# network on first use. A store never does that: no surprise downloads, no surprise code.
+_DUCKDB_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
+
+# Every timestamp is UTC; without this, TIMESTAMPTZ buckets and results follow the host's zone.
+_SESSION_SETUP: Final = "SET TimeZone = 'UTC'"
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+class StoreError(Exception):
+    """Root of the store's errors: a file this code cannot use (written by a newer version, not
+    migrated yet for a read-only open) or a write on a store opened read-only."""
+
+
+class StoreLockedError(StoreError):
+    """The database file is held for writing by another process (or by this process with another
+    configuration); DuckDB then lets nobody else open it, not even read-only.
+
+    `path` is the file, `pid` and `process` the holder as DuckDB reported it (None if it did not).
+    """
+
+    def __init__(self, path: str, pid: int | None, process: str | None) -> None:
+        holder = f"{process or 'a process'} (PID {pid})" if pid is not None else (process or "another process")
+        super().__init__(
+            f"{path} is held for writing by {holder}; DuckDB lets no other process open it, not even "
+            "read-only. Read through the materializer's read API instead (`callgate materialize ... "
+            "--api HOST:PORT`, then `--api URL` on the reader), or wait until the writer has stopped."
+        )
+        self.path = path
+        self.pid = pid
+        self.process = process
+
+
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<process>.+?) \(PID (?P<pid>\d+)\)")
+
+
+def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open a DuckDB file the way every store connection is opened: no extension downloads, UTC.
+
+    Raises `StoreLockedError` when another process holds the file (the message names it and the
+    holder), and DuckDB's own errors for anything else. Blocks only for the open itself.
+    """
+    name = str(Path(path))
+    try:
+        con = duckdb.connect(name, read_only=read_only, config=_DUCKDB_CONFIG)
+    except duckdb.IOException as exc:
+        found = _LOCK_HOLDER.search(str(exc))
+        if found is None:
+            raise
+        raise StoreLockedError(name, int(found["pid"]), found["process"]) from exc
+    except duckdb.ConnectionException as exc:
+        # Within one process DuckDB shares one instance per file; a second open with other options
+        # (read-only beside a writer) is refused the same way another process would be.
+        if "different configuration" not in str(exc):
+            raise
+        raise StoreLockedError(name, os.getpid(), "this process, opened with other options") from exc
+    con.execute(_SESSION_SETUP)
+    return con
+
+
+# -- values -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One Kafka record as consumed: where it was (topic, partition, offset) and its bytes."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    """What one `ingest` did; every record counts in exactly one of stored, duplicates, dead_letters
+    or (as a 'conflict') chain_breaks.
+
+    - `stored`: events newly stored.
+    - `duplicates`: records already in the store (an event or a dead letter) or repeated in the batch.
+    - `dead_letters`: records newly stored as dead letters.
+    - `chain_breaks`: chain-break rows newly recorded ('tamper' and 'conflict'; a conflicting event
+      is not stored as an event, its JSON is kept in the break's `evidence`).
+
+    The breakdowns (for metrics) split the same counts: stored events by type, new dead letters by
+    reason kind, new chain breaks by kind; `last_event_time` is the newest stored event's `time`.
+    """
+
+    stored: int
+    duplicates: int
+    dead_letters: int
+    chain_breaks: int
+    stored_by_type: Mapping[str, int] = field(default_factory=dict)
+    dead_letters_by_reason: Mapping[str, int] = field(default_factory=dict)
+    chain_breaks_by_kind: Mapping[str, int] = field(default_factory=dict)
+    last_event_time: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCounts:
+    """A summary of the store: events by type, dead letters by reason kind, chain breaks by kind,
+    and the time of the newest event (None when empty)."""
+
+    events: dict[str, int]
+    dead_letters: dict[str, int]
+    chain_breaks: dict[str, int]
+    last_event_time: datetime | None
+
+    @property
+    def total_events(self) -> int:
+        """All stored events."""
+        return sum(self.events.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One versioned schema step: its statements run in one transaction, once per file."""
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+# -- schema -------------------------------------------------------------------------------------
+
+_CREATE_MIGRATIONS = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version INTEGER PRIMARY KEY,
+    name VARCHAR NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL
+)
+"""
+
+_CREATE_EVENTS = """
+CREATE TABLE events (
+    event_id VARCHAR PRIMARY KEY,
+    type VARCHAR NOT NULL,
+    schema_version INTEGER NOT NULL,
+    time TIMESTAMPTZ NOT NULL,
+    producer_id VARCHAR NOT NULL,
+    seq BIGINT NOT NULL,
+    hash VARCHAR NOT NULL,
+    prev_hash VARCHAR NOT NULL,
+    content_hash VARCHAR NOT NULL,  -- recomputed from the content; differs from hash when tampered
+    gate VARCHAR,
+    workflow VARCHAR,
+    agent VARCHAR,
+    tool VARCHAR,
+    call_id VARCHAR,
+    parent_call_id VARCHAR,
+    run_id VARCHAR,
+    thread_id VARCHAR,
+    tenant VARCHAR,
+    principal VARCHAR,
+    trace_id VARCHAR,
+    span_id VARCHAR,
+    decided_by VARCHAR,
+    outcome VARCHAR,
+    message VARCHAR,
+    duration_ms DOUBLE,
+    kafka_topic VARCHAR,
+    kafka_partition INTEGER,
+    kafka_offset BIGINT,
+    ingested_at TIMESTAMPTZ NOT NULL,
+    event JSON NOT NULL
+)
+"""
+
+_CREATE_DEAD_LETTERS = """
+CREATE TABLE dead_letters (
+    topic VARCHAR NOT NULL,
+    partition INTEGER NOT NULL,
+    "offset" BIGINT NOT NULL,
+    key BLOB,
+    value BLOB,
+    reason VARCHAR NOT NULL,  -- the kind: not_json, unknown_type, newer_schema, invalid, no_value, oversize, error
+    error VARCHAR NOT NULL,  -- the whole reason, as the parser gave it
+    preview VARCHAR,  -- the value's first characters as text, for people
+    kafka_time TIMESTAMPTZ,
+    received_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (topic, partition, "offset")
+)
+"""
+
+_CREATE_OFFSETS = """
+CREATE TABLE kafka_offsets (
+    topic VARCHAR NOT NULL,
+    partition INTEGER NOT NULL,
+    next_offset BIGINT NOT NULL CHECK (next_offset >= 0),
+    updated_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (topic, partition)
+)
+"""
+
+_CREATE_CHAIN_BREAKS = """
+CREATE TABLE chain_breaks (
+    producer_id VARCHAR NOT NULL,
+    seq BIGINT NOT NULL,
+    kind VARCHAR NOT NULL CHECK (kind IN ('gap', 'tamper', 'conflict')),
+    detail VARCHAR NOT NULL,
+    event_id VARCHAR,
+    evidence JSON,  -- for a conflict: the event that was not stored
+    recorded_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (producer_id, seq, kind)
+)
+"""
+
+_CREATE_BLOCKED_ATTEMPTS_VIEW = """
+CREATE VIEW blocked_attempts AS
+SELECT time, type, outcome AS cause, decided_by, message, gate, workflow, agent, tool, tenant, principal,
+       call_id, run_id, thread_id, trace_id, producer_id, seq, event_id
+FROM events
+WHERE type IN ('ToolDenied', 'Blocked')
+"""
+
+_CREATE_DECISION_TRENDS_VIEW = """
+CREATE VIEW decision_trends AS
+SELECT date_trunc('minute', time) AS minute, type, count(*) AS events
+FROM events
+GROUP BY ALL
+"""
+
+# One row per call. Only call events describe the call: an Unmediated event may carry the call
+# that was active when a guarded client was misused, and that call's tool is not the misuse's.
+_CREATE_CALLS_VIEW = """
+CREATE VIEW calls AS
+SELECT
+    call_id,
+    any_value(gate) AS gate,
+    any_value(workflow) AS workflow,
+    any_value(agent) AS agent,
+    any_value(tool) AS tool,
+    any_value(tenant) AS tenant,
+    any_value(principal) AS principal,
+    any_value(run_id) AS run_id,
+    any_value(parent_call_id) AS parent_call_id,
+    any_value(trace_id) AS trace_id,
+    min(time) AS started_at,
+    max(time) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS time,
+    max(type) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS outcome_type,
+    max(outcome) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS outcome,
+    max(decided_by) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS decided_by,
+    max(message) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS message,
+    bool_or(type = 'ApprovalRequested') AS approval_asked,
+    CASE WHEN bool_or(type = 'ApprovalResolved')
+         THEN bool_or(type = 'ApprovalResolved' AND outcome = 'approved') END AS approved,
+    count(*) AS events
+FROM events
+WHERE call_id IS NOT NULL
+  AND type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked', 'ApprovalRequested', 'ApprovalResolved')
+GROUP BY call_id
+"""
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
+    Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
+)
+"""The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
+Append a step to change it; never edit a released one."""
+
+SCHEMA_VERSION: Final = MIGRATIONS[-1].version
+"""The schema version this code writes and reads."""
+
+
+# -- ingest SQL ---------------------------------------------------------------------------------
+
+# The Arrow schema of the staged events: the typed columns, plus where each came from (`ord`, its
+# position in the batch, decides which of two events claiming one seq was first).
+_STAGED_EVENT_SCHEMA: Final = pa.schema(
+    [
+        ("ord", pa.int64()),
+        ("event_id", pa.string()),
+        ("type", pa.string()),
+        ("schema_version", pa.int32()),
+        ("time", pa.timestamp("us", tz="UTC")),
+        ("producer_id", pa.string()),
+        ("seq", pa.int64()),
+        ("hash", pa.string()),
+        ("prev_hash", pa.string()),
+        ("content_hash", pa.string()),
+        ("gate", pa.string()),
+        ("workflow", pa.string()),
+        ("agent", pa.string()),
+        ("tool", pa.string()),
+        ("call_id", pa.string()),
+        ("parent_call_id", pa.string()),
+        ("run_id", pa.string()),
+        ("thread_id", pa.string()),
+        ("tenant", pa.string()),
+        ("principal", pa.string()),
+        ("trace_id", pa.string()),
+        ("span_id", pa.string()),
+        ("decided_by", pa.string()),
+        ("outcome", pa.string()),
+        ("message", pa.string()),
+        ("duration_ms", pa.float64()),
+        ("kafka_topic", pa.string()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+        ("event", pa.string()),
+    ]
+)
+
+_STAGED_DEAD_SCHEMA: Final = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("reason", pa.string()),
+        ("error", pa.string()),
+        ("preview", pa.string()),
+        ("kafka_time", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+_STAGED_OFFSETS_SCHEMA: Final = pa.schema(
+    [("topic", pa.string()), ("partition", pa.int32()), ("next_offset", pa.int64())]
+)
+
+# Names under which the Arrow tables are registered on the write connection during one ingest.
+_STAGED_EVENTS = "ingest_staged_events"
+_STAGED_DEAD = "ingest_staged_dead"
+_STAGED_OFFSETS = "ingest_staged_offsets"
+
+# Each staged event gets a verdict against the store and the rest of its batch:
+# - 'duplicate': the same event (id, producer, seq, hash and content) is already stored;
+# - 'conflict': another event holds its (producer_id, seq) or its event_id, stored or earlier in
+#   the batch (the first one wins; the later one is recorded, never stored);
+# - 'new': to be stored.
+# Identical copies inside the batch collapse first, so a redelivery in one batch is a duplicate, not
+# a conflict. The verdicts are worked out on the narrow key columns (windows over the wide rows,
+# JSON included, cost three times as much); the wide rows stay in the staged table.
+_CLASSIFY = f"""
+CREATE OR REPLACE TEMP TABLE ingest_batch AS
+WITH copies AS (
+    SELECT min(ord) AS ord, event_id, producer_id, seq, hash, content_hash
+    FROM {_STAGED_EVENTS}
+    GROUP BY event_id, producer_id, seq, hash, content_hash
+),
+candidates AS (
+    SELECT c.*,
+           by_slot.event_id AS slot_event_id,
+           by_slot.hash = c.hash AND by_slot.content_hash = c.content_hash AS slot_same_content,
+           by_id.producer_id AS id_producer_id,
+           by_id.seq AS id_seq,
+           row_number() OVER (PARTITION BY c.producer_id, c.seq ORDER BY c.ord) AS slot_rank,
+           first_value(c.event_id) OVER (PARTITION BY c.producer_id, c.seq ORDER BY c.ord) AS slot_first_id,
+           row_number() OVER (PARTITION BY c.event_id ORDER BY c.ord) AS id_rank
+    FROM copies c
+    LEFT JOIN events by_slot ON by_slot.producer_id = c.producer_id AND by_slot.seq = c.seq
+    LEFT JOIN events by_id ON by_id.event_id = c.event_id
+),
+judged AS (
+    SELECT c.*, s.type, s.time, s.prev_hash,
+           s.kafka_topic || '/' || s.kafka_partition || '/' || s.kafka_offset AS position
+    FROM candidates c JOIN {_STAGED_EVENTS} s USING (ord)
+)
+SELECT ord, event_id, producer_id, seq, hash, prev_hash, content_hash, type, time,
+    CASE
+        WHEN slot_event_id = event_id AND slot_same_content THEN 'duplicate'
+        WHEN slot_event_id IS NOT NULL OR id_producer_id IS NOT NULL OR slot_rank > 1 OR id_rank > 1 THEN 'conflict'
+        ELSE 'new'
+    END AS verdict,
+    CASE
+        WHEN slot_event_id = event_id AND slot_same_content THEN NULL
+        WHEN slot_event_id IS NOT NULL THEN
+            'event ' || event_id || ' (offset ' || position || ') differs from the stored event '
+            || slot_event_id || ' at this seq; the stored one is kept'
+        WHEN id_producer_id IS NOT NULL THEN
+            'event id ' || event_id || ' (offset ' || position || ') is already stored for producer '
+            || id_producer_id || ' seq ' || id_seq || '; this copy claims another place'
+        WHEN slot_rank > 1 THEN
+            'event ' || event_id || ' (offset ' || position || ') differs from event ' || slot_first_id
+            || ' delivered first at this seq; the first is kept'
+        WHEN id_rank > 1 THEN
+            'event id ' || event_id || ' (offset ' || position || ') was delivered earlier in the batch '
+            || 'with other content or place'
+    END AS conflict_detail
+FROM judged
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_BATCH_VERDICTS = "SELECT verdict, count(*) FROM ingest_batch GROUP BY verdict"
+_BATCH_NEW_BY_TYPE = "SELECT type, count(*), max(time) FROM ingest_batch WHERE verdict = 'new' GROUP BY type"
+
+# INSERT OR IGNORE although the verdict already excludes stored ids: the key is the last word.
+_INSERT_EVENTS = f"""
+INSERT OR IGNORE INTO events BY NAME
+SELECT s.* EXCLUDE (ord, event), s.event::JSON AS event, now() AS ingested_at
+FROM {_STAGED_EVENTS} s JOIN ingest_batch b USING (ord)
+WHERE b.verdict = 'new'
+ORDER BY ord
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_INSERT_DEAD_LETTERS = f"""
+INSERT OR IGNORE INTO dead_letters
+    (topic, partition, "offset", key, value, reason, error, preview, kafka_time, received_at)
+SELECT topic, partition, "offset", key, value, reason, error, preview, kafka_time, now()
+FROM {_STAGED_DEAD}
+RETURNING reason
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# `updated_at` is when the offset last moved, so a redelivered batch leaves the row as it was.
+_UPSERT_OFFSETS = f"""
+INSERT INTO kafka_offsets (topic, partition, next_offset, updated_at)
+SELECT topic, partition, next_offset, now() FROM {_STAGED_OFFSETS}
+ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at
+WHERE kafka_offsets.next_offset <> excluded.next_offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# A gap closes when its event arrives.
+_DELETE_FILLED_GAPS = """
+DELETE FROM chain_breaks AS b
+WHERE b.kind = 'gap'
+  AND EXISTS (SELECT 1 FROM ingest_batch n WHERE n.verdict = 'new' AND n.producer_id = b.producer_id AND n.seq = b.seq)
+"""
+
+# What the new events (already inserted, so `events` holds them) reveal about their chains: their
+# own hash, the seq-1 link, the link to them from a stored seq+1, and conflicts. Each check joins
+# the batch to its neighbours, nothing else, so it costs the same whatever the table's size. A
+# pair inside one batch is found from both sides; DISTINCT keeps one detail.
+_FIND_BREAKS = f"""
+CREATE OR REPLACE TEMP TABLE ingest_findings AS
+SELECT producer_id, seq, kind, string_agg(DISTINCT detail, '; ' ORDER BY detail) AS detail,
+       min(event_id) AS event_id, any_value(evidence) AS evidence
+FROM (
+    SELECT b.producer_id, b.seq, 'conflict' AS kind, b.conflict_detail AS detail, b.event_id, s.event AS evidence
+    FROM ingest_batch b JOIN {_STAGED_EVENTS} s USING (ord) WHERE b.verdict = 'conflict'
+    UNION ALL
+    SELECT producer_id, seq, 'tamper', 'hash does not match the content (recomputed ' || content_hash || ')',
+           event_id, NULL
+    FROM ingest_batch WHERE verdict = 'new' AND hash <> content_hash
+    UNION ALL
+    SELECT producer_id, seq, 'tamper', 'seq 1 must have prev_hash of 64 zeros', event_id, NULL
+    FROM ingest_batch WHERE verdict = 'new' AND seq = 1 AND prev_hash <> '{ZERO_HASH}'
+    UNION ALL
+    SELECT n.producer_id, n.seq, 'tamper', 'prev_hash does not link to the hash of seq ' || p.seq, n.event_id, NULL
+    FROM ingest_batch n JOIN events p ON p.producer_id = n.producer_id AND p.seq = n.seq - 1
+    WHERE n.verdict = 'new' AND n.prev_hash <> p.hash
+    UNION ALL
+    SELECT x.producer_id, x.seq, 'tamper', 'prev_hash does not link to the hash of seq ' || n.seq, x.event_id, NULL
+    FROM ingest_batch n JOIN events x ON x.producer_id = n.producer_id AND x.seq = n.seq + 1
+    WHERE n.verdict = 'new' AND x.prev_hash <> n.hash
+)
+GROUP BY producer_id, seq, kind
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_COUNT_NEW_BREAKS = """
+SELECT kind, count(*) FROM ingest_findings f
+WHERE NOT EXISTS (
+    SELECT 1 FROM chain_breaks b WHERE b.producer_id = f.producer_id AND b.seq = f.seq AND b.kind = f.kind
+)
+GROUP BY kind
+"""
+
+# A break already recorded keeps its first detail; a new finding about it is appended once.
+_UPSERT_BREAKS = """
+INSERT INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
+SELECT producer_id, seq, kind, detail, event_id, evidence::JSON, now() FROM ingest_findings
+ON CONFLICT (producer_id, seq, kind) DO UPDATE SET detail = CASE
+    WHEN contains(chain_breaks.detail, excluded.detail) THEN chain_breaks.detail
+    ELSE chain_breaks.detail || '; ' || excluded.detail
+END
+"""
+
+_DROP_BATCH = "DROP TABLE IF EXISTS ingest_batch; DROP TABLE IF EXISTS ingest_findings"
+
+# Holes per producer between 1 and its highest stored seq. With a grace time, a hole counts only
+# once both neighbours (the one neighbour, for a hole at the start) were stored before it: the
+# missing event may still be on its way through another partition.
+_RECORD_GAPS = f"""
+INSERT OR IGNORE INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
+WITH ordered AS (
+    SELECT producer_id, seq, ingested_at,
+           lag(seq, 1, 0) OVER w AS prev_seq,
+           lag(ingested_at) OVER w AS prev_ingested_at
+    FROM events
+    WINDOW w AS (PARTITION BY producer_id ORDER BY seq)
+),
+holes AS (
+    SELECT producer_id, prev_seq + 1 AS first_missing, seq - 1 AS last_missing
+    FROM ordered
+    WHERE seq > prev_seq + 1
+      AND ($older_than IS NULL
+           OR (ingested_at < $older_than AND (prev_ingested_at IS NULL OR prev_ingested_at < $older_than)))
+)
+SELECT producer_id, missing AS seq, 'gap',
+       CASE WHEN first_missing = last_missing THEN 'seq ' || first_missing || ' is missing'
+            ELSE 'seqs ' || first_missing || '..' || last_missing || ' are missing ('
+                 || (last_missing - first_missing + 1) || ' events)' END,
+       NULL, NULL, now()
+FROM (
+    SELECT *, unnest(range(first_missing, least(last_missing, first_missing + {MAX_GAP_ROWS_PER_HOLE - 1}) + 1))
+              AS missing
+    FROM holes
+)
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_COUNT_EVENTS = "SELECT type, count(*) FROM events GROUP BY type ORDER BY type"
+_COUNT_DEAD = "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY reason"
+_COUNT_BREAKS = "SELECT kind, count(*) FROM chain_breaks GROUP BY kind ORDER BY kind"
+_LAST_EVENT_TIME = "SELECT max(time) FROM events"
+_OFFSETS = "SELECT partition, next_offset FROM kafka_offsets WHERE topic = $topic ORDER BY partition"
+_RESET_PARTITION = "DELETE FROM kafka_offsets WHERE topic = $topic AND partition = $partition"
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+class AuditStore:
+    """The DuckDB file the materializer writes and readers read.
+
+    Opening for writing applies pending migrations; `read_only=True` applies none and refuses a file
+    whose schema is older or newer than `SCHEMA_VERSION`. Opening raises `StoreLockedError` when
+    another process holds the file for writing (DuckDB then lets nobody else in, not even a reader),
+    and `StoreError` for a schema this code cannot use.
+
+    Thread-safety: the methods of one store may be called from any threads. Writes are serialized
+    by a lock (one ingest at a time), and `counts`, `offsets` and `schema_version` share the
+    writer's connection, so they wait for a running ingest; `cursor()` hands a reader a connection
+    of its own that never waits (it sees the last committed batch). Every method blocks for its
+    DuckDB work (milliseconds; about a second for a batch of 10,000 records, most of it parsing);
+    call it off the event loop.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    ) -> None:
+        if max_value_bytes < 1:
+            raise ValueError(f"max_value_bytes must be positive, got {max_value_bytes}")
+        self.path = str(Path(path))
+        self.read_only = read_only
+        self.max_value_bytes = max_value_bytes
+        self._write_lock = threading.Lock()
+        self._cursor_lock = threading.Lock()
+        # The root connection only hands out cursors; the store writes through a cursor of its own,
+        # so opening a reader never waits for an ingest holding the writer.
+        self._root = connect(self.path, read_only=read_only)
+        try:
+            self._con = self._root.cursor()
+            self._con.execute(_SESSION_SETUP)
+            self._migrate()
+        except BaseException:
+            self._root.close()
+            raise
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the store and every cursor it handed out; idempotent. Releases the file lock once no
+        other store of this process has the same file open."""
+        with self._write_lock, self._cursor_lock:
+            self._root.close()
+
+    def __enter__(self) -> AuditStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new connection to the same database, for one reader thread (DuckDB connections are not
+        safe to share between threads; cursors are cheap). It sees every committed ingest, uses UTC,
+        and is closed by `close()`. Raises DuckDB's `ConnectionException` after `close()`."""
+        with self._cursor_lock:
+            con = self._root.cursor()
+        con.execute(_SESSION_SETUP)
+        return con
+
+    def schema_version(self) -> int:
+        """The newest migration applied to the file (0 for a file without the version table)."""
+        with self._write_lock:
+            return self._schema_version()
+
+    def _schema_version(self) -> int:
+        exists = self._con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'schema_migrations' AND NOT temporary"
+        ).fetchone()
+        if not exists or not exists[0]:
+            return 0
+        row = self._con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+        return int(row[0]) if row else 0
+
+    def _migrate(self) -> None:
+        current = self._schema_version()
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {current}, newer than {SCHEMA_VERSION} (the newest this code "
+                "knows); use a newer callgate to read it"
+            )
+        if self.read_only:
+            if current < SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {current}, older than {SCHEMA_VERSION}; open it for writing "
+                    "once (the materializer does) to migrate it"
+                )
+            return
+        self._con.execute(_CREATE_MIGRATIONS)
+        for migration in MIGRATIONS:
+            if migration.version <= current:
+                continue
+            self._con.begin()
+            try:
+                for statement in migration.statements:
+                    self._con.execute(statement)
+                self._con.execute(
+                    "INSERT INTO schema_migrations VALUES ($version, $name, now())",
+                    {"version": migration.version, "name": migration.name},
+                )
+                self._con.commit()
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    self._con.rollback()
+                raise
+
+    def _require_writable(self, what: str) -> None:
+        if self.read_only:
+            raise StoreError(f"{what} needs a writable store; {self.path} was opened read-only")
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def ingest(self, records: Sequence[RawRecord], offsets: Mapping[tuple[str, int], int]) -> IngestResult:
+        """Store a batch of Kafka records and the offsets it reached, in one transaction.
+
+        Each record's value is parsed (`events.parse_event`); an event is stored once (its
+        `event_id` is the key), anything else becomes a dead letter keyed by (topic, partition,
+        offset) with the reason: no value, a value over `max_value_bytes`, `EventParseError`, or any
+        other error while reading it. `offsets` maps (topic, partition) to the next offset to read;
+        they are upserted in the same transaction. Then the chains of the new events are checked
+        against their stored neighbours: a hash that does not match the content, a `prev_hash` that
+        does not link (either side), seq 1 not starting from 64 zeros, and conflicts (another event
+        at a stored (producer, seq) or with a stored event id: the first stays, the later one is
+        recorded in `chain_breaks` with its JSON as `evidence`, and not stored). Gaps are not
+        recorded here (another partition may still fill them; see `close_open_gaps`), but a
+        recorded gap that this batch fills is removed.
+
+        Idempotent: the same records again change nothing. Raises `StoreError` on a read-only store,
+        and re-raises whatever went wrong inside the transaction (a negative offset, a closed store)
+        after rolling it back: then nothing of the batch is stored, offsets included. Blocks;
+        serialized with the store's other writes.
+        """
+        self._require_writable("ingest")
+        staged, dead = self._stage(records)
+        with self._write_lock:
+            con = self._con
+            con.begin()
+            try:
+                con.register(_STAGED_EVENTS, staged)
+                con.register(_STAGED_DEAD, dead)
+                con.execute(_CLASSIFY)
+                verdicts = dict(con.execute(_BATCH_VERDICTS).fetchall())
+                new_by_type = con.execute(_BATCH_NEW_BY_TYPE).fetchall()
+                stored = _count(con.execute(_INSERT_EVENTS))
+                dead_reasons = Counter(str(row[0]) for row in con.execute(_INSERT_DEAD_LETTERS).fetchall())
+                # Built inside the transaction on purpose: a bad mapping fails here and rolls back
+                # the events above with it.
+                con.register(_STAGED_OFFSETS, _offsets_table(offsets))
+                con.execute(_UPSERT_OFFSETS)
+                con.execute(_DELETE_FILLED_GAPS)
+                con.execute(_FIND_BREAKS)
+                new_breaks = {str(kind): int(n) for kind, n in con.execute(_COUNT_NEW_BREAKS).fetchall()}
+                con.execute(_UPSERT_BREAKS)
+                con.execute(_DROP_BATCH)
+                con.commit()
+            except BaseException:
+                # The original error says what went wrong; a failing rollback (a dead connection)
+                # must not replace it, and DuckDB discards the open transaction anyway.
+                with contextlib.suppress(duckdb.Error):
+                    con.rollback()
+                raise
+            finally:
+                for name in (_STAGED_EVENTS, _STAGED_DEAD, _STAGED_OFFSETS):
+                    _unregister(con, name)
+        conflicts = int(verdicts.get("conflict", 0))
+        dead_letters = sum(dead_reasons.values())
+        return IngestResult(
+            stored=stored,
+            duplicates=len(records) - stored - dead_letters - conflicts,
+            dead_letters=dead_letters,
+            chain_breaks=sum(new_breaks.values()),
+            stored_by_type={str(kind): int(n) for kind, n, _ in new_by_type},
+            dead_letters_by_reason=dict(dead_reasons),
+            chain_breaks_by_kind=new_breaks,
+            last_event_time=max((last for _, _, last in new_by_type), default=None),
+        )
+
+    def _stage(self, records: Sequence[RawRecord]) -> tuple[pa.Table, pa.Table]:
+        """Parse the records into the Arrow tables of events and dead letters (pure Python, no lock)."""
+        rows: dict[str, list[Any]] = {name: [] for name in _STAGED_EVENT_SCHEMA.names}
+        dead: dict[str, list[Any]] = {name: [] for name in _STAGED_DEAD_SCHEMA.names}
+        for ord_, record in enumerate(records):
+            value = record.value
+            if value is None:
+                _add_dead(dead, record, "no_value", "the record has no value (a tombstone or an empty message)")
+                continue
+            if len(value) > self.max_value_bytes:
+                _add_dead(
+                    dead,
+                    record,
+                    "oversize",
+                    f"the value has {len(value)} bytes, over max_value_bytes={self.max_value_bytes}; not parsed",
+                )
+                continue
+            try:
+                event = parse_event(value)
+                row = _event_row(event, event_hash(event))
+            except EventParseError as exc:
+                _add_dead(dead, record, _reason_kind(exc.reason), exc.reason)
+                continue
+            except Exception as exc:  # a record must never block its partition: dead-letter it
+                _add_dead(dead, record, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            row["ord"] = ord_
+            row["kafka_topic"] = record.topic
+            row["kafka_partition"] = record.partition
+            row["kafka_offset"] = record.offset
+            for name, column in rows.items():
+                column.append(row[name])
+        return (
+            pa.Table.from_pydict(rows, schema=_STAGED_EVENT_SCHEMA),
+            pa.Table.from_pydict(dead, schema=_STAGED_DEAD_SCHEMA),
+        )
+
+    def offsets(self, topic: str) -> dict[int, int]:
+        """Partition -> the next offset to read, as last committed by `ingest` (empty for a topic
+        never ingested). Safe from any thread; blocks briefly while an ingest commits."""
+        with self._write_lock:
+            return {int(p): int(o) for p, o in self._con.execute(_OFFSETS, {"topic": topic}).fetchall()}
+
+    def reset_partition(self, topic: str, partition: int) -> None:
+        """Forget the stored offset of one partition (the broker lost its log and numbers from 0
+        again); stored events stay. Raises `StoreError` when read-only."""
+        self._require_writable("reset_partition")
+        with self._write_lock:
+            self._con.execute(_RESET_PARTITION, {"topic": topic, "partition": partition})
+
+    def close_open_gaps(self, *, older_than: datetime | None = None) -> int:
+        """Record as 'gap' chain breaks the seqs still missing per producer between 1 and its highest
+        stored seq; returns how many rows were newly recorded.
+
+        Call it at the end of a drain (`older_than=None`: every hole), or periodically with a grace
+        time: then only holes whose neighbouring events were stored (`ingested_at`, the store's own
+        clock; producers' clocks are not ours) before `older_than`. At most `MAX_GAP_ROWS_PER_HOLE`
+        rows per hole; each row's detail names the whole hole. A gap is removed when an ingest
+        fills it. Raises `StoreError` when read-only. Blocks for one scan of the events.
+        """
+        self._require_writable("close_open_gaps")
+        with self._write_lock:
+            return _count(self._con.execute(_RECORD_GAPS, {"older_than": older_than}))
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def counts(self) -> StoreCounts:
+        """Events by type, dead letters by reason kind, chain breaks by kind, newest event time.
+        Safe from any thread; blocks briefly while an ingest commits."""
+        with self._write_lock:
+            con = self._con
+            events = {str(k): int(n) for k, n in con.execute(_COUNT_EVENTS).fetchall()}
+            dead = {str(k): int(n) for k, n in con.execute(_COUNT_DEAD).fetchall()}
+            breaks = {str(k): int(n) for k, n in con.execute(_COUNT_BREAKS).fetchall()}
+            last = con.execute(_LAST_EVENT_TIME).fetchone()
+        return StoreCounts(events, dead, breaks, last[0] if last else None)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _count(result: duckdb.DuckDBPyConnection) -> int:
+    row = result.fetchone()
+    return int(row[0]) if row else 0
+
+
+def _unregister(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    # Never registered (the batch failed before) or the connection is gone: nothing to undo.
+    with contextlib.suppress(duckdb.Error):
+        con.unregister(name)
+
+
+def _offsets_table(offsets: Mapping[tuple[str, int], int]) -> pa.Table:
+    topics, partitions, nexts = [], [], []
+    for (topic, partition), next_offset in offsets.items():
+        topics.append(topic)
+        partitions.append(partition)
+        nexts.append(next_offset)
+    return pa.Table.from_pydict(
+        {"topic": topics, "partition": partitions, "next_offset": nexts}, schema=_STAGED_OFFSETS_SCHEMA
+    )
+
+
+def _reason_kind(reason: str) -> str:
+    """A short kind for `EventParseError.reason` (the dead-letter table keeps the whole reason too)."""
+    if reason.startswith(("not JSON", "expected a JSON object")):
+        return "not_json"
+    if reason.startswith("unknown event type"):
+        return "unknown_type"
+    if reason.startswith("schema_version"):
+        return "newer_schema"
+    return "invalid"
+
+
+def _add_dead(dead: dict[str, list[Any]], record: RawRecord, reason: str, error: str) -> None:
+    value = record.value
+    dead["topic"].append(record.topic)
+    dead["partition"].append(record.partition)
+    dead["offset"].append(record.offset)
+    dead["key"].append(record.key)
+    # Kept whole, oversize too: a dead letter is never lost, only set aside.
+    dead["value"].append(value)
+    dead["reason"].append(reason)
+    dead["error"].append(error)
+    dead["preview"].append(None if value is None else value[:PREVIEW_CHARS].decode("utf-8", "replace"))
+    dead["kafka_time"].append(record.timestamp_ms)
+
+
+def _event_row(event: EventBase, content_hash: str) -> dict[str, Any]:
+    """The typed columns of one event (without the Kafka position)."""
+    decided_by: str | None = None
+    outcome: str | None = None
+    message: str | None = None
+    duration_ms: float | None = None
+    match event:
+        case ToolUseEvent():
+            outcome, message, duration_ms = event.outcome, event.error, event.duration_ms
+        case ToolDeniedEvent():
+            decided_by, outcome, message = event.decided_by, event.cause, event.message
+        case BlockedEvent():
+            decided_by, outcome, message = event.decided_by, event.cause, event.reason
+        case SubstituteEvent():
+            decided_by, message = event.decided_by, event.error
+        case ApprovalRequestedEvent():
+            message = event.reason
+        case ApprovalResolvedEvent():
+            # Not in the brief's list, but the `calls` view needs the answer as a column.
+            outcome, message = ("approved" if event.approved else "refused"), event.error
+        case _:
+            pass  # Unmediated and ToolsRegistered: their fields stay in `event`
+    return {
+        "event_id": event.event_id,
+        "type": event.type,  # type: ignore[attr-defined]
+        "schema_version": event.schema_version,
+        "time": event.time,
+        "producer_id": event.producer_id,
+        "seq": event.seq,
+        "hash": event.hash,
+        "prev_hash": event.prev_hash,
+        "content_hash": content_hash,
+        "gate": event.gate,
+        "workflow": event.workflow,
+        "agent": event.agent,
+        "tool": event.tool,
+        "call_id": event.call_id,
+        "parent_call_id": event.parent_call_id,
+        "run_id": event.run_id,
+        "thread_id": event.thread_id,
+        "tenant": event.tenant,
+        "principal": event.principal,
+        "trace_id": event.trace_id,
+        "span_id": event.span_id,
+        "decided_by": decided_by,
+        "outcome": outcome,
+        "message": message,
+        "duration_ms": duration_ms,
+        # The normalized wire form (what `encode_event` writes), so readers see one shape.
+        "event": event.model_dump_json(),
+    }

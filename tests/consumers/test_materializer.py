@@ -1,0 +1,349 @@
+"""The materializer against the embedded broker: exactly once, dead letters, chain breaks, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from callgate.broker import EmbeddedBroker, free_port
+from consumers.materializer import Materializer
+from consumers.store import AuditStore, StoreLockedError
+from events import MemorySink, Producer, ToolUseEvent, encode_event, event_hash
+from events.kafka import KafkaSink
+from interceptor_core import Deny, Gate, RunContext, Substitute, before_tool_call, tool
+
+pytestmark = pytest.mark.integration
+
+FAST_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500}
+
+
+@tool
+def refund(order_id: str, amount_cents: int) -> str:
+    """Refunds an order."""
+    return f"refunded {amount_cents} on {order_id}"
+
+
+@before_tool_call(name="mix")
+def mix(call: Any) -> Any:
+    return [None, Deny("not yours"), Substitute("cached")][call.args["amount_cents"] % 3]
+
+
+async def publish_calls(bootstrap: str, topic: str, spool: Path, n: int, start: int = 0) -> list[str]:
+    """Run n mixed calls through a gate with a KafkaSink; the event ids that reached the broker."""
+    sink, memory = KafkaSink(bootstrap, topic, spool, partitions=2), MemorySink()
+    agent = Gate("shop", interceptors=[mix], sinks=[sink, memory]).agent("desk", tools=[refund])
+    run = RunContext(tenant="acme", principal="u-1")
+    for i in range(start, start + n):
+        await agent.call("refund", {"order_id": f"A-{i}", "amount_cents": i}, run=run)
+    assert await sink.close(timeout=60)
+    return [e.event_id for e in memory.events]
+
+
+async def produce_raw(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(topic, value=value, key=b"raw", partition=0)
+    finally:
+        await producer.stop()
+
+
+async def drain(bootstrap: str, topic: str, db: Path, group: str | None = None) -> Any:
+    materializer = Materializer(bootstrap, topic, str(db), group=group or f"g-{uuid.uuid4().hex[:8]}", **FAST_GROUP)
+    try:
+        return await materializer.run(drain=True)
+    finally:
+        materializer.close()
+
+
+def stored_ids(db: Path) -> list[str]:
+    with AuditStore(db, read_only=True) as store:
+        con = store.cursor()
+        try:
+            return [row[0] for row in con.execute("select event_id from events").fetchall()]
+        finally:
+            con.close()
+
+
+def scalar(db: Path, sql: str) -> Any:
+    with AuditStore(db, read_only=True) as store:
+        con = store.cursor()
+        try:
+            return con.execute(sql).fetchone()[0]  # type: ignore[index]
+        finally:
+            con.close()
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"audit-{uuid.uuid4().hex[:8]}"
+
+
+class TestExactlyOnce:
+    async def test_drain_stores_every_event_once_and_replays_change_nothing(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """A drain stores every event once; draining again, or the same messages produced twice, adds nothing."""
+        ids = await publish_calls(kafka_broker.bootstrap, topic, tmp_path / "spool", 30)
+        db = tmp_path / "audit.duckdb"
+        summary = await drain(kafka_broker.bootstrap, topic, db)
+        assert summary.stored == len(ids)
+        assert sorted(stored_ids(db)) == sorted(ids)
+        again = await drain(kafka_broker.bootstrap, topic, db)
+        assert again.stored == 0
+        # The same messages a second time (a producer that retried, a topic replayed by hand).
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_broker.bootstrap)
+        await consumer.start()
+        try:
+            await consumer.topics()
+            tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            values: list[bytes] = []
+            while len(values) < len(ids):
+                for rows in (await consumer.getmany(timeout_ms=500)).values():
+                    values.extend(r.value for r in rows)
+        finally:
+            await consumer.stop()
+        await produce_raw(kafka_broker.bootstrap, topic, values)
+        replay = await drain(kafka_broker.bootstrap, topic, db)
+        assert replay.duplicates == len(ids)
+        assert replay.stored == 0
+        assert sorted(stored_ids(db)) == sorted(ids)
+        assert scalar(db, "select count(*) from chain_breaks") == 0
+
+
+class TestBadInput:
+    async def test_malformed_messages_are_dead_lettered_and_good_ones_stored(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """Invalid JSON, unknown types and newer schemas between good events become dead letters."""
+        producer = Producer()
+        good = [
+            producer.seal(
+                ToolUseEvent,
+                {
+                    "event_id": uuid.uuid4().hex,
+                    "time": datetime.now(UTC),
+                    "gate": "g",
+                    "outcome": "ok",
+                    "duration_ms": 1,
+                },
+            )
+            for _ in range(3)
+        ]
+        newer = json.loads(encode_event(good[0]))
+        newer.update(schema_version=99, event_id="newer")
+        values = [
+            encode_event(good[0]),
+            b"{not json",
+            encode_event(good[1]),
+            b'{"type": "ToolExploded"}',
+            json.dumps(newer).encode(),
+            encode_event(good[2]),
+        ]
+        await produce_raw(kafka_broker.bootstrap, topic, values)
+        db = tmp_path / "audit.duckdb"
+        summary = await drain(kafka_broker.bootstrap, topic, db)
+        assert (summary.stored, summary.dead_letters) == (3, 3)
+        assert sorted(stored_ids(db)) == sorted(e.event_id for e in good)
+        assert scalar(db, "select count(distinct reason) from dead_letters") == 3
+
+
+class TestChainBreaks:
+    async def test_tampered_and_missing_events_are_recorded(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """A changed event is a tamper record; a missing seq is a gap once the drain ends."""
+        producer = Producer()
+        events = [
+            producer.seal(
+                ToolUseEvent,
+                {
+                    "event_id": uuid.uuid4().hex,
+                    "time": datetime.now(UTC),
+                    "gate": "g",
+                    "outcome": "ok",
+                    "duration_ms": 1,
+                    "args": {"n": i},
+                },
+            )
+            for i in range(5)
+        ]
+        tampered = json.loads(encode_event(events[1]))
+        tampered["args"] = {"n": 999}
+        assert event_hash(tampered) != tampered["hash"]
+        values = [
+            encode_event(events[0]),
+            json.dumps(tampered).encode(),
+            encode_event(events[2]),
+            encode_event(events[4]),
+        ]
+        await produce_raw(kafka_broker.bootstrap, topic, values)
+        db = tmp_path / "audit.duckdb"
+        await drain(kafka_broker.bootstrap, topic, db)
+        with AuditStore(db, read_only=True) as store:
+            con = store.cursor()
+            breaks = con.execute("select seq, kind from chain_breaks order by seq, kind").fetchall()
+            con.close()
+        assert (2, "tamper") in breaks
+        assert (4, "gap") in breaks
+
+
+class TestFaults:
+    async def test_materializer_killed_mid_run_loses_and_doubles_nothing(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """SIGKILL of a running materializer (seen through its read API), then a drain: every event once."""
+        ids = await publish_calls(kafka_broker.bootstrap, topic, tmp_path / "spool", 600)
+        db = tmp_path / "audit.duckdb"
+        port = free_port("127.0.0.1")
+        cmd = [
+            sys.executable,
+            "-c",
+            "from callgate.cli import main; main()",
+            "materialize",
+            "--bootstrap",
+            kafka_broker.bootstrap,
+            "--topic",
+            topic,
+            "--db",
+            str(db),
+            "--group",
+            f"g-{uuid.uuid4().hex[:8]}",
+            "--api",
+            f"127.0.0.1:{port}",
+        ]
+        with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+            try:
+                deadline = time.monotonic() + 60
+                seen = 0
+                while time.monotonic() < deadline and seen == 0:
+                    seen = _stored_via_api(port)
+                    await asyncio.sleep(0.02)  # sleep-ok: polling the read API with a deadline
+                assert seen > 0
+            finally:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        await drain(kafka_broker.bootstrap, topic, db)
+        stored = stored_ids(db)
+        assert len(stored) == len(set(stored)) == len(ids)
+        assert set(stored) == set(ids)
+
+    async def test_broker_restarted_empty_mid_run(
+        self, fresh_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """After the broker comes back empty, ingestion resumes from its earliest offsets and nothing doubles."""
+        db = tmp_path / "audit.duckdb"
+        materializer = Materializer(
+            fresh_broker.bootstrap, topic, str(db), group=f"g-{uuid.uuid4().hex[:8]}", **FAST_GROUP
+        )
+        first = await publish_calls(fresh_broker.bootstrap, topic, tmp_path / "spool1", 20)
+        task = asyncio.create_task(materializer.run())
+        try:
+            await _until(lambda: _count(materializer) >= len(first), 60)
+            fresh_broker.restart()
+            second = await publish_calls(fresh_broker.bootstrap, topic, tmp_path / "spool2", 20, start=100)
+            await _until(lambda: _count(materializer) >= len(first) + len(second), 120)
+        finally:
+            materializer.stop()
+            await asyncio.wait_for(task, 60)
+            materializer.close()
+        stored = stored_ids(db)
+        assert len(stored) == len(set(stored))
+        assert set(stored) == set(first) | set(second)
+
+    async def test_store_held_by_another_process(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """A store file another process holds: exit 2 naming file and holder, and no offsets committed."""
+        await publish_calls(kafka_broker.bootstrap, topic, tmp_path / "spool", 3)
+        db = tmp_path / "audit.duckdb"
+        holder = textwrap.dedent(
+            f"""
+            import sys
+            from consumers.store import AuditStore
+            store = AuditStore({str(db)!r})
+            print("holding", flush=True)
+            sys.stdin.readline()
+            """
+        )
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        with subprocess.Popen(
+            [sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        ) as proc:
+            assert proc.stdout is not None
+            assert proc.stdin is not None
+            assert proc.stdout.readline().strip() == "holding"
+            with pytest.raises(StoreLockedError, match=str(proc.pid)):
+                Materializer(kafka_broker.bootstrap, topic, str(db), group=group)
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "from callgate.cli import main; main()",
+                    "materialize",
+                    "--bootstrap",
+                    kafka_broker.bootstrap,
+                    "--topic",
+                    topic,
+                    "--db",
+                    str(db),
+                    "--group",
+                    group,
+                    "--drain",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+        assert result.returncode == 2
+        assert str(db) in result.stderr
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=group)
+        await consumer.start()
+        try:
+            assert await consumer.committed(TopicPartition(topic, 0)) is None
+        finally:
+            await consumer.stop()
+
+
+def _stored_via_api(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/queries/event_counts", timeout=2) as response:
+            body = json.loads(response.read())
+    except OSError:
+        return 0
+    return sum(int(row.get("events") or 0) for row in body["rows"])
+
+
+def _count(materializer: Materializer) -> int:
+    con = materializer.store.cursor()
+    try:
+        return int(con.execute("select count(*) from events").fetchone()[0])  # type: ignore[index]
+    finally:
+        con.close()
+
+
+async def _until(condition: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0.05)  # sleep-ok: polling with a deadline

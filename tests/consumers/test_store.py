@@ -1,0 +1,499 @@
+"""The audit store: events stored once, dead letters, chain checks, gaps, offsets, migrations, locking."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumers import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    AuditStore,
+    RawRecord,
+    StoreError,
+    StoreLockedError,
+)
+from events import EventBase, MemorySink, encode_event, event_hash
+from events.models import ZERO_HASH
+from interceptor_core import Deny, Gate, RunContext, Substitute, ToolCall, before_tool_call, tool
+
+TOPIC = "callgate.audit"
+ACME = RunContext(tenant="acme", principal="u-1", thread_id="t-1")
+
+
+@tool
+def refund(order_id: str, amount_cents: int) -> str:
+    """Refunds an order."""
+    return f"refunded {amount_cents} on {order_id}"
+
+
+def policy(call: ToolCall) -> Any:
+    n = call.args["amount_cents"]
+    return [None, Deny(f"amount {n} is over the limit"), Substitute("cached")][n % 3]
+
+
+def gate_events(calls: int, name: str = "shop") -> list[EventBase]:
+    """Events of a real gate: ToolsRegistered (seq 1), then one outcome per call (ToolUse, ToolDenied,
+    Substitute in turn)."""
+    sink = MemorySink()
+    gate = Gate(name, interceptors=[before_tool_call(name="policy")(policy)], sinks=[sink])
+    desk = gate.workflow("support").agent("desk", tools=[refund])
+
+    async def run() -> None:
+        for n in range(calls):
+            await desk.call("refund", {"order_id": f"A-{n}", "amount_cents": n}, run=ACME)
+
+    asyncio.run(run())
+    return list(sink.events)
+
+
+@functools.cache
+def two_producers() -> list[EventBase]:
+    """Sixteen events of two gates (eight each), built once for the property below."""
+    return gate_events(7, "shop") + gate_events(7, "desk")
+
+
+def records(events: list[EventBase], partition: int = 0, start: int = 0) -> list[RawRecord]:
+    return [
+        RawRecord(TOPIC, partition, start + i, e.producer_id.encode(), encode_event(e), 1_700_000_000_000)
+        for i, e in enumerate(events)
+    ]
+
+
+def next_offsets(batch: list[RawRecord]) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for r in batch:
+        out[(r.topic, r.partition)] = max(out.get((r.topic, r.partition), 0), r.offset + 1)
+    return out
+
+
+def ingest(store: AuditStore, batch: list[RawRecord]) -> Any:
+    return store.ingest(batch, next_offsets(batch))
+
+
+def forged(event: EventBase, *, rehash: bool, **changes: Any) -> bytes:
+    """The event's wire bytes with `changes` applied; `rehash` recomputes the hash over the forgery."""
+    data = event.model_dump(mode="json")
+    data.update(changes)
+    if rehash:
+        data["hash"] = event_hash(data)
+    return json.dumps(data).encode()
+
+
+def record(value: bytes | None, offset: int, partition: int = 0) -> RawRecord:
+    return RawRecord(TOPIC, partition, offset, b"key", value)
+
+
+def breaks(store: AuditStore) -> list[tuple[str, int, str]]:
+    rows = store.cursor().execute("SELECT producer_id, seq, kind FROM chain_breaks ORDER BY ALL").fetchall()
+    return [(str(p), int(s), str(k)) for p, s, k in rows]
+
+
+def snapshot(store: AuditStore) -> dict[str, list[tuple[Any, ...]]]:
+    con = store.cursor()
+    return {
+        table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()  # noqa: S608 (fixed table names)
+        for table in ("events", "dead_letters", "kafka_offsets", "chain_breaks", "schema_migrations")
+    }
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "audit.duckdb"
+
+
+@pytest.fixture
+def store(db: Path) -> Any:
+    with AuditStore(db) as opened:
+        yield opened
+
+
+class TestIngest:
+    def test_stores_each_event_once_with_typed_columns(self, store: AuditStore) -> None:
+        """Every event lands once, its typed columns equal the event's fields and `event` holds its JSON."""
+        events = gate_events(4)
+        result = ingest(store, records(events))
+        assert (result.stored, result.duplicates, result.dead_letters, result.chain_breaks) == (5, 0, 0, 0)
+        assert result.stored_by_type == {"ToolsRegistered": 1, "ToolUse": 2, "ToolDenied": 1, "Substitute": 1}
+        con = store.cursor()
+        rows = con.execute(
+            "SELECT event_id, type, time, producer_id, seq, hash, prev_hash, gate, workflow, agent, tool, call_id, "
+            "run_id, thread_id, tenant, principal, decided_by, outcome, message, duration_ms, kafka_partition, "
+            "kafka_offset, event FROM events ORDER BY seq"
+        ).fetchall()
+        assert [r[0] for r in rows] == [e.event_id for e in events]
+        denied = next(e for e in events if e.type == "ToolDenied")  # type: ignore[attr-defined]
+        row = next(r for r in rows if r[0] == denied.event_id)
+        assert row[1:16] == (
+            "ToolDenied",
+            denied.time,
+            denied.producer_id,
+            denied.seq,
+            denied.hash,
+            denied.prev_hash,
+            "shop",
+            "support",
+            "desk",
+            "refund",
+            denied.call_id,
+            ACME.run_id,
+            "t-1",
+            "acme",
+            "u-1",
+        )
+        assert row[16:20] == ("policy", "deny", "amount 1 is over the limit", None)
+        assert row[20:22] == (0, denied.seq - 1)
+        assert json.loads(row[22])["args"] == {"order_id": "A-1", "amount_cents": 1}
+        used = next(r for r in rows if r[1] == "ToolUse")
+        assert used[17] == "ok"
+        assert used[19] is not None
+
+    def test_redelivery_changes_nothing(self, store: AuditStore) -> None:
+        """Ingesting the same records again (and a batch repeating itself) leaves every table as it was."""
+        batch = records(gate_events(6))
+        ingest(store, batch)
+        before = snapshot(store)
+        again = ingest(store, batch + batch[:3])
+        assert (again.stored, again.duplicates, again.dead_letters, again.chain_breaks) == (0, 10, 0, 0)
+        assert snapshot(store) == before
+
+    def test_copies_within_one_batch_are_duplicates(self, store: AuditStore) -> None:
+        """The same record twice in one new batch is stored once and counted once as a duplicate."""
+        batch = records(gate_events(2))
+        result = ingest(store, [*batch, batch[1]])
+        assert (result.stored, result.duplicates, result.chain_breaks) == (3, 1, 0)
+        assert breaks(store) == []
+
+    @settings(max_examples=8, deadline=None)
+    @given(order=st.permutations(range(16)), size=st.integers(min_value=2, max_value=8))
+    def test_any_delivery_order_ends_in_the_same_store(self, order: list[int], size: int) -> None:
+        """Whatever the order and batching of two producers' records over two partitions, every event is
+        stored once and no chain break is recorded (no false alarm from out-of-order delivery)."""
+        events = two_producers()
+        batch = records(events[0::2], partition=0) + records(events[1::2], partition=1)
+        shuffled = [batch[i] for i in order]
+        with tempfile.TemporaryDirectory() as scratch, AuditStore(Path(scratch) / "audit.duckdb") as store:
+            for start in range(0, len(shuffled), size):
+                ingest(store, shuffled[start : start + size])
+            assert breaks(store) == []
+            assert store.close_open_gaps() == 0
+            stored = store.cursor().execute("SELECT event_id FROM events ORDER BY ALL").fetchall()
+            assert [i for (i,) in stored] == sorted(e.event_id for e in events)
+
+    def test_later_partition_fills_the_holes_of_an_earlier_one(self, store: AuditStore) -> None:
+        """A partition holding every other seq, then the one holding the rest: no break either way."""
+        events = gate_events(8)
+        ingest(store, records(events[1::2], partition=1))
+        assert breaks(store) == []
+        ingest(store, records(events[0::2], partition=0))
+        assert breaks(store) == []
+        assert store.close_open_gaps() == 0
+
+
+class TestDeadLetters:
+    def test_bad_records_are_dead_letters_and_the_good_ones_around_them_are_stored(self, db: Path) -> None:
+        """Invalid JSON, unknown type, newer schema, missing fields, no value and oversize each become a dead
+        letter with its reason; the events between them are stored."""
+        events = gate_events(2)
+        good = json.loads(encode_event(events[1]))
+        missing = {k: v for k, v in good.items() if k != "producer_id"}
+        bad = [
+            b"{not json",
+            json.dumps({**good, "type": "Teleported"}).encode(),
+            json.dumps({**good, "schema_version": 99}).encode(),
+            json.dumps(missing).encode(),
+            None,
+            b"x" * 9000,
+        ]
+        batch = [record(encode_event(events[0]), 0)]
+        batch += [record(value, 1 + i) for i, value in enumerate(bad)]
+        batch += [record(encode_event(events[1]), 7), record(encode_event(events[2]), 8)]
+        with AuditStore(db, max_value_bytes=8192) as store:
+            result = ingest(store, batch)
+            assert (result.stored, result.dead_letters) == (3, 6)
+            assert result.dead_letters_by_reason == {
+                "not_json": 1,
+                "unknown_type": 1,
+                "newer_schema": 1,
+                "invalid": 1,
+                "no_value": 1,
+                "oversize": 1,
+            }
+            rows = store.cursor().execute('SELECT "offset", reason, error, key, value FROM dead_letters ORDER BY 1')
+            dead = rows.fetchall()
+        assert [(o, r) for o, r, *_ in dead] == [
+            (1, "not_json"),
+            (2, "unknown_type"),
+            (3, "newer_schema"),
+            (4, "invalid"),
+            (5, "no_value"),
+            (6, "oversize"),
+        ]
+        assert "Teleported" in dead[1][2]
+        assert "producer_id" in dead[3][2]
+        assert "8192" in dead[5][2]
+        assert dead[0][3:] == (b"key", b"{not json")
+        assert dead[5][4] == b"x" * 9000  # kept whole: a dead letter is set aside, never lost
+
+    def test_any_other_error_while_reading_is_a_dead_letter(self, store: AuditStore) -> None:
+        """A value that breaks the parser in an unplanned way (JSON nested too deep) is dead-lettered, not raised."""
+        events = gate_events(1)
+        batch = [record(encode_event(events[0]), 0), record(b"[" * 100_000, 1), record(encode_event(events[1]), 2)]
+        result = ingest(store, batch)
+        assert (result.stored, result.dead_letters_by_reason) == (2, {"error": 1})
+        (error,) = store.cursor().execute("SELECT error FROM dead_letters").fetchone() or ("",)
+        assert error.startswith("RecursionError")
+
+    def test_a_redelivered_dead_letter_is_stored_once(self, store: AuditStore) -> None:
+        """The same bad record delivered twice is one dead letter; the second time it counts as a duplicate."""
+        first = ingest(store, [record(b"[1, 2]", 3)])
+        second = ingest(store, [record(b"[1, 2]", 3)])
+        assert (first.dead_letters, second.dead_letters, second.duplicates) == (1, 0, 1)
+        assert store.counts().dead_letters == {"not_json": 1}
+
+
+class TestChainChecks:
+    def test_tampered_content_with_the_old_hash_is_tamper(self, store: AuditStore) -> None:
+        """A field changed after sealing, hash kept, is recorded as tamper at its seq, and nowhere else."""
+        events = gate_events(4)
+        batch = records(events)
+        victim = events[2]
+        batch[2] = RawRecord(TOPIC, 0, 2, b"k", forged(victim, rehash=False, tenant="globex"))
+        result = ingest(store, batch)
+        assert (result.stored, result.chain_breaks, result.chain_breaks_by_kind) == (5, 1, {"tamper": 1})
+        ((detail, event_id),) = store.cursor().execute("SELECT detail, event_id FROM chain_breaks").fetchall()
+        assert breaks(store) == [(victim.producer_id, victim.seq, "tamper")]
+        assert "hash does not match the content" in detail
+        assert event_id == victim.event_id
+
+    def test_rehashed_forgery_breaks_the_link_of_the_next_event(self, store: AuditStore) -> None:
+        """A forgery with a recomputed hash passes its own check but the next event no longer links to it."""
+        events = gate_events(4)
+        batch = records(events)
+        victim = events[2]
+        batch[2] = RawRecord(TOPIC, 0, 2, b"k", forged(victim, rehash=True, tenant="globex"))
+        ingest(store, batch)
+        assert breaks(store) == [(victim.producer_id, victim.seq + 1, "tamper")]
+        (detail,) = store.cursor().execute("SELECT detail FROM chain_breaks").fetchone() or ("",)
+        assert f"prev_hash does not link to the hash of seq {victim.seq}" in detail
+
+    def test_a_broken_link_is_found_whichever_side_arrives_first(self, db: Path) -> None:
+        """The forgery's successor is flagged whether it was stored before or after the forgery."""
+        events = gate_events(4)
+        forgery = RawRecord(TOPIC, 0, 2, b"k", forged(events[2], rehash=True, tenant="globex"))
+        rest = [r for r in records(events) if r.offset != 2]
+        for order in ([forgery, *rest], [*rest, forgery]):
+            db.unlink(missing_ok=True)
+            with AuditStore(db) as store:
+                for r in order:
+                    ingest(store, [r])
+                assert breaks(store) == [(events[0].producer_id, events[2].seq + 1, "tamper")]
+
+    def test_seq_one_must_start_from_zeros(self, store: AuditStore) -> None:
+        """A rehashed first event whose prev_hash is not 64 zeros is tamper at seq 1."""
+        first = gate_events(0)[0]
+        assert first.prev_hash == ZERO_HASH
+        ingest(store, [record(forged(first, rehash=True, prev_hash="f" * 64), 0)])
+        assert breaks(store) == [(first.producer_id, 1, "tamper")]
+
+    def test_another_event_at_a_stored_seq_is_a_conflict(self, store: AuditStore) -> None:
+        """A second, different event at a stored (producer, seq) is a conflict: the first stays, the second is
+        kept as evidence, and delivering it again records nothing new."""
+        events = gate_events(3)
+        ingest(store, records(events))
+        original = events[2]
+        rival = forged(original, rehash=True, event_id="rival", tenant="globex")
+        result = ingest(store, [record(rival, 10)])
+        assert (result.stored, result.chain_breaks, result.chain_breaks_by_kind) == (0, 1, {"conflict": 1})
+        con = store.cursor()
+        ((event_id, detail, evidence),) = con.execute("SELECT event_id, detail, evidence FROM chain_breaks").fetchall()
+        assert (event_id, json.loads(evidence)["tenant"]) == ("rival", "globex")
+        assert original.event_id in detail
+        stored = con.execute("SELECT event_id FROM events WHERE seq = $s", {"s": original.seq}).fetchall()
+        assert stored == [(original.event_id,)]
+        again = ingest(store, [record(rival, 10)])
+        assert again.chain_breaks == 0
+        assert breaks(store) == [(original.producer_id, original.seq, "conflict")]
+
+    def test_two_events_at_one_seq_in_one_batch_keep_the_first(self, store: AuditStore) -> None:
+        """Within one batch the record delivered first wins the seq; the other is a conflict."""
+        events = gate_events(2)
+        rival = forged(events[1], rehash=True, event_id="rival")
+        result = ingest(store, [*records(events[:2]), record(rival, 5), *records(events[2:], start=2)])
+        assert (result.stored, result.chain_breaks) == (3, 1)
+        ids = store.cursor().execute("SELECT event_id FROM events ORDER BY seq").fetchall()
+        assert [i for (i,) in ids] == [e.event_id for e in events]
+
+    def test_same_event_id_with_other_content_is_a_conflict(self, store: AuditStore) -> None:
+        """A redelivery that keeps the event id and hash but changes the content is a conflict, not a duplicate."""
+        events = gate_events(1)
+        ingest(store, records(events))
+        result = ingest(store, [record(forged(events[1], rehash=False, principal="root"), 9)])
+        assert (result.duplicates, result.chain_breaks) == (0, 1)
+        assert breaks(store) == [(events[1].producer_id, events[1].seq, "conflict")]
+
+
+class TestGaps:
+    def test_close_open_gaps_records_missing_seqs_and_a_fill_removes_them(self, store: AuditStore) -> None:
+        """Missing seqs become 'gap' rows once gaps are closed; when the missing events arrive the rows go."""
+        events = gate_events(6)
+        missing = [events[2], events[3]]
+        ingest(store, records([e for e in events if e not in missing]))
+        assert breaks(store) == []
+        assert store.close_open_gaps() == 2
+        producer = events[0].producer_id
+        assert breaks(store) == [(producer, 3, "gap"), (producer, 4, "gap")]
+        (detail,) = store.cursor().execute("SELECT any_value(detail) FROM chain_breaks").fetchone() or ("",)
+        assert detail == "seqs 3..4 are missing (2 events)"
+        assert store.close_open_gaps() == 0  # recorded once
+        ingest(store, records([missing[0]], start=20))
+        assert breaks(store) == [(producer, 4, "gap")]
+        ingest(store, records([missing[1]], start=21))
+        assert breaks(store) == []
+
+    def test_grace_time_skips_holes_whose_neighbours_are_recent(self, store: AuditStore) -> None:
+        """With older_than, only holes whose neighbouring events were stored before that time are recorded."""
+        events = gate_events(3)
+        ingest(store, records([events[0], events[2], events[3]]))
+        assert store.close_open_gaps(older_than=datetime.now(UTC) - timedelta(minutes=5)) == 0
+        assert breaks(store) == []
+        assert store.close_open_gaps(older_than=datetime.now(UTC) + timedelta(seconds=1)) == 1
+        assert breaks(store) == [(events[0].producer_id, 2, "gap")]
+
+    def test_a_hole_at_the_start_is_a_gap(self, store: AuditStore) -> None:
+        """Seqs missing before the first stored event count too (the chain starts at 1)."""
+        events = gate_events(2)
+        ingest(store, records(events[2:]))
+        assert store.close_open_gaps() == 2
+        assert [seq for _, seq, _ in breaks(store)] == [1, 2]
+
+
+class TestOffsets:
+    def test_offsets_are_stored_with_the_batch(self, store: AuditStore) -> None:
+        """The next offsets of each partition are what the last committed ingest said; other topics are apart."""
+        events = gate_events(3)
+        store.ingest(records(events[:2]), {(TOPIC, 0): 2, (TOPIC, 1): 40, ("other", 0): 5})
+        store.ingest(records(events[2:], start=2), {(TOPIC, 0): 4})
+        assert store.offsets(TOPIC) == {0: 4, 1: 40}
+        assert store.offsets("other") == {0: 5}
+        assert store.offsets("never") == {}
+
+    def test_a_failing_ingest_leaves_events_and_offsets_unchanged(self, store: AuditStore) -> None:
+        """An error inside the transaction (a negative offset) rolls back the events written before it."""
+        events = gate_events(4)
+        store.ingest(records(events[:2]), {(TOPIC, 0): 2})
+        before = snapshot(store)
+        with pytest.raises(duckdb.ConstraintException):
+            store.ingest(records(events[2:], start=2), {(TOPIC, 0): 5, (TOPIC, 1): -1})
+        assert snapshot(store) == before
+        assert store.offsets(TOPIC) == {0: 2}
+        result = store.ingest(records(events[2:], start=2), {(TOPIC, 0): 5})
+        assert result.stored == 3
+
+    def test_reset_partition_forgets_its_offset_only(self, store: AuditStore) -> None:
+        """reset_partition drops one stored offset and keeps the events and the other partitions."""
+        store.ingest(records(gate_events(1)), {(TOPIC, 0): 2, (TOPIC, 1): 9})
+        store.reset_partition(TOPIC, 0)
+        assert store.offsets(TOPIC) == {1: 9}
+        assert store.counts().total_events == 2
+
+
+class TestMigrations:
+    def test_applied_once_and_reopening_keeps_the_data(self, db: Path) -> None:
+        """A new file gets every migration once; reopening applies none again and keeps the events."""
+        with AuditStore(db) as store:
+            ingest(store, records(gate_events(2)))
+        with AuditStore(db) as store:
+            versions = store.cursor().execute("SELECT version, name FROM schema_migrations ORDER BY 1").fetchall()
+            assert versions == [(m.version, m.name) for m in MIGRATIONS]
+            assert store.schema_version() == SCHEMA_VERSION
+            assert store.counts().total_events == 3
+
+    def test_a_file_from_a_newer_version_is_refused(self, db: Path) -> None:
+        """A file whose schema is newer than this code knows raises StoreError instead of being written."""
+        AuditStore(db).close()
+        con = duckdb.connect(str(db))
+        con.execute("INSERT INTO schema_migrations VALUES (99, 'future', now())")
+        con.close()
+        with pytest.raises(StoreError, match="newer"):
+            AuditStore(db)
+
+    def test_read_only_needs_a_migrated_file(self, db: Path) -> None:
+        """A read-only open of a file without the schema raises StoreError saying to open it for writing."""
+        duckdb.connect(str(db)).close()
+        with pytest.raises(StoreError, match="open it for writing"):
+            AuditStore(db, read_only=True)
+
+
+class TestReadOnly:
+    def test_reads_and_refuses_writes(self, db: Path) -> None:
+        """A read-only store reads what was written and raises StoreError on every write."""
+        with AuditStore(db) as store:
+            ingest(store, records(gate_events(1)))
+        with AuditStore(db, read_only=True) as reader:
+            assert reader.counts().events == {"ToolsRegistered": 1, "ToolUse": 1}
+            with pytest.raises(StoreError, match="read-only"):
+                reader.ingest([], {})
+            with pytest.raises(StoreError, match="read-only"):
+                reader.close_open_gaps()
+
+    def test_counts_summarize_the_store(self, store: AuditStore) -> None:
+        """counts() gives events by type, dead letters by reason, chain breaks by kind and the newest event time."""
+        events = gate_events(3)
+        ingest(store, [*records(events[:2]), record(None, 10), *records(events[3:], start=3)])
+        store.close_open_gaps()
+        counts = store.counts()
+        assert counts.events == {"ToolsRegistered": 1, "ToolUse": 1, "Substitute": 1}
+        assert (counts.dead_letters, counts.chain_breaks) == ({"no_value": 1}, {"gap": 1})
+        assert counts.last_event_time == events[-1].time
+
+
+# The child holds the file for writing until its stdin closes; "holding" on stdout says it has it.
+HOLDER = """
+import sys
+import duckdb
+con = duckdb.connect(sys.argv[1])
+con.execute("SELECT count(*) FROM events").fetchall()
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+class TestLocking:
+    def test_a_file_held_by_another_process_raises_store_locked_error(self, db: Path) -> None:
+        """Opening, even read-only, a file another process writes raises StoreLockedError naming file and PID."""
+        AuditStore(db).close()
+        with subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        ) as holder:
+            try:
+                assert holder.stdout is not None
+                assert holder.stdout.readline().strip() == "holding"
+                with pytest.raises(StoreLockedError) as caught:
+                    AuditStore(db, read_only=True)
+                message = str(caught.value)
+                assert str(db) in message
+                assert f"PID {holder.pid}" in message
+                assert "--api" in message
+                assert caught.value.pid == holder.pid
+            finally:
+                holder.kill()
+                holder.wait()
+
+    def test_a_read_only_open_beside_this_process_writer_is_refused(self, store: AuditStore, db: Path) -> None:
+        """Within one process, a read-only open of a file the store holds raises StoreLockedError too."""
+        with pytest.raises(StoreLockedError, match="this process"):
+            AuditStore(db, read_only=True)
+        assert store.cursor().execute("SELECT count(*) FROM events").fetchone() == (0,)
