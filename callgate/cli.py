@@ -150,16 +150,20 @@ def materialize(
     group: Annotated[str, typer.Option(help="The consumer group.")] = "callgate-materializer",
     api: Annotated[str | None, typer.Option(help="Serve the read API on HOST:PORT (loopback).")] = None,
     drain: Annotated[bool, typer.Option(help="Read to the end offsets as of the start, commit and exit.")] = False,
+    gap_grace: Annotated[
+        float, typer.Option(help="Seconds a chain gap may stay open before it is recorded (continuous runs).")
+    ] = 60.0,
 ) -> None:
     """Consume decision events into the DuckDB audit store (until Ctrl-C / SIGTERM, or --drain)."""
     import signal
 
+    from consumers.materializer import Materializer
     from consumers.store import StoreLockedError
 
-    from consumers.materializer import Materializer
-
     try:
-        materializer = Materializer(bootstrap, topic, str(db), group=group, api=_host_port(api) if api else None)
+        materializer = Materializer(
+            bootstrap, topic, str(db), group=group, api=_host_port(api) if api else None, gap_grace_s=gap_grace
+        )
     except StoreLockedError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -183,7 +187,7 @@ def materialize(
     typer.echo(
         f"materialized {summary.records} records: {summary.stored} stored, {summary.duplicates} duplicates, "
         f"{summary.dead_letters} dead letters, {summary.chain_breaks} chain breaks, "
-        f"{summary.gaps_recorded} gaps recorded -> {db}"
+        f"{summary.gaps_recorded} gaps recorded, in {summary.ingest_seconds:.2f} s -> {db}"
     )
 
 

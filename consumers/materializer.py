@@ -39,6 +39,8 @@ class RunSummary:
     chain_breaks: int = 0
     gaps_recorded: int = 0
     partitions: list[int] = field(default_factory=list)
+    ingest_seconds: float = 0.0
+    """From the first batch received to the end of the run (group join excluded)."""
 
 
 @dataclass
@@ -134,6 +136,11 @@ class Materializer:
         summary = RunSummary()
         if self._api_address is not None:
             self.start_api()
+        if drain and not await _topic_exists(self.bootstrap, self.topic, self.consumer_options):
+            # Nothing was ever published: an empty drain, not a consumer left waiting for a join.
+            log.warning("topic %s does not exist on %s; nothing to drain", self.topic, self.bootstrap)
+            return summary
+
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=self.group,
@@ -148,6 +155,7 @@ class Materializer:
         await consumer.start()
         try:
             ends: dict[Any, int] | None = None
+            first_batch_at: float | None = None
             deadline = time.monotonic() + self.join_timeout_s
             last_gap_check = time.monotonic()
             while not self._stop.is_set():
@@ -163,6 +171,8 @@ class Materializer:
                     ends = await consumer.end_offsets(list(assigned))
                     summary.partitions = sorted(tp.partition for tp in assigned)
                 records = [record for rows in batch.values() for record in rows]
+                if records and first_batch_at is None:
+                    first_batch_at = time.perf_counter()
                 if records:
                     offsets = {(tp.topic, tp.partition): rows[-1].offset + 1 for tp, rows in batch.items() if rows}
                     raw = [RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp) for r in records]
@@ -194,6 +204,8 @@ class Materializer:
                     )
             if drain:
                 summary.gaps_recorded += store.close_open_gaps()
+            if first_batch_at is not None:
+                summary.ingest_seconds = time.perf_counter() - first_batch_at
         except Exception as exc:
             self._state.error = f"{type(exc).__name__}: {exc}"
             raise
@@ -261,6 +273,17 @@ class _SeekToStore:
         for tp in assigned:
             if tp.partition in stored:
                 self.consumer.seek(tp, stored[tp.partition])
+
+
+async def _topic_exists(bootstrap: str, topic: str, options: Mapping[str, Any]) -> bool:
+    from aiokafka import AIOKafkaConsumer
+
+    probe = AIOKafkaConsumer(bootstrap_servers=bootstrap, **{k: v for k, v in options.items() if "timeout" in k})
+    await probe.start()
+    try:
+        return topic in await probe.topics()
+    finally:
+        await probe.stop()
 
 
 async def _reached(consumer: Any, ends: Mapping[Any, int]) -> bool:

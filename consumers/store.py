@@ -74,6 +74,9 @@ PREVIEW_CHARS: Final = 200
 _DUCKDB_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
+    # DuckDB's default buffer pool is 80% of RAM and keeps every page it ever wrote: the
+    # materializer's memory would grow with the store. A cap keeps it flat (pages spill to the file).
+    "memory_limit": os.environ.get("CALLGATE_DUCKDB_MEMORY_LIMIT", "256MB"),
 }
 
 # Every timestamp is UTC; without this, TIMESTAMPTZ buckets and results follow the host's zone.

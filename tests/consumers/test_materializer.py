@@ -128,6 +128,16 @@ class TestExactlyOnce:
         assert scalar(db, "select count(*) from chain_breaks") == 0
 
 
+class TestDrain:
+    async def test_drain_of_a_topic_nobody_published_is_empty(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """Draining a topic that does not exist returns at once with nothing stored (and creates no topic)."""
+        summary = await drain(kafka_broker.bootstrap, topic, tmp_path / "audit.duckdb")
+        assert (summary.records, summary.stored) == (0, 0)
+        assert stored_ids(tmp_path / "audit.duckdb") == []
+
+
 class TestBadInput:
     async def test_malformed_messages_are_dead_lettered_and_good_ones_stored(
         self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path

@@ -1,0 +1,195 @@
+"""The materializer's figures: ingest rate against an Arrow floor, peak memory, end-to-end lag.
+
+    python bench/materialize.py [--events N] [--rate R] [--seconds S]
+
+1. Throughput: N events (default 200,000) are published to a topic of the embedded broker; then
+   `callgate materialize --drain` runs as a child process and drains them into a fresh store:
+   events per second (from its start to its exit), against the floor measured in the same run:
+   the same rows inserted into DuckDB through Arrow in one go, with no Kafka and no parsing. The
+   child's peak RSS is reported for a 50,000-event drain and for the full one.
+2. Lag: a gate emits R decisions per second (default 2,000) through a KafkaSink for S seconds while
+   `callgate materialize --api` runs; the lag of an event is the time from its decision (`time`)
+   to its commit in the store (`ingested_at`, the moment it is visible through the read API):
+   p50 and p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gate_overhead import ARGS, RUN, build_desk
+from pipeline import make_events
+
+from callgate.broker import EmbeddedBroker, free_port
+from consumers.store import _STAGED_EVENT_SCHEMA, AuditStore, _event_row, connect
+from events import MemorySink
+from events.kafka import KafkaSink
+
+CLI = [sys.executable, "-c", "from callgate.cli import main; main()"]
+
+
+async def publish(bootstrap: str, topic: str, n: int, spool: Path) -> None:
+    sink = KafkaSink(bootstrap, topic, spool / topic, partitions=3)
+    for start in range(0, n, 10_000):
+        for event in make_events(min(10_000, n - start)):
+            sink.emit(event)
+        if not await sink.flush(timeout=600):
+            raise SystemExit("publishing did not finish")
+    await sink.close()
+
+
+def drain(bootstrap: str, topic: str, db: Path) -> tuple[float, int]:
+    """Seconds of ingest (first batch to the end, as the child reports it) and its peak RSS in MiB."""
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [*CLI, "materialize", "--bootstrap", bootstrap, "--topic", topic, "--db", str(db), "--group", group, "--drain"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.stdout.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"materialize --drain exited {proc.returncode}: {output}")
+    seconds = float(output.rsplit(" in ", 1)[1].split(" s ")[0])
+    return seconds, usage.ru_maxrss // 1024
+
+
+def arrow_floor(n: int, tmp: Path) -> float:
+    """Seconds to insert the same rows into DuckDB through Arrow in one go."""
+    rows: dict[str, list[object]] = {name: [] for name in _STAGED_EVENT_SCHEMA.names}
+    for ord_, event in enumerate(make_events(n)):
+        row = _event_row(event, event.hash)
+        row.update(ord=ord_, kafka_topic="t", kafka_partition=0, kafka_offset=ord_)
+        for name, column in rows.items():
+            column.append(row[name])
+    staged = pa.Table.from_pydict(rows, schema=_STAGED_EVENT_SCHEMA)
+    con = connect(tmp / "floor.duckdb", read_only=False)
+    start = time.perf_counter()
+    con.register("staged", staged)
+    con.execute("CREATE TABLE events AS SELECT * FROM staged")
+    con.execute("CHECKPOINT")
+    elapsed = time.perf_counter() - start
+    con.close()
+    return elapsed
+
+
+async def lag(bootstrap: str, rate: int, seconds: float, tmp: Path) -> tuple[float, float, int]:
+    topic = f"lag-{uuid.uuid4().hex[:8]}"
+    db = tmp / "lag.duckdb"
+    port = free_port("127.0.0.1")
+    memory = MemorySink()
+    sink = KafkaSink(bootstrap, topic, tmp / "lag-spool", partitions=3)
+    desk = build_desk(sinks=[memory, sink])
+    await desk.call("get_order", ARGS, run=RUN)  # creates the topic before the consumer subscribes
+    await sink.flush(timeout=60)
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "materialize",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--db",
+            str(db),
+            "--api",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        await _until_stored(port, 1, 120)
+        total = int(rate * seconds)
+        start = time.perf_counter()
+        for i in range(total):
+            await desk.call("get_order", ARGS, run=RUN)
+            ahead = start + (i + 1) / rate - time.perf_counter()
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+        await sink.flush(timeout=120)
+        await _until_stored(port, total + 1, 120)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        await sink.close()
+    with AuditStore(db, read_only=True) as store:
+        con = store.cursor()
+        lags = [
+            row[0]
+            for row in con.execute(
+                "select epoch(ingested_at) - epoch(time) from events where type = 'ToolUse'"
+            ).fetchall()
+        ]
+        con.close()
+    return statistics.median(lags), statistics.quantiles(lags, n=100)[98], len(lags)
+
+
+async def _until_stored(port: int, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            url = f"http://127.0.0.1:{port}/v1/queries/event_counts?since=2000-01-01T00:00:00Z"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                rows = json.loads(response.read())["rows"]
+            if sum(int(r["events"]) for r in rows if r["type"] == "ToolUse") >= n:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.05)
+    raise SystemExit(f"fewer than {n} events visible after {timeout} s")
+
+
+async def main_async(n: int, rate: int, seconds: float) -> None:
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        small = min(50_000, n)
+        await publish(broker.bootstrap, "small", small, tmp)
+        await publish(broker.bootstrap, "full", n, tmp)
+        small_s, small_rss = drain(broker.bootstrap, "small", tmp / "small.duckdb")
+        full_s, full_rss = drain(broker.bootstrap, "full", tmp / "full.duckdb")
+        floor_s = arrow_floor(n, tmp)
+        p50, p99, counted = await lag(broker.bootstrap, rate, seconds, tmp)
+    rate_full, rate_floor = n / full_s, n / floor_s
+    print(f"{'path':<58} {'value':>14}")
+    print(f"{f'materialize --drain of {small:,} events (events/s)':<58} {small / small_s:>14,.0f}")
+    print(f"{f'materialize --drain of {n:,} events (events/s)':<58} {rate_full:>14,.0f}")
+    print(f"{'floor: the same rows into DuckDB through Arrow (rows/s)':<58} {rate_floor:>14,.0f}")
+    print(f"{f'peak RSS of the materializer, {small:,} events (MiB)':<58} {small_rss:>14,}")
+    print(f"{f'peak RSS of the materializer, {n:,} events (MiB)':<58} {full_rss:>14,}")
+    print(f"{f'lag at {rate:,} events/s over {counted:,} events, p50 (s)':<58} {p50:>14.3f}")
+    print(f"{f'lag at {rate:,} events/s over {counted:,} events, p99 (s)':<58} {p99:>14.3f}")
+    print(f"throughput: materialize / Arrow floor = {rate_full / rate_floor:.3f} (target >= 0.5)")
+    print(f"memory: peak RSS {small_rss} MiB at {small:,} events, {full_rss} MiB at {n:,} (target: flat)")
+    print(f"lag: p99 {p99:.3f} s at {rate:,} events/s (target <= 2 s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--rate", type=int, default=2_000)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    opts = parser.parse_args()
+    asyncio.run(main_async(opts.events, opts.rate, opts.seconds))
+
+
+if __name__ == "__main__":
+    main()
