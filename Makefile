@@ -36,6 +36,8 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/gate_overhead.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/materialize.py
+	$(BIN)/python bench/queries.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
