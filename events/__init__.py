@@ -22,6 +22,7 @@ from events.models import (
     ToolDeniedEvent,
     ToolsRegisteredEvent,
     ToolUseEvent,
+    TurnDecisionEvent,
     UnmediatedEvent,
 )
 from events.redaction import REDACTED, Detector, RedactedArgs, Redactor, RegexDetector
@@ -57,6 +58,7 @@ __all__ = [
     "ToolDeniedEvent",
     "ToolUseEvent",
     "ToolsRegisteredEvent",
+    "TurnDecisionEvent",
     "UnmediatedEvent",
     "canonical_json",
     "encode_event",

@@ -147,6 +147,17 @@ class UnmediatedEvent(EventBase):
     thread: str | None = None
 
 
+class TurnDecisionEvent(EventBase):
+    """The before-turn chain's decision on one model call of an agent run."""
+
+    type: Literal["TurnDecision"] = "TurnDecision"
+    turn: int = Field(ge=1, description="The model turn of the run, from 1.")
+    decision: Literal["allow", "rewrite", "deny", "substitute", "error"]
+    decided_by: str | None = Field(default=None, description="The interceptor that decided (None: all allowed).")
+    reason: str | None = Field(default=None, description="The Deny reason, or why an interceptor failed.")
+    message_count: int = Field(ge=0, description="Messages the model was (or would have been) shown.")
+
+
 class RegisteredTool(BaseModel):
     """One tool of an agent scope as registered: its schema hash and effective chain."""
 
@@ -174,7 +185,8 @@ Event: TypeAlias = Annotated[
     | ApprovalRequestedEvent
     | ApprovalResolvedEvent
     | UnmediatedEvent
-    | ToolsRegisteredEvent,
+    | ToolsRegisteredEvent
+    | TurnDecisionEvent,
     Field(discriminator="type"),
 ]
 """Any event, discriminated on `type`."""
@@ -188,6 +200,7 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
     "ApprovalResolved": ApprovalResolvedEvent,
     "Unmediated": UnmediatedEvent,
     "ToolsRegistered": ToolsRegisteredEvent,
+    "TurnDecision": TurnDecisionEvent,
 }
 """Wire `type` -> model class."""
 

@@ -28,6 +28,7 @@ from events.models import (
     ToolDeniedEvent,
     ToolsRegisteredEvent,
     ToolUseEvent,
+    TurnDecisionEvent,
     UnmediatedEvent,
 )
 from events.redaction import RedactedArgs, Redactor
@@ -328,6 +329,32 @@ class Audit:
         return self._args_fields(self._redact(tool, args))
 
     # -- not about one call ----------------------------------------------------------------------
+
+    def turn_decision(
+        self,
+        scope: AgentScope,
+        run: RunContext,
+        turn: int,
+        decision: str,
+        decided_by: str | None,
+        reason: str | None,
+        trail: Sequence[DecisionRecord],
+        message_count: int,
+    ) -> None:
+        """The before-turn chain's decision on one model call."""
+        from interceptor_core.context import ScopePath
+
+        fields = self._envelope(ScopePath(self.gate, scope.workflow_name, scope.name, ""), None, run, None)
+        fields["tool"] = None
+        fields["decisions"] = self._trail(trail)
+        fields.update(
+            turn=turn,
+            decision=decision,
+            decided_by=decided_by,
+            reason=_cap(self.redactor.redact_text(reason)) if reason else None,
+            message_count=message_count,
+        )
+        self._emit(TurnDecisionEvent, fields)
 
     def unmediated(self, access: UnmediatedAccess) -> None:
         """A guarded resource used around the gate."""

@@ -698,6 +698,10 @@ class Gate:
             scope = asyncio.timeout(tool.timeout_s)
             async with scope:
                 return False, await runner
+        except ToolBlockedError:
+            # A tool body that is itself an agent (`Agent.as_tool`) was blocked: the run it shares
+            # with its caller must stop too, so this is not turned into an error result.
+            raise
         except TimeoutError as exc:
             if scope is not None and scope.expired():
                 state.timed_out = True

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from consumers import QUERIES, AuditStore, QueryError, RawRecord, UnknownQueryError, describe_queries, run_query
-from events import EventBase, MemorySink, encode_event
+from events import EVENT_TYPES, EventBase, MemorySink, encode_event
 from interceptor_core import (
     Approval,
     ApprovalRequest,
@@ -269,7 +269,7 @@ class TestTrends:
     def test_event_counts_compare_with_the_previous_window(self, fx: Fixture) -> None:
         """Every known type is listed with its count in the window and in the window before it."""
         rows = {r["type"]: r for r in fx.run("event_counts")}
-        assert len(rows) == 8
+        assert len(rows) == len(EVENT_TYPES)
         assert rows["Blocked"]["events"] == 1
         assert rows["Blocked"]["previous_events"] == 0
         assert rows["Unmediated"]["events"] == 1

@@ -37,6 +37,14 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "bound_tools": ("refund",),
         "site": "app.py:10 in main",
     },
+    "TurnDecision": {
+        "gate": "shop",
+        "agent": "desk",
+        "turn": 2,
+        "decision": "deny",
+        "decided_by": "pii",
+        "message_count": 5,
+    },
     "ToolsRegistered": {
         "gate": "shop",
         "agent": "desk",
