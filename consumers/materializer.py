@@ -269,10 +269,49 @@ class _SeekToStore:
         return None
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        stored: Mapping[int, int] = self.materializer.store.offsets(self.materializer.topic)
+        materializer = self.materializer
+        stored: Mapping[int, int] = materializer.store.offsets(materializer.topic)
         for tp in assigned:
-            if tp.partition in stored:
-                self.consumer.seek(tp, stored[tp.partition])
+            offset = stored.get(tp.partition)
+            if offset is None:
+                continue
+            if offset > 0 and not await self._same_log(tp, offset):
+                # The broker lost its log and numbers new records from 0 again (the embedded broker
+                # does on a restart): the stored offset now points into other records. Read the
+                # partition from the start; the event_id key absorbs anything already stored.
+                log.warning("%s no longer holds the records the store read; reading it from the start", tp)
+                await self.consumer.seek_to_beginning(tp)
+                continue
+            self.consumer.seek(tp, offset)
+
+    async def _same_log(self, tp: Any, offset: int) -> bool:
+        """Whether the record just before the stored offset is still the one the store read."""
+        from aiokafka import AIOKafkaConsumer
+
+        materializer = self.materializer
+        probe = AIOKafkaConsumer(
+            bootstrap_servers=materializer.bootstrap, enable_auto_commit=False, auto_offset_reset="none"
+        )
+        await probe.start()
+        try:
+            probe.assign([tp])
+            probe.seek(tp, offset - 1)
+            # A fetch may start at the beginning of a compressed batch: look for the exact offset.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    batch = await probe.getmany(tp, timeout_ms=1000, max_records=500)
+                except Exception as exc:  # out of range: the log is shorter than what the store read
+                    log.debug("probe of %s at %d failed: %s", tp, offset - 1, exc)
+                    return False
+                for record in batch.get(tp, []):
+                    if record.offset == offset - 1:
+                        return materializer.store.holds(tp.topic, tp.partition, record.offset, record.value)
+                    if record.offset >= offset:
+                        return False
+            return False
+        finally:
+            await probe.stop()
 
 
 async def _topic_exists(bootstrap: str, topic: str, options: Mapping[str, Any]) -> bool:
@@ -287,8 +326,12 @@ async def _topic_exists(bootstrap: str, topic: str, options: Mapping[str, Any]) 
 
 
 async def _reached(consumer: Any, ends: Mapping[Any, int]) -> bool:
-    """True when every partition's position is at (or past) its end offset as of the start."""
+    """True when every partition's position is at (or past) its end offset as of the start, and
+    at the high watermark the last fetch reported (some brokers answer the offset request with the
+    start of their last compressed batch rather than its end)."""
     for tp, end in ends.items():
-        if await consumer.position(tp) < end:
+        position = await consumer.position(tp)
+        highwater = consumer.highwater(tp)
+        if position < end or highwater is None or position < highwater:
             return False
     return True

@@ -18,6 +18,7 @@ Tables: `events` (one row per event, typed columns plus the whole event as JSON)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import threading
@@ -812,6 +813,30 @@ class AuditStore:
         never ingested). Safe from any thread; blocks briefly while an ingest commits."""
         with self._write_lock:
             return {int(p): int(o) for p, o in self._con.execute(_OFFSETS, {"topic": topic}).fetchall()}
+
+    def holds(self, topic: str, partition: int, offset: int, value: bytes | None) -> bool:
+        """True when the store already holds the record the broker now has at this position: the
+        event it carries (by `event_id`, wherever it was first read) or the same dead letter. The
+        materializer uses it to tell a broker that kept its log from one that lost it and numbered
+        new records from 0 again. Safe from any thread."""
+        if value is None:
+            return False
+        con = self.cursor()
+        try:
+            try:
+                event_id = json.loads(value).get("event_id")
+            except (ValueError, AttributeError):
+                event_id = None
+            if isinstance(event_id, str):
+                row = con.execute("SELECT 1 FROM events WHERE event_id = $id", {"id": event_id}).fetchone()
+                return row is not None
+            row = con.execute(
+                'SELECT 1 FROM dead_letters WHERE topic = $t AND partition = $p AND "offset" = $o AND value = $v',
+                {"t": topic, "p": partition, "o": offset, "v": value},
+            ).fetchone()
+            return row is not None
+        finally:
+            con.close()
 
     def reset_partition(self, topic: str, partition: int) -> None:
         """Forget the stored offset of one partition (the broker lost its log and numbers from 0
