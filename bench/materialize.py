@@ -54,7 +54,7 @@ async def publish(bootstrap: str, topic: str, n: int, spool: Path) -> None:
     await sink.close()
 
 
-def drain(bootstrap: str, topic: str, db: Path) -> tuple[float, int]:
+def drain(bootstrap: str, topic: str, db: Path, expected: int) -> tuple[float, int]:
     """Seconds of ingest (first batch to the end, as the child reports it) and its peak RSS in MiB."""
     group = f"bench-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
@@ -70,6 +70,9 @@ def drain(bootstrap: str, topic: str, db: Path) -> tuple[float, int]:
     if proc.returncode != 0:
         raise SystemExit(f"materialize --drain exited {proc.returncode}: {output}")
     seconds = float(output.rsplit(" in ", 1)[1].split(" s ")[0])
+    stored = int(output.split("materialized ", 1)[1].split(" records", 1)[0])
+    if stored < expected:
+        raise SystemExit(f"the drain read {stored} records of {expected}: {output}")
     return seconds, usage.ru_maxrss // 1024
 
 
@@ -164,8 +167,8 @@ async def main_async(n: int, rate: int, seconds: float) -> None:
         small = min(50_000, n)
         await publish(broker.bootstrap, "small", small, tmp)
         await publish(broker.bootstrap, "full", n, tmp)
-        small_s, small_rss = drain(broker.bootstrap, "small", tmp / "small.duckdb")
-        full_s, full_rss = drain(broker.bootstrap, "full", tmp / "full.duckdb")
+        small_s, small_rss = drain(broker.bootstrap, "small", tmp / "small.duckdb", small)
+        full_s, full_rss = drain(broker.bootstrap, "full", tmp / "full.duckdb", n)
         floor_s = arrow_floor(n, tmp)
         p50, p99, counted = await lag(broker.bootstrap, rate, seconds, tmp)
     rate_full, rate_floor = n / full_s, n / floor_s

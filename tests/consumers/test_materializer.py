@@ -71,6 +71,26 @@ async def drain(bootstrap: str, topic: str, db: Path, group: str | None = None) 
         materializer.close()
 
 
+def materialize_cmd(bootstrap: str, topic: str, db: Path, port: int) -> list[str]:
+    """`callgate materialize` as a child process with its read API on `port` and a group of its own."""
+    return [
+        sys.executable,
+        "-c",
+        "from callgate.cli import main; main()",
+        "materialize",
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        topic,
+        "--db",
+        str(db),
+        "--group",
+        f"g-{uuid.uuid4().hex[:8]}",
+        "--api",
+        f"127.0.0.1:{port}",
+    ]
+
+
 def stored_ids(db: Path) -> list[str]:
     with AuditStore(db, read_only=True) as store:
         con = store.cursor()
@@ -223,22 +243,7 @@ class TestFaults:
         ids = await publish_calls(kafka_broker.bootstrap, topic, tmp_path / "spool", 600)
         db = tmp_path / "audit.duckdb"
         port = free_port("127.0.0.1")
-        cmd = [
-            sys.executable,
-            "-c",
-            "from callgate.cli import main; main()",
-            "materialize",
-            "--bootstrap",
-            kafka_broker.bootstrap,
-            "--topic",
-            topic,
-            "--db",
-            str(db),
-            "--group",
-            f"g-{uuid.uuid4().hex[:8]}",
-            "--api",
-            f"127.0.0.1:{port}",
-        ]
+        cmd = materialize_cmd(kafka_broker.bootstrap, topic, db, port)
         with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
             try:
                 deadline = time.monotonic() + 60
@@ -264,22 +269,7 @@ class TestFaults:
         db = tmp_path / "audit.duckdb"
         port = free_port("127.0.0.1")
         first = await publish_calls(fresh_broker.bootstrap, topic, tmp_path / "spool1", 20)
-        cmd = [
-            sys.executable,
-            "-c",
-            "from callgate.cli import main; main()",
-            "materialize",
-            "--bootstrap",
-            fresh_broker.bootstrap,
-            "--topic",
-            topic,
-            "--db",
-            str(db),
-            "--group",
-            f"g-{uuid.uuid4().hex[:8]}",
-            "--api",
-            f"127.0.0.1:{port}",
-        ]
+        cmd = materialize_cmd(fresh_broker.bootstrap, topic, db, port)
         with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
             try:
                 await _until(lambda: _stored_via_api(port) >= len(first), 60)
