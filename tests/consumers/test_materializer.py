@@ -71,6 +71,25 @@ async def drain(bootstrap: str, topic: str, db: Path, group: str | None = None) 
         materializer.close()
 
 
+def sealed_events(n: int) -> list[Any]:
+    """n ToolUse events of one producer, sealed into its chain, args {"n": i}."""
+    producer = Producer()
+    return [
+        producer.seal(
+            ToolUseEvent,
+            {
+                "event_id": uuid.uuid4().hex,
+                "time": datetime.now(UTC),
+                "gate": "g",
+                "outcome": "ok",
+                "duration_ms": 1,
+                "args": {"n": i},
+            },
+        )
+        for i in range(n)
+    ]
+
+
 def materialize_cmd(bootstrap: str, topic: str, db: Path, port: int) -> list[str]:
     """`callgate materialize` as a child process with its read API on `port` and a group of its own."""
     return [
@@ -163,20 +182,7 @@ class TestBadInput:
         self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
     ) -> None:
         """Invalid JSON, unknown types and newer schemas between good events become dead letters."""
-        producer = Producer()
-        good = [
-            producer.seal(
-                ToolUseEvent,
-                {
-                    "event_id": uuid.uuid4().hex,
-                    "time": datetime.now(UTC),
-                    "gate": "g",
-                    "outcome": "ok",
-                    "duration_ms": 1,
-                },
-            )
-            for _ in range(3)
-        ]
+        good = sealed_events(3)
         newer = json.loads(encode_event(good[0]))
         newer.update(schema_version=99, event_id="newer")
         values = [
@@ -200,21 +206,7 @@ class TestChainBreaks:
         self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
     ) -> None:
         """A changed event is a tamper record; a missing seq is a gap once the drain ends."""
-        producer = Producer()
-        events = [
-            producer.seal(
-                ToolUseEvent,
-                {
-                    "event_id": uuid.uuid4().hex,
-                    "time": datetime.now(UTC),
-                    "gate": "g",
-                    "outcome": "ok",
-                    "duration_ms": 1,
-                    "args": {"n": i},
-                },
-            )
-            for i in range(5)
-        ]
+        events = sealed_events(5)
         tampered = json.loads(encode_event(events[1]))
         tampered["args"] = {"n": 999}
         assert event_hash(tampered) != tampered["hash"]
