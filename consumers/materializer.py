@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from consumers.store import AuditStore, RawRecord
+from consumers.store import AuditStore, IngestResult, RawRecord
 
 log = logging.getLogger("callgate.materializer")
 
@@ -213,17 +213,17 @@ class Materializer:
             await consumer.stop()
         return summary
 
-    def _record_metrics(self, records: list[Any], result: Any, seconds: float) -> None:
+    def _record_metrics(self, records: list[Any], result: IngestResult, seconds: float) -> None:
         if self.metrics is None:
             return
         self.metrics.record_batch(
-            stored_by_type=getattr(result, "stored_by_type", {}) or {},
+            stored_by_type=result.stored_by_type,
             duplicates=result.duplicates,
-            dead_letters_by_reason=getattr(result, "dead_letters_by_reason", {}) or {},
-            chain_breaks_by_kind=getattr(result, "chain_breaks_by_kind", {}) or {},
+            dead_letters_by_reason=result.dead_letters_by_reason,
+            chain_breaks_by_kind=result.chain_breaks_by_kind,
             seconds=seconds,
             records=len(records),
-            last_event_time=getattr(result, "last_event_time", None),
+            last_event_time=result.last_event_time,
         )
 
     async def _update_lag(self, consumer: Any, assigned: Any) -> None:

@@ -161,8 +161,9 @@ class Audit:
         ]
 
     def _args(self, state: _CallState) -> dict[str, Any]:
-        if state.redacted is None or state.redacted[0] is not self._current_args(state):
-            source = self._current_args(state)
+        source = self._current_args(state)
+        # Redacted once per distinct args (approval events and the outcome share it).
+        if state.redacted is None or state.redacted[0] is not source:
             state.redacted = (source, self._redact(state.compiled.tool.name, source))
         redacted: RedactedArgs = state.redacted[1]
         return self._args_fields(redacted)
