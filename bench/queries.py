@@ -8,7 +8,8 @@
    breaks and offsets. The rows do not go through the gate or the parser: only the reading is timed.
 2. Runs every named query R times through `run_query` on a read-only store's cursor (as the
    dashboard does) and prints the median, the slowest run and the rows returned. The target is
-   1 s per query.
+   1 s per query. Then the whole coverage check (`callgate coverage --require-exercised`: every
+   check, with its violation listings) R times on the file: target 5 s.
 3. Ingests M real events (sealed by a `Producer`, encoded as on the wire) through
    `AuditStore.ingest` in batches of 1,000 and of 10,000, into an empty store and into the
    million-event one: events per second, parsing and hashing included.
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from consumers import QUERIES, AuditStore, RawRecord, run_query
+from consumers.coverage import run_checks
+from consumers.reader import FileReader
 from consumers.store import connect
 from events import (
     ApprovalRequestedEvent,
@@ -220,6 +223,22 @@ def bench_queries(path: Path, runs: int) -> None:
     reader.close()
 
 
+def bench_coverage(path: Path, runs: int) -> None:
+    times = []
+    report = None
+    for _ in range(runs + 1):  # the first run warms the caches and is not counted
+        started = time.perf_counter()
+        with FileReader(path) as reader:
+            report = run_checks(reader, require_exercised=True)
+        times.append(time.perf_counter() - started)
+    assert report is not None
+    verdicts = ", ".join(f"{c.name} {c.status}" for c in report.checks)
+    print(
+        f"\ncoverage check (all four, with listings): median {statistics.median(times[1:]):.2f} s, "
+        f"max {max(times[1:]):.2f} s over {runs} runs (target: 5 s); {verdicts}"
+    )
+
+
 def real_events(n: int) -> list[EventBase]:
     """n events from 4 producers, shaped as the gate writes them (envelope, trail, redacted args)."""
     producers = [Producer() for _ in range(4)]
@@ -295,6 +314,7 @@ def main() -> None:
         size = path.stat().st_size / 1e6
         print(f"filled {options.events:,} synthetic events in {time.perf_counter() - started:.1f} s ({size:.0f} MB)")
         bench_queries(path, options.runs)
+        bench_coverage(path, options.runs)
         events = real_events(options.ingest)
         bench_ingest(None, events, "an empty store")
         bench_ingest(path, real_events(options.ingest), f"the store of {options.events:,} events")

@@ -191,6 +191,100 @@ def materialize(
     )
 
 
+@app.command()
+def coverage(
+    db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
+    api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
+    require_exercised: Annotated[
+        bool, typer.Option(help="Also fail when a registered tool was never called through the gate.")
+    ] = False,
+    since: Annotated[
+        str | None, typer.Option(help="Only events from this time: ISO 8601, or a duration back (30m, 24h, 7d).")
+    ] = None,
+    junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here.")] = None,
+    json_report: Annotated[Path | None, typer.Option("--json", help="Write a JSON report here.")] = None,
+) -> None:
+    """Prove that no tool ran unmediated: exit 0 clean, 1 on a violation, 2 when it cannot check."""
+    from callgate.coverage import EXIT_CANNOT_CHECK, parse_since, run_coverage
+
+    err = Console(stderr=True)
+    try:
+        start = parse_since(since) if since is not None else None
+    except ValueError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(EXIT_CANNOT_CHECK) from None
+    code = run_coverage(
+        api=api,
+        db=db,
+        require_exercised=require_exercised,
+        since=start,
+        junit=junit,
+        json_path=json_report,
+        console=console,
+        err=err,
+    )
+    raise typer.Exit(code)
+
+
+@app.command(
+    name="mcp-proxy",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def mcp_proxy(
+    ctx: typer.Context,
+    gate: Annotated[str, typer.Option(help="MODULE:FACTORY building the Gate (interceptors, approval handler).")],
+    events: Annotated[Path | None, typer.Option(help="Append decision events to this JSONL file.")] = None,
+    kafka: Annotated[str | None, typer.Option(help="Send decision events to Kafka at HOST:PORT.")] = None,
+    topic: Annotated[str, typer.Option(help="The Kafka events topic.")] = "callgate.events",
+    spool_dir: Annotated[Path | None, typer.Option(help="The Kafka sink's local spool directory.")] = None,
+    http: Annotated[str | None, typer.Option(help="Serve streamable HTTP on HOST:PORT instead of stdio.")] = None,
+    agent: Annotated[str, typer.Option(help="The agent scope the upstream's tools are registered in.")] = "mcp-proxy",
+) -> None:
+    """Serve an MCP server's tools through the gate: mcp-proxy --gate MODULE:FACTORY -- COMMAND ARGS..."""
+    from callgate.mcp_proxy import ProxyConfigError, build_sinks, gate_from_factory, run_proxy
+
+    try:
+        listen_on = _host_port(http) if http else None
+        built = gate_from_factory(gate, build_sinks(events, kafka, topic, spool_dir))
+        asyncio.run(run_proxy(built, list(ctx.args), http=listen_on, agent=agent))
+    except ProxyConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def dashboard(
+    api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
+    db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (held read-only).")] = None,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to serve on.")] = 8501,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback unless --allow-remote).")] = "127.0.0.1",
+    allow_remote: Annotated[
+        bool, typer.Option(help="Allow a non-loopback --host (no login of its own: put a proxy in front).")
+    ] = False,
+    refresh: Annotated[float | None, typer.Option(help="Seconds between refreshes of the live parts.")] = None,
+    trace_url: Annotated[str | None, typer.Option(help="Trace viewer link template with {trace_id}.")] = None,
+) -> None:
+    """Serve the audit dashboard (Streamlit) until Ctrl-C: blocked attempts, trends, coverage, pipeline."""
+    from callgate.dashboard import DashboardError, run_dashboard
+
+    try:
+        code = run_dashboard(
+            api=api,
+            db=db,
+            host=host,
+            port=port,
+            allow_remote=allow_remote,
+            refresh_s=refresh,
+            trace_url=trace_url,
+            echo=lambda line: typer.echo(line),
+            warn=lambda line: typer.echo(line, err=True),
+        )
+    except DashboardError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
 def main() -> None:
     """Entry point of the `callgate` console script."""
     app()

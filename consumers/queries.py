@@ -406,7 +406,7 @@ SELECT time, gate, workflow, agent, tenant, principal,
        json_extract_string(event, '$.site') AS site,
        json_extract_string(event, '$.active_tool') AS active_tool,
        json_extract_string(event, '$.thread') AS thread,
-       call_id, producer_id, seq, event_id
+       call_id, run_id, producer_id, seq, event_id
 FROM events
 WHERE {_UNMEDIATED_WHERE}
 ORDER BY time DESC, event_id
@@ -499,6 +499,7 @@ WITH produced AS (
     FROM events
     WHERE $producer_id IS NULL OR producer_id = $producer_id
     GROUP BY producer_id
+    HAVING ($since IS NULL OR max(time) >= $since) AND ($until IS NULL OR min(time) < $until)
 ),
 breaks AS (
     SELECT producer_id,
@@ -623,6 +624,222 @@ GROUP BY reason, decided_by
 HAVING min(time) >= (SELECT since_ FROM bounds)
 ORDER BY first_seen DESC, reason
 LIMIT $limit OFFSET $offset
+"""
+
+
+# -- coverage: what `callgate coverage` checks ---------------------------------------------------
+
+# Every registration with its producer, so a call is matched to the chains its own gate announced.
+_PRODUCER_REGISTRATIONS = f"""
+SELECT producer_id, gate, coalesce(workflow, '') AS workflow, coalesce(agent, '') AS agent,
+       unnest(from_json(json_extract(event, '$.tools'), '{_TOOLS_JSON_SHAPE}'), recursive := true)
+FROM events
+WHERE type = 'ToolsRegistered'
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# A ToolUse is verified when its producer's chain is whole and its decision trail names every
+# interceptor of some chain its own gate registered for that scope and tool. "Some" rather than
+# "the latest": a chain changed by add/remove_interceptor is announced again, and a call decided
+# just before the announcement must not look unmediated.
+_TRAIL = "coalesce(json_extract_string(e.event, '$.decisions[*].interceptor'), [])"
+
+_TOOL_USE_PROBLEMS = f"""
+WITH chains AS (
+    -- Per scope and tool, every distinct chain its producer registered (usually one).
+    SELECT producer_id, gate, workflow, agent, name AS tool, list(DISTINCT interceptors) AS chains
+    FROM ({_PRODUCER_REGISTRATIONS})
+    GROUP BY ALL
+),
+broken AS (
+    SELECT producer_id FROM chain_breaks
+    UNION
+    SELECT producer_id FROM events GROUP BY producer_id HAVING max(seq) <> count(*)
+),
+judged AS (
+    -- The trail is read from the JSON only where the cheaper tests passed.
+    SELECT e.event_id, e.time, e.producer_id, e.seq, e.gate, e.workflow, e.agent, e.tool, e.call_id, e.run_id,
+           e.tenant, e.principal, e.event, c.chains,
+           CASE WHEN b.producer_id IS NOT NULL THEN 'chain_not_verified'
+                WHEN c.chains IS NULL THEN 'not_registered'
+                WHEN NOT list_bool_or(list_transform(c.chains, lambda ch: list_has_all({_TRAIL}, ch)))
+                THEN 'incomplete_trail' END AS problem
+    FROM events e
+    LEFT JOIN chains c
+      ON c.producer_id = e.producer_id AND c.gate = e.gate AND c.workflow = coalesce(e.workflow, '')
+     AND c.agent = coalesce(e.agent, '') AND c.tool = e.tool
+    LEFT JOIN broken b ON b.producer_id = e.producer_id
+    WHERE e.type = 'ToolUse' AND {_WINDOW}
+)
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_UNVERIFIED_TOOL_USES = f"""
+{_TOOL_USE_PROBLEMS},
+detailed AS (
+    -- Top-N on the judged rows themselves: joining back to events would scan every JSON document.
+    SELECT e.* EXCLUDE (event), {_TRAIL} AS trail
+    FROM (
+        SELECT * FROM judged
+        WHERE problem IS NOT NULL AND ($problem IS NULL OR problem = $problem)
+        ORDER BY time DESC, event_id
+        LIMIT $limit OFFSET $offset
+    ) e
+)
+SELECT time, problem, gate, workflow, agent, tool, call_id, run_id, tenant, principal, trail,
+       -- What the trail lacks of the registered chain it comes closest to.
+       CASE WHEN problem = 'incomplete_trail' THEN list_reduce(
+           list_transform(chains, lambda c: list_filter(c, lambda x: NOT list_contains(trail, x))),
+           lambda a, b: CASE WHEN len(b) < len(a) THEN b ELSE a END) END AS missing_interceptors,
+       producer_id, seq, event_id
+FROM detailed
+ORDER BY time DESC, event_id
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_TOOL_USE_VERIFICATION = f"""
+{_TOOL_USE_PROBLEMS}
+SELECT count(*) AS tool_uses,
+       count(*) FILTER (WHERE problem IS NOT NULL) AS unverified,
+       count(*) FILTER (WHERE problem = 'chain_not_verified') AS chain_not_verified,
+       count(*) FILTER (WHERE problem = 'not_registered') AS not_registered,
+       count(*) FILTER (WHERE problem = 'incomplete_trail') AS incomplete_trail
+FROM judged
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# Per gate and tool name: registered by some scope, and called through the gate (any outcome: a
+# denial proves the route passes the gate as well as a run does) in the window.
+_TOOL_EXERCISE = f"""
+WITH registered AS (
+    SELECT gate, name AS tool, list(DISTINCT agent ORDER BY agent) AS scopes, max(time) AS last_registered
+    FROM ({_REGISTRATIONS})
+    WHERE $gate IS NULL OR gate = $gate
+    GROUP BY ALL
+),
+called AS (
+    SELECT gate, tool, count(*) AS calls, count(*) FILTER (WHERE type = 'ToolUse') AS ran,
+           max(time) AS last_called
+    FROM events
+    WHERE type IN ({_OUTCOMES}) AND tool IS NOT NULL AND {_WINDOW} AND ($gate IS NULL OR gate = $gate)
+    GROUP BY ALL
+)
+SELECT r.gate, r.tool, r.scopes, coalesce(c.calls, 0) AS calls, coalesce(c.ran, 0) AS ran,
+       coalesce(c.calls, 0) > 0 AS exercised, r.last_registered, c.last_called
+FROM registered r LEFT JOIN called c USING (gate, tool)
+WHERE NOT $only_unexercised OR c.calls IS NULL
+ORDER BY exercised, r.gate, r.tool
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# One row: everything the coverage check decides on, each count cheap enough to run on every check.
+_COVERAGE_SUMMARY = f"""
+WITH window_events AS (
+    SELECT type, producer_id FROM events WHERE {_WINDOW}
+),
+active AS (
+    SELECT DISTINCT producer_id FROM window_events
+),
+status AS (
+    SELECT e.producer_id, max(e.seq) - count(*) AS missing
+    FROM events e JOIN active a USING (producer_id)
+    GROUP BY e.producer_id
+),
+breaks AS (
+    SELECT b.producer_id, count(*) FILTER (WHERE kind = 'gap') AS gaps,
+           count(*) FILTER (WHERE kind = 'tamper') AS tampered,
+           count(*) FILTER (WHERE kind = 'conflict') AS conflicts
+    FROM chain_breaks b JOIN active a USING (producer_id)
+    GROUP BY b.producer_id
+)
+SELECT (SELECT count(*) FROM window_events) AS events,
+       (SELECT count(*) FROM active) AS producers,
+       (SELECT count(*) FROM status s LEFT JOIN breaks b USING (producer_id)
+         WHERE s.missing > 0 OR coalesce(b.tampered, 0) > 0 OR coalesce(b.conflicts, 0) > 0) AS broken_producers,
+       (SELECT coalesce(sum(missing), 0) FROM status) AS missing_seqs,
+       (SELECT coalesce(sum(tampered), 0) FROM breaks) AS tampered,
+       (SELECT coalesce(sum(conflicts), 0) FROM breaks) AS conflicts,
+       (SELECT count(*) FROM window_events WHERE type = 'Unmediated') AS unmediated,
+       (SELECT count(*) FROM window_events WHERE type = 'ToolUse') AS tool_uses,
+       (SELECT count(*) FROM dead_letters WHERE $since IS NULL OR received_at >= $since) AS dead_letters
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+
+# -- dashboard: the audit console's own figures -------------------------------------------------
+
+# The Overview's headline figures for [since, until) and the window of the same length before it:
+# one row per metric, in display order, zeros included. Chain breaks count by the time they were
+# recorded and ignore the tenant (a producer's chain is not a tenant's).
+_OVERVIEW_COUNTS = f"""
+WITH bounds AS (
+    SELECT coalesce($until::TIMESTAMPTZ, now()) AS until_,
+           coalesce($since::TIMESTAMPTZ, coalesce($until::TIMESTAMPTZ, now()) - INTERVAL 1 HOUR) AS since_
+),
+windows AS (SELECT since_, until_, since_ - (until_ - since_) AS previous_since FROM bounds),
+tallied AS (
+    SELECT time >= w.since_ AS current,
+           count(*) FILTER (WHERE type IN ({_OUTCOMES})) AS calls,
+           count(*) FILTER (WHERE type = 'ToolUse') AS allowed,
+           count(*) FILTER (WHERE type = 'ToolDenied') AS denied,
+           count(*) FILTER (WHERE type = 'Substitute') AS substituted,
+           count(*) FILTER (WHERE type = 'Blocked') AS blocked,
+           count(*) FILTER (WHERE type = 'ApprovalRequested') AS approvals_asked,
+           count(*) FILTER (WHERE type = 'ApprovalResolved' AND outcome <> 'approved') AS approvals_refused,
+           count(*) FILTER (WHERE type = 'Unmediated') AS unmediated
+    FROM events, windows w
+    WHERE time >= w.previous_since AND time < w.until_ AND ($tenant IS NULL OR tenant = $tenant)
+    GROUP BY ALL
+),
+broken AS (
+    SELECT recorded_at >= w.since_ AS current, count(*) AS chain_breaks
+    FROM chain_breaks, windows w
+    WHERE recorded_at >= w.previous_since AND recorded_at < w.until_
+    GROUP BY ALL
+),
+measured AS (
+    SELECT unnest(['calls', 'allowed', 'denied', 'substituted', 'blocked', 'approvals_asked',
+                   'approvals_refused', 'unmediated']) AS metric,
+           unnest([calls, allowed, denied, substituted, blocked, approvals_asked, approvals_refused,
+                   unmediated]) AS n,
+           current
+    FROM tallied
+    UNION ALL
+    SELECT 'chain_breaks', chain_breaks, current FROM broken
+),
+metrics(ord, metric) AS (
+    VALUES (1, 'calls'), (2, 'allowed'), (3, 'denied'), (4, 'substituted'), (5, 'blocked'),
+           (6, 'approvals_asked'), (7, 'approvals_refused'), (8, 'unmediated'), (9, 'chain_breaks')
+),
+summed AS (
+    SELECT m.ord, m.metric,
+           CAST(coalesce(sum(v.n) FILTER (WHERE v.current), 0) AS BIGINT) AS value,
+           CAST(coalesce(sum(v.n) FILTER (WHERE NOT v.current), 0) AS BIGINT) AS previous
+    FROM metrics m LEFT JOIN measured v USING (metric)
+    GROUP BY m.ord, m.metric
+)
+SELECT s.metric, s.value, s.previous, s.value - s.previous AS change,
+       w.since_ AS since, w.until_ AS until, w.previous_since
+FROM summed s CROSS JOIN windows w
+ORDER BY s.ord
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# Per stored Kafka partition: the committed offset and how long its recent events took from the
+# decision (event time) to the store (ingest time), over what was ingested in the last $minutes.
+_INGEST_LAG = """
+WITH recent AS (
+    SELECT kafka_topic AS topic, kafka_partition AS partition, count(*) AS recent_events,
+           median(epoch(ingested_at - time)) AS median_delay_s,
+           quantile_cont(epoch(ingested_at - time), 0.95) AS p95_delay_s,
+           max(epoch(ingested_at - time)) AS max_delay_s,
+           max(time) AS last_event_time, max(ingested_at) AS last_ingested_at
+    FROM events
+    WHERE ingested_at >= now() - to_minutes($minutes) AND kafka_topic IS NOT NULL
+    GROUP BY ALL
+)
+SELECT o.topic, o.partition, o.next_offset, o.updated_at AS offset_updated_at,
+       epoch(now() - o.updated_at) AS seconds_since_commit,
+       coalesce(r.recent_events, 0) AS recent_events, round(r.median_delay_s, 3) AS median_delay_s,
+       round(r.p95_delay_s, 3) AS p95_delay_s, round(r.max_delay_s, 3) AS max_delay_s,
+       r.last_event_time, r.last_ingested_at
+FROM kafka_offsets o
+LEFT JOIN recent r USING (topic, partition)
+ORDER BY o.topic, o.partition
 """
 
 
@@ -755,6 +972,8 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             {
                 "producer_id": Param("str", "Only this producer (gate instance)."),
                 "only_broken": Param("bool", "Only producers with something wrong.", default=False),
+                "since": Param("datetime", "Only producers that wrote an event at or after this time."),
+                "until": Param("datetime", "Only producers that wrote an event before this time."),
                 **PAGE,
             },
         ),
@@ -813,6 +1032,69 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "until": UNTIL,
                 "decided_by": _BLOCKED_PARAMS["decided_by"],
                 **PAGE,
+            },
+        ),
+        # -- coverage
+        _query(
+            "coverage_summary",
+            "One row for the coverage check: events and producers in the window, broken producer chains, missing "
+            "seqs, tampering, conflicts, unmediated uses, tool uses and dead letters.",
+            _COVERAGE_SUMMARY,
+            {"since": SINCE, "until": UNTIL},
+        ),
+        _query(
+            "tool_use_verification",
+            "ToolUse events in the window: how many, and how many are not verified (their producer's chain is "
+            "broken, their scope never registered the tool, or their trail lacks a registered interceptor).",
+            _TOOL_USE_VERIFICATION,
+            {"since": SINCE, "until": UNTIL},
+        ),
+        _query(
+            "unverified_tool_uses",
+            "ToolUse events that are not verified, newest first, with the problem and the missing interceptors.",
+            _UNVERIFIED_TOOL_USES,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "problem": Param(
+                    "str",
+                    "Only this problem.",
+                    choices=("chain_not_verified", "not_registered", "incomplete_trail"),
+                ),
+                **PAGE,
+            },
+        ),
+        _query(
+            "tool_exercise",
+            "Per gate and tool registered anywhere: the scopes that registered it and whether it was called "
+            "through the gate in the window; unexercised tools first.",
+            _TOOL_EXERCISE,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "gate": Param("str", "Only this gate."),
+                "only_unexercised": Param("bool", "Only tools never called through the gate.", default=False),
+                **PAGE,
+            },
+        ),
+        # -- dashboard
+        _query(
+            "overview_counts",
+            "Headline figures in [since, until) and in the window of the same length before (default: the "
+            "last hour): calls, allowed, denied, substituted, blocked, approvals asked and refused, "
+            "unmediated uses, chain breaks recorded; one row per metric.",
+            _OVERVIEW_COUNTS,
+            {"since": SINCE, "until": UNTIL, "tenant": TENANT},
+        ),
+        _query(
+            "ingest_lag",
+            "Per stored Kafka partition: the committed offset, when it moved, and the delay from decision to "
+            "store (median, p95, max seconds) of what was ingested recently.",
+            _INGEST_LAG,
+            {
+                "minutes": Param(
+                    "int", "What 'recently' means, in minutes of ingest time.", default=15, minimum=1, maximum=10080
+                )
             },
         ),
     ]

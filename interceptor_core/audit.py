@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,9 @@ class Audit:
         self.emitted = [0] * len(self.sinks)
         self.failed = [0] * len(self.sinks)
         self.unbuilt = 0
+        # Observers of every sealed event besides the sinks (the deny-all drill); replaced whole,
+        # never mutated, so the emit path reads it without a lock.
+        self.taps: tuple[Callable[[EventBase], None], ...] = ()
 
     def unavailable(self) -> str | None:
         """Why the audit path cannot take events now (None when it can)."""
@@ -110,6 +113,11 @@ class Audit:
             except Exception:
                 self.failed[index] += 1
                 log.exception("sink %r failed to take an event", sink)
+        for tap in self.taps:
+            try:
+                tap(event)
+            except Exception:
+                log.exception("an event tap failed")
         return event
 
     def stats(self) -> dict[str, SinkStats]:

@@ -9,7 +9,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, assert_never
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from events.redaction import Redactor
 from events.sinks import SinkStats
-from interceptor_core._eager import Resumed, finish, start
+from interceptor_core._eager import finish, start
 from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest
 from interceptor_core.audit import Audit
 from interceptor_core.context import RunContext, ScopePath, ToolCall, ToolContext, new_id
@@ -36,6 +36,24 @@ from interceptor_core.tools import Tool
 log = logging.getLogger("callgate.gate")
 OnInterceptorError = Literal["deny", "block"]
 _DECISIONS = (Allow, Rewrite, Deny, Substitute, Block, RequireApproval)
+
+# Called with every Gate built (the pytest plugin collects them); a tuple replaced whole.
+_gate_observers: tuple[Callable[[Gate], None], ...] = ()
+
+
+def observe_gates(observer: Callable[[Gate], None]) -> Callable[[], None]:
+    """Call `observer(gate)` for every `Gate` built from now on (in the building thread, at the end
+    of `Gate.__init__`); returns a function that stops it. An observer must not raise."""
+    global _gate_observers
+    _gate_observers = (*_gate_observers, observer)
+
+    def stop() -> None:
+        global _gate_observers
+        _gate_observers = tuple(o for o in _gate_observers if o is not observer)
+
+    return stop
+
+
 _perf = time.perf_counter
 
 
@@ -209,6 +227,8 @@ class Gate:
         self._direct: dict[str, CompiledChain] = {}
         self._ledger = CoverageLedger(on_unmediated=self._audit.unmediated if self._audit else None)
         self._exercised = self._ledger.exercised
+        for observer in _gate_observers:
+            observer(self)
 
     # -- scopes ---------------------------------------------------------------------------------
 
@@ -239,6 +259,7 @@ class Gate:
             ordered = (bound, *current) if first else (*current, bound)
             self._level = _Level("application", self.name, ordered, ())
             self._generation += 1
+        self._announce_chains()
 
     def remove_interceptor(self, interceptor: object) -> None:
         """Remove an application-scope interceptor added earlier (matched by identity)."""
@@ -248,11 +269,24 @@ class Gate:
                 raise ConfigurationError(f"{interceptor!r} is not an interceptor of gate {self.name!r}")
             self._level = _Level("application", self.name, kept, ())
             self._generation += 1
+        self._announce_chains()
 
     @property
     def interceptors(self) -> tuple[object, ...]:
         """The application-scope interceptors, in order."""
         return tuple(b.obj for b in self._level.interceptors)
+
+    def _announce_chains(self) -> None:
+        # Every scope's chains changed: the audit says so (a ToolsRegistered per agent scope), so a
+        # reader checking trails against registered chains sees the new ones. Direct tools are
+        # announced when `invoke` recompiles them.
+        if self._audit is None:
+            return
+        with self._lock:
+            agents = list(self._agents)
+        for scope in agents:
+            path = ScopePath(self.name, scope.workflow_name, scope.name, "")
+            self._audit.tools_registered(path, [scope._chain(name) for name in scope.tools])
 
     def _register_agent(self, scope: AgentScope) -> None:
         with self._lock:
@@ -283,7 +317,9 @@ class Gate:
                 known = self._direct.get(tool.name)
                 self._direct[tool.name] = compiled
             self._ledger.register((tool.name,))
-            if self._audit is not None and (known is None or known.tool is not tool):
+            if self._audit is not None and (
+                known is None or known.tool is not tool or known.generation != compiled.generation
+            ):
                 self._audit.tools_registered(ScopePath(self.name, None, None, ""), [compiled])
         return await self._execute(compiled, args, run if run is not None else RunContext(), call_id)
 
@@ -682,14 +718,10 @@ class Gate:
         scope: asyncio.Timeout | None = None
         try:
             if tool.is_async:
-                # Eager start inside the tool's own context: a body that never suspends needs no
-                # task and no timer; one that does continues as its own task.
-                coro = tool.fn(*pos, **kwargs)
-                try:
-                    pending = context.run(coro.send, None)
-                except StopIteration as stop:
-                    return False, stop.value
-                runner = asyncio.get_running_loop().create_task(Resumed(coro, pending), context=context)
+                # Its own task from the first step: a body that enters a cancel scope or a timeout
+                # before its first await must leave it in the same task (anyio, as under httpx and
+                # MCP clients, refuses otherwise), so tools are not started eagerly like interceptors.
+                runner = asyncio.get_running_loop().create_task(tool.fn(*pos, **kwargs), context=context)
             else:
                 # The worker thread keeps running if the timeout fires first: threads cannot be killed.
                 runner = asyncio.get_running_loop().run_in_executor(
@@ -791,21 +823,53 @@ class AgentScope:
         self._tools: dict[str, Tool[Any, Any]] = {}
         self._tool_levels: dict[str, _Level] = {}
         for t in tools:
-            if not isinstance(t, Tool):
-                raise ConfigurationError(
-                    f"agent {name!r} was given {t!r}, which is not a Tool (decorate it with @tool)"
-                )
-            if t.name in self._tools:
-                raise ConfigurationError(f"agent {name!r} has two tools named {t.name!r}", tool=t.name)
-            _check_excludes(t.exclude_interceptors, [*outer, self._level], f"tool {t.name!r} in agent {name!r}")
-            self._tools[t.name] = t
-            self._tool_levels[t.name] = _Level(
-                "tool", t.name, _bind_all(t.interceptors, "tool"), t.exclude_interceptors
-            )
+            self._admit(t, outer, self._tools, self._tool_levels)
         self._chains: dict[str, CompiledChain] = {}
         for t in tools:
             self._chain(t.name)
         gate._register_agent(self)
+
+    def _admit(
+        self,
+        t: Tool[Any, Any],
+        outer: Sequence[_Level],
+        tools: dict[str, Tool[Any, Any]],
+        levels: dict[str, _Level],
+    ) -> None:
+        if not isinstance(t, Tool):
+            raise ConfigurationError(
+                f"agent {self.name!r} was given {t!r}, which is not a Tool (decorate it with @tool)"
+            )
+        if t.name in tools:
+            raise ConfigurationError(f"agent {self.name!r} has two tools named {t.name!r}", tool=t.name)
+        _check_excludes(t.exclude_interceptors, [*outer, self._level], f"tool {t.name!r} in agent {self.name!r}")
+        tools[t.name] = t
+        levels[t.name] = _Level("tool", t.name, _bind_all(t.interceptors, "tool"), t.exclude_interceptors)
+
+    def add_tools(self, tools: Sequence[Tool[Any, Any]]) -> None:
+        """Add tools to this scope after it was built (say, tools an MCP server announced later).
+
+        Checked like the constructor's tools: `ConfigurationError` for something that is not a
+        `Tool`, a name the scope already has, or a bad exclude; then nothing is added. Before this
+        returns, the new tools are registered for coverage and one `ToolsRegistered` event lists
+        them, so no call of them can come first. Safe from several threads; calls in flight are
+        not disturbed.
+        """
+        gate = self.gate
+        outer = [gate._level] + ([self.workflow._level] if self.workflow else [])
+        with gate._lock:
+            added: dict[str, Tool[Any, Any]] = {}
+            new_tools, new_levels = dict(self._tools), dict(self._tool_levels)
+            for t in tools:
+                self._admit(t, outer, new_tools, new_levels)
+                added[t.name] = t
+            # Levels first: a call that finds the tool also finds its level.
+            self._tool_levels = new_levels
+            self._tools = new_tools
+        chains = [self._chain(name) for name in added]
+        gate._ledger.register(added)
+        if gate._audit is not None and chains:
+            gate._audit.tools_registered(ScopePath(gate.name, self.workflow_name, self.name, ""), chains)
 
     @property
     def workflow_name(self) -> str | None:

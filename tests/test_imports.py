@@ -7,12 +7,28 @@ import sys
 
 import pytest
 
-HEAVY = ("aiokafka", "duckdb", "opentelemetry", "streamlit")
+HEAVY = (
+    "aiokafka",
+    "duckdb",
+    "opentelemetry",
+    "streamlit",
+    # The integrations' libraries: loaded by interceptor_core.integrations.<name> only.
+    "mcp",
+    "mcp_types",
+    "langchain_core",
+    "agents",
+    "openai",
+    "pydantic_ai",
+    "jsonschema",
+)
 
 
-@pytest.mark.parametrize("package", ["interceptor_core", "interceptor_core.testing", "events", "callgate.demo"])
+@pytest.mark.parametrize(
+    "package",
+    ["interceptor_core", "interceptor_core.testing", "interceptor_core.integrations", "events", "callgate.demo"],
+)
 def test_core_imports_no_transport(package: str) -> None:
-    """Importing the package in a fresh interpreter loads none of aiokafka, duckdb, opentelemetry, streamlit."""
+    """Importing the package in a fresh interpreter loads no transport and no integration's library."""
     code = f"import sys, {package}; print(' '.join(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == ""

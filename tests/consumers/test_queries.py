@@ -450,3 +450,30 @@ class TestRunQuery:
         """A time without a zone is taken as UTC, not as the host's zone."""
         result = run_query(fx.con, "blocked_attempts_count", {"since": "2030-01-01T00:00:00"})
         assert result.params["since"] == datetime(2030, 1, 1, tzinfo=UTC).isoformat()
+
+
+class TestDashboardQueries:
+    def test_overview_counts_split_the_window_from_the_one_before(self, fx: Fixture) -> None:
+        """One row per metric in display order: the last hour's counts, and zeros for the hour before."""
+        rows = fx.run("overview_counts")
+        counts = {r["metric"]: (r["value"], r["previous"]) for r in rows}
+        assert [r["metric"] for r in rows][:3] == ["calls", "allowed", "denied"]
+        assert counts["denied"] == (5, 0)
+        assert counts["blocked"] == (1, 0)
+        assert counts["approvals_asked"] == (2, 0)
+        assert counts["approvals_refused"] == (1, 0)
+        assert counts["unmediated"] == (1, 0)
+        assert counts["chain_breaks"] == (1, 0)
+        assert counts["calls"][0] == sum(counts[k][0] for k in ("allowed", "denied", "substituted", "blocked"))
+        since, until = fx.start + timedelta(hours=1), fx.start + timedelta(hours=2)
+        shifted = {r["metric"]: r for r in fx.run("overview_counts", since=since.isoformat(), until=until.isoformat())}
+        assert (shifted["denied"]["value"], shifted["denied"]["previous"]) == (0, 5)
+        acme = {r["metric"]: r["value"] for r in fx.run("overview_counts", tenant="acme")}
+        assert (acme["denied"], acme["blocked"]) == (4, 0)
+
+    def test_ingest_lag_per_partition(self, fx: Fixture) -> None:
+        """Each consumed partition with its committed offset and the events ingested from it recently."""
+        rows = fx.run("ingest_lag")
+        assert [(r["partition"], r["next_offset"]) for r in rows] == [(0, len(fx.shop)), (1, 51)]
+        assert [r["recent_events"] for r in rows] == [len(fx.shop), len(fx.lab) - 1]
+        assert all(r["median_delay_s"] >= 0 for r in rows)

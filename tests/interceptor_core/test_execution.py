@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import threading
 
+import anyio
 import pytest
 
 from interceptor_core import (
@@ -194,3 +195,35 @@ class TestErrors:
         """str() of an error names tool, call id and interceptor when known."""
         error = ToolBlockedError("bad", tool="t", call_id="c", interceptor="i")
         assert str(error) == "Run blocked: bad [tool=t, call_id=c, interceptor=i]"
+
+
+class TestToolTask:
+    """An async tool body runs in one task from its first step to its last."""
+
+    async def test_a_cancel_scope_entered_before_the_first_await(self) -> None:
+        """anyio's cancel scope (as httpx and MCP clients open) entered at once and left after an
+        await stays in one task, and the tool's result comes back."""
+
+        @tool
+        async def scoped() -> str:
+            """Opens a cancel scope first."""
+            with anyio.CancelScope():
+                await asyncio.sleep(0)
+            return "done"
+
+        result = await Gate("g").invoke(scoped, {})
+        assert (result.kind, result.value) == ("ok", "done")
+
+    async def test_a_timeout_entered_first_cancels_the_tool_not_the_caller(self) -> None:
+        """asyncio.timeout entered before the first await cuts the tool's own wait."""
+
+        @tool
+        async def slow() -> str:
+            """Waits past its own deadline."""
+            async with asyncio.timeout(0.01):
+                await asyncio.Event().wait()
+            return "never"
+
+        result = await Gate("g").invoke(slow, {})
+        assert result.kind == "error"
+        assert "TimeoutError" in (result.message or "")

@@ -1,0 +1,152 @@
+"""The wiring of `callgate dashboard`: Streamlit serving `dashboard/app.py`, headless, on loopback.
+
+The app reads its source from the environment (`CALLGATE_API` / `CALLGATE_DB`), so this module
+only checks the options, sets the variables, starts `streamlit run` as a child process, waits until
+it answers, prints the URL and stays until Ctrl-C / SIGTERM (the child is stopped with it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import dashboard
+from dashboard.config import ENV_API, ENV_DB, ENV_REFRESH, ENV_TRACE_URL, DashboardConfig
+
+__all__ = ["APP", "DashboardError", "is_loopback", "run_dashboard", "streamlit_command"]
+
+APP: Final = Path(dashboard.__file__).resolve().parent / "app.py"
+"""The Streamlit script the command serves."""
+
+READY_TIMEOUT_S: Final = 60.0
+
+
+class DashboardError(Exception):
+    """The dashboard cannot start: bad options (the message names them) or Streamlit did not come up."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only listens on this machine (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def streamlit_command(host: str, port: int) -> list[str]:
+    """`streamlit run dashboard/app.py` headless on host:port, usage statistics off, no file watcher."""
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.headless=true",
+        f"--server.address={host}",
+        f"--server.port={port}",
+        "--browser.gatherUsageStats=false",
+        "--server.fileWatcherType=none",
+        "--server.runOnSave=false",
+        "--global.developmentMode=false",
+        # Tracebacks name files and values; users see the app's own messages instead.
+        "--client.showErrorDetails=none",
+        "--client.toolbarMode=viewer",
+    ]
+
+
+def run_dashboard(
+    *,
+    api: str | None,
+    db: Path | None,
+    host: str = "127.0.0.1",
+    port: int = 8501,
+    allow_remote: bool = False,
+    refresh_s: float | None = None,
+    trace_url: str | None = None,
+    echo: Callable[[str], None] = print,
+    warn: Callable[[str], None] = print,
+) -> int:
+    """Serve the dashboard until interrupted; returns Streamlit's exit code (0 after Ctrl-C / SIGTERM).
+
+    Raises `DashboardError` for bad options (both or neither of api and db, a non-loopback host
+    without `allow_remote`) and when Streamlit exits or does not answer within a minute.
+    """
+    if db is not None:
+        db = db.resolve()
+    env = {ENV_API: api or "", ENV_DB: str(db) if db is not None else ""}
+    if refresh_s is not None:
+        env[ENV_REFRESH] = str(refresh_s)
+    if trace_url is not None:
+        env[ENV_TRACE_URL] = trace_url
+    try:
+        DashboardConfig.from_env(env)
+    except ValueError as exc:
+        raise DashboardError(f"{exc} (give --api URL or --db FILE)") from None
+    if not is_loopback(host):
+        if not allow_remote:
+            raise DashboardError(
+                f"--host {host} is not a loopback address: the dashboard has no login of its own. Add "
+                "--allow-remote to bind it anyway, behind an authenticating proxy (docs/dashboard.md)."
+            )
+        warn(
+            f"warning: serving the audit dashboard on {host}, reachable from other machines, without a login of "
+            "its own; put it behind an authenticating proxy (docs/dashboard.md)."
+        )
+    child_env = {**os.environ, **env}
+    url = f"http://{'localhost' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104 (shown, not bound)
+    proc = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
+        # Streamlit's own log lines (stderr) go to the terminal; its banner (stdout) is replaced by ours.
+        streamlit_command(host, port),
+        env=child_env,
+        stdout=subprocess.DEVNULL,
+    )
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in previous:
+        signal.signal(sig, stop)
+    try:
+        _wait_ready(proc, url)
+        echo(f"dashboard at {url} (reading {api or db})")
+        proc.wait()
+        raise DashboardError(f"streamlit exited with code {proc.returncode} (its log is above)")
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DashboardError(f"streamlit exited with code {proc.returncode} before serving (its log is above)")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:  # noqa: S310 (our URL)
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)  # polling a child process with a deadline
+    raise DashboardError(f"streamlit did not answer at {url} within {READY_TIMEOUT_S:.0f} s")

@@ -1,0 +1,104 @@
+"""`callgate mcp-proxy`: a gated MCP server in front of an upstream MCP server started as a command.
+
+The wiring only: the gate comes from the user's `MODULE:FACTORY`, the upstream is started over
+stdio, its tools are registered in one agent scope, and `interceptor_core.integrations.mcp.McpProxy`
+serves them over stdio (or streamable HTTP). Nothing is written to stdout but MCP messages.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from interceptor_core import Gate
+
+
+class ProxyConfigError(Exception):
+    """The command line cannot be turned into a running proxy; the message says why."""
+
+
+def build_sinks(events: Path | None, kafka: str | None, topic: str, spool_dir: Path | None) -> list[Any]:
+    """The sinks `--events` and `--kafka` ask for (none when neither is given)."""
+    sinks: list[Any] = []
+    if events is not None:
+        from events import JsonlSink
+
+        sinks.append(JsonlSink(events))
+    if kafka is not None:
+        from events.kafka import KafkaSink
+
+        sinks.append(KafkaSink(kafka, topic, spool_dir))
+    return sinks
+
+
+def gate_from_factory(spec: str, sinks: Sequence[Any]) -> Gate:
+    """The `Gate` that `MODULE:FACTORY` names: a `Gate`, or a function returning one. With sinks,
+    the function is called with `sinks=[...]`, so it must take that keyword."""
+    from callgate.cli import load_object
+
+    obj = load_object(spec)
+    if isinstance(obj, Gate):
+        if sinks:
+            raise ProxyConfigError(
+                f"{spec} is a Gate built already; --events/--kafka need a function taking sinks=... that builds it"
+            )
+        return obj
+    if not callable(obj):
+        raise ProxyConfigError(f"{spec} is a {type(obj).__name__}, not a Gate or a function returning one")
+    if sinks:
+        try:
+            inspect.signature(obj).bind(sinks=list(sinks))
+        except TypeError:
+            raise ProxyConfigError(
+                f"{spec} takes no sinks= keyword; --events/--kafka hand the event sinks to the gate's factory"
+            ) from None
+        gate = obj(sinks=list(sinks))
+    else:
+        gate = obj()
+    if not isinstance(gate, Gate):
+        raise ProxyConfigError(f"{spec}() returned a {type(gate).__name__}, not a Gate")
+    return gate
+
+
+async def run_proxy(
+    gate: Gate,
+    upstream: Sequence[str],
+    *,
+    http: tuple[str, int] | None = None,
+    agent: str = "mcp-proxy",
+    prefix: str = "",
+) -> None:
+    """Start `upstream` (a command and its arguments, speaking MCP on stdio), register its tools
+    in `gate.agent(agent)` and serve them through the gate until the client side closes (stdio)
+    or the process is stopped (HTTP). Closes the gate's sinks on the way out."""
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from interceptor_core.integrations.mcp import McpProxy, McpToolset
+
+    if not upstream:
+        raise ProxyConfigError("no upstream command: put it after --, e.g. -- python my_server.py")
+    # A proxy stands in for the command, so the command sees the environment it would have seen.
+    params = StdioServerParameters(command=upstream[0], args=list(upstream[1:]), env=dict(os.environ))
+    toolset = McpToolset(raw_results=True, prefix=prefix)
+    try:
+        async with Client(stdio_client(params, errlog=sys.stderr), message_handler=toolset.on_message) as client:
+            toolset.bind(client)
+            await toolset.load()
+            scope = await toolset.attach(gate.agent(agent, tools=toolset.tools))
+            proxy = McpProxy(toolset, scope, name=f"callgate:{gate.name}")
+            async with anyio.create_task_group() as tasks:
+                await tasks.start(toolset.follow)
+                if http is not None:
+                    await proxy.serve_http(*http)
+                else:
+                    await proxy.serve_stdio()
+                tasks.cancel_scope.cancel()
+    finally:
+        await gate.close()
