@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@# The dashboard's browser test drives Debian's chromium (no browser download); root installs it.
+	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium) \
+		|| { echo "make: cannot install chromium (apt-get as root); the dashboard's browser test needs it" >&2; exit 1; }
 	touch $(STAMP)
 
 test: $(STAMP) lint typecheck pytest
@@ -38,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/materialize.py
 	$(BIN)/python bench/queries.py
+	$(BIN)/python bench/dashboard_queries.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

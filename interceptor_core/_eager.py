@@ -3,16 +3,19 @@
 Most interceptors finish without ever waiting on I/O. Starting them eagerly (what Python 3.12's
 eager task factory does) keeps the event loop out of the call path for them; a coroutine that does
 suspend continues under the same timeout, in the same task. A timeout cannot cut a step that never
-yields in either case, so nothing is lost. Tool bodies are not started this way: they run as their
-own task from the first step (see `Gate._run_tool`).
+yields in either case, so nothing is lost. Tool bodies start the same way, but step by step in
+a context of their own (`InContext`), still in the calling task.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Coroutine, Generator
 from types import CoroutineType
 from typing import Any
+
+_NOT_STARTED = object()
 
 
 class _Continue:
@@ -44,7 +47,48 @@ class _Continue:
                     return stop.value
 
 
-_NOT_STARTED = object()
+class InContext:
+    """Awaitable that drives a coroutine step by step inside `context`, in the awaiting task, from its
+    first step or, given `pending` (what its first step yielded), from its second.
+
+    What a task of its own would give the coroutine (its own contextvars) without a task: it runs
+    in the caller's task from its first step to its last, so cancel scopes and timeouts it enters
+    are left in the task that entered them (anyio checks), and cancelling the caller cancels it.
+    """
+
+    __slots__ = ("context", "coro", "pending")
+
+    def __init__(
+        self, coro: Coroutine[Any, Any, Any], context: contextvars.Context, pending: Any = _NOT_STARTED
+    ) -> None:
+        self.coro = coro
+        self.context = context
+        self.pending = pending
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, run = self.coro, self.context.run
+        pending = self.pending
+        if pending is _NOT_STARTED:
+            try:
+                pending = run(coro.send, None)
+            except StopIteration as stop:
+                return stop.value
+        while True:
+            try:
+                sent = yield pending
+            except GeneratorExit:
+                run(coro.close)
+                raise
+            except BaseException as exc:  # cancellation included: the coroutine decides
+                try:
+                    pending = run(coro.throw, exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    pending = run(coro.send, sent)
+                except StopIteration as stop:
+                    return stop.value
 
 
 def start(awaitable: Any) -> tuple[bool, Any]:

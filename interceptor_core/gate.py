@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from events.redaction import Redactor
 from events.sinks import SinkStats
-from interceptor_core._eager import finish, start
+from interceptor_core._eager import InContext, finish, start
 from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest
 from interceptor_core.audit import Audit
 from interceptor_core.context import RunContext, ScopePath, ToolCall, ToolContext, new_id
@@ -524,7 +524,7 @@ class Gate:
             if refusal is not None:
                 return self._result(state, "denied", message=refusal, decided_by="approval", cause="approval_refused")
 
-        # 4. The tool, in its own context (and its own task once it suspends), mediated.
+        # 4. The tool, in its own context (in the calling task), mediated.
         ctx = ToolContext(state.run, state.call_id, compiled.path, gate_id=id(self))
         if substituted_by is None:
             state.tool_started = _perf()
@@ -718,10 +718,16 @@ class Gate:
         scope: asyncio.Timeout | None = None
         try:
             if tool.is_async:
-                # Its own task from the first step: a body that enters a cancel scope or a timeout
-                # before its first await must leave it in the same task (anyio, as under httpx and
-                # MCP clients, refuses otherwise), so tools are not started eagerly like interceptors.
-                runner = asyncio.get_running_loop().create_task(tool.fn(*pos, **kwargs), context=context)
+                # Eager start in the tool's own context, and the rest in that context too, in this
+                # task: a body that never suspends needs no task and no timer, and one that enters a
+                # cancel scope or a timeout leaves it in the task that entered it (anyio, under httpx
+                # and MCP clients, refuses anything else).
+                coro = tool.fn(*pos, **kwargs)
+                try:
+                    pending = context.run(coro.send, None)
+                except StopIteration as stop:
+                    return False, stop.value
+                runner = InContext(coro, context, pending)
             else:
                 # The worker thread keeps running if the timeout fires first: threads cannot be killed.
                 runner = asyncio.get_running_loop().run_in_executor(

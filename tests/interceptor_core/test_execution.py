@@ -90,16 +90,18 @@ class TestTheToolBody:
             release.set()
         assert result.message == "timed out after 0.05 s"
 
-    async def test_suspending_tool_runs_as_its_own_task(self) -> None:
-        """Once a body suspends it continues in a task of its own, not the caller's."""
+    async def test_a_suspending_body_stays_in_one_task(self) -> None:
+        """A body runs in one task (the caller's) from its first step to its last, so what it enters
+        before an await it leaves in the same task."""
 
         @tool
-        async def which_task() -> int:
+        async def which_task() -> list[int]:
+            first = id(asyncio.current_task())
             await asyncio.sleep(0)
-            return id(asyncio.current_task())
+            return [first, id(asyncio.current_task())]
 
         result = await Gate("g").invoke(which_task, {})
-        assert result.value != id(asyncio.current_task())
+        assert result.value == [id(asyncio.current_task())] * 2
 
     async def test_context_changes_stay_in_the_tool(self) -> None:
         """A body's context-variable changes never leak into the caller, whether it suspends or not."""

@@ -1,0 +1,395 @@
+"""What each dashboard page reads: the named queries it runs and the shapes it gets back.
+
+Nothing here imports Streamlit: a page hands its loader a `Query` (a named query name and its
+parameters in, rows out) and renders what comes back. The benchmark times the same loaders over a
+million events, so its figures are the pages' own.
+
+Every value a user types (filters, a call id) travels as a parameter of a named query, never as
+SQL; a bad value comes back as the query's `QueryError` naming the parameter.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from consumers.queries import MAX_LIMIT
+
+__all__ = [
+    "BLOCKED_COLUMNS",
+    "DEFAULT_WINDOW",
+    "METRICS",
+    "TOP_DENIED",
+    "WINDOWS",
+    "BlockedFilters",
+    "BlockedPage",
+    "CallDetail",
+    "Overview",
+    "Pipeline",
+    "Query",
+    "Trends",
+    "Window",
+    "blocked_csv",
+    "fetch_all",
+    "load_blocked",
+    "load_call",
+    "load_overview",
+    "load_pipeline",
+    "load_trends",
+    "store_is_empty",
+]
+
+Query = Callable[[str, Mapping[str, Any]], list[dict[str, Any]]]
+"""Runs one named query with its parameters and returns its rows; raises what the reader raises."""
+
+WINDOWS: Final[dict[str, int | None]] = {
+    "Last 15 minutes": 15,
+    "Last hour": 60,
+    "Last 6 hours": 360,
+    "Last 24 hours": 1440,
+    "Last 7 days": 10080,
+    "Last 30 days": 43200,
+    "All time": None,
+}
+"""The time windows a user picks from, in minutes (None: everything stored)."""
+
+DEFAULT_WINDOW: Final = "Last 24 hours"
+
+METRICS: Final[tuple[tuple[str, str], ...]] = (
+    ("calls", "Calls"),
+    ("allowed", "Allowed"),
+    ("denied", "Denied"),
+    ("substituted", "Substituted"),
+    ("blocked", "Blocked"),
+    ("approvals_asked", "Approvals asked"),
+    ("approvals_refused", "Approvals refused"),
+    ("unmediated", "Unmediated accesses"),
+    ("chain_breaks", "Chain breaks"),
+)
+"""The Overview's metrics (the `overview_counts` rows) and their labels, in display order."""
+
+TOP_DENIED: Final[tuple[tuple[str, str], ...]] = (
+    ("tool", "Tools"),
+    ("tenant", "Tenants"),
+    ("principal", "Principals"),
+    ("decided_by", "Interceptors"),
+)
+"""The Overview's top-denied lists: `top_denied`'s `by` and the heading."""
+
+BLOCKED_COLUMNS: Final = (
+    "time",
+    "type",
+    "cause",
+    "decided_by",
+    "message",
+    "tenant",
+    "principal",
+    "agent",
+    "tool",
+    "call_id",
+    "run_id",
+    "trace_id",
+    "gate",
+    "workflow",
+    "event_id",
+)
+"""The Blocked attempts table's columns (and the CSV's), in order."""
+
+_BUCKETS: Final = (1, 5, 15, 30, 60, 180, 360, 720, 1440, 10080)
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+# Enough rows for any chart the pages draw; past that a chart is not readable anyway.
+_MAX_CHART_ROWS: Final = 10 * MAX_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A time window: [since, now) for a named window, everything for "All time".
+
+    `since` is rounded down to `step_s` seconds, so the parameters (and the cache keys made of
+    them) stay the same for a refresh period; `until` is None: the store's now.
+    """
+
+    label: str
+    minutes: int | None
+    since: datetime | None
+
+    @classmethod
+    def named(cls, label: str, *, now: datetime | None = None, step_s: float = 1.0) -> Window:
+        """The window called `label` (a key of `WINDOWS`); `ValueError` naming the known ones."""
+        if label not in WINDOWS:
+            raise ValueError(f"unknown window {label!r}; known: {', '.join(WINDOWS)}")
+        minutes = WINDOWS[label]
+        if minutes is None:
+            return cls(label, None, None)
+        now = now or datetime.now(UTC)
+        start = now - timedelta(minutes=minutes)
+        step = max(step_s, 1.0)
+        rounded = _EPOCH + timedelta(seconds=(start - _EPOCH).total_seconds() // step * step)
+        return cls(label, minutes, rounded)
+
+    @property
+    def compares(self) -> bool:
+        """Whether there is a previous window of the same length to compare with."""
+        return self.minutes is not None
+
+    def params(self) -> dict[str, Any]:
+        """`since` for the queries that take a window (absent for all time)."""
+        return {"since": self.since.isoformat()} if self.since is not None else {}
+
+    def bucket_minutes(self, buckets: int = 60) -> int:
+        """A round bucket width that cuts the window into about `buckets` buckets (a day for all time)."""
+        if self.minutes is None:
+            return 1440
+        wanted = self.minutes / buckets
+        return next((b for b in _BUCKETS if b >= wanted), _BUCKETS[-1])
+
+
+def fetch_all(
+    query: Query, name: str, params: Mapping[str, Any], *, max_rows: int = _MAX_CHART_ROWS
+) -> list[dict[str, Any]]:
+    """Every row of a paged query, a page of `MAX_LIMIT` at a time, up to `max_rows`."""
+    rows: list[dict[str, Any]] = []
+    while len(rows) < max_rows:
+        page = query(name, {**params, "limit": min(MAX_LIMIT, max_rows - len(rows)), "offset": len(rows)})
+        rows.extend(page)
+        if len(page) < MAX_LIMIT:
+            break
+    return rows
+
+
+def store_is_empty(query: Query) -> bool:
+    """Whether the store holds no event at all."""
+    rows = query("pipeline_health", {})
+    return not rows or not rows[0].get("total_events")
+
+
+def _tenant(tenant: str | None) -> dict[str, Any]:
+    return {"tenant": tenant} if tenant else {}
+
+
+# -- Overview -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """The Overview page: metrics (`overview_counts` rows with a `label`), decisions over time
+    (`decision_trends` rows) and the top denied per `TOP_DENIED` key."""
+
+    metrics: list[dict[str, Any]]
+    trends: list[dict[str, Any]]
+    bucket_minutes: int
+    top: dict[str, list[dict[str, Any]]]
+
+
+def load_overview(query: Query, window: Window, tenant: str | None = None) -> Overview:
+    """Run the Overview's queries: 1 + 1 (paged) + 4."""
+    since = window.since if window.since is not None else _EPOCH
+    counts = {row["metric"]: row for row in query("overview_counts", {"since": since.isoformat(), **_tenant(tenant)})}
+    metrics = [{**counts[key], "label": label} for key, label in METRICS if key in counts]
+    bucket = window.bucket_minutes()
+    trends = fetch_all(query, "decision_trends", {**window.params(), "bucket_minutes": bucket, **_tenant(tenant)})
+    top = {
+        by: query("top_denied", {**window.params(), "by": by, "limit": 10, **_tenant(tenant)}) for by, _ in TOP_DENIED
+    }
+    return Overview(metrics, trends, bucket, top)
+
+
+# -- Blocked attempts ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedFilters:
+    """The Blocked attempts filters; empty text means no filter. `since` / `until` are ISO 8601
+    text as typed (the query checks them and names a bad one)."""
+
+    since: str | None = None
+    until: str | None = None
+    tenant: str | None = None
+    principal: str | None = None
+    agent: str | None = None
+    tool: str | None = None
+    type: str | None = None
+    decided_by: str | None = None
+    text: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The filters as `blocked_attempts` parameters (blank ones left out)."""
+        values = {
+            "since": self.since,
+            "until": self.until,
+            "tenant": self.tenant,
+            "principal": self.principal,
+            "agent": self.agent,
+            "tool": self.tool,
+            "type": self.type,
+            "decided_by": self.decided_by,
+            "text": self.text,
+        }
+        return {key: value.strip() for key, value in values.items() if value is not None and value.strip()}
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedPage:
+    """One page of blocked attempts and the count of everything the filters match."""
+
+    count: dict[str, Any]
+    rows: list[dict[str, Any]]
+    page: int
+    page_size: int
+
+    @property
+    def pages(self) -> int:
+        """How many pages the filters fill (at least 1)."""
+        return max(1, -(-int(self.count.get("attempts") or 0) // self.page_size))
+
+
+def load_blocked(query: Query, filters: BlockedFilters, *, page: int = 1, page_size: int = 100) -> BlockedPage:
+    """The count and page `page` (from 1) of the blocked attempts the filters match, newest first."""
+    if not 1 <= page_size <= MAX_LIMIT:
+        raise ValueError(f"page_size must be from 1 to {MAX_LIMIT}, got {page_size}")
+    if page < 1:
+        raise ValueError(f"page must be 1 or more, got {page}")
+    params = filters.params()
+    (count,) = query("blocked_attempts_count", params) or [{"attempts": 0, "denied": 0, "blocked": 0}]
+    rows = query("blocked_attempts", {**params, "limit": page_size, "offset": (page - 1) * page_size})
+    return BlockedPage(count, rows, page, page_size)
+
+
+# Spreadsheet programs run a cell that starts like a formula; event text may be written by an
+# attacker, so such cells are written with a leading apostrophe.
+_FORMULA_START: Final = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value) if isinstance(value, dict | list) else str(value)
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def blocked_csv(query: Query, filters: BlockedFilters, *, max_rows: int = 100_000) -> str:
+    """Every blocked attempt the filters match (up to `max_rows`, newest first) as CSV text, with
+    cells that a spreadsheet would run as a formula defused."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(BLOCKED_COLUMNS)
+    for row in fetch_all(query, "blocked_attempts", filters.params(), max_rows=max_rows):
+        writer.writerow([_csv_cell(row.get(column)) for column in BLOCKED_COLUMNS])
+    return out.getvalue()
+
+
+# -- Call detail --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CallDetail:
+    """One call: its events (`call_detail` rows: the call's own, then its child calls') and the
+    decision trail flattened into timeline steps."""
+
+    call_id: str
+    events: list[dict[str, Any]]
+    trail: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> dict[str, Any] | None:
+        """The call's own outcome event (ToolUse, ToolDenied, Substitute or Blocked), if stored."""
+        return next(
+            (
+                e
+                for e in self.events
+                if e["relation"] == "call" and e["type"] in ("ToolUse", "ToolDenied", "Substitute", "Blocked")
+            ),
+            None,
+        )
+
+
+def load_call(query: Query, call_id: str) -> CallDetail:
+    """The events of call `call_id` and its decision trail. The trail comes from the outcome event
+    (it carries every step), each step placed after the ones before it."""
+    events = fetch_all(query, "call_detail", {"call_id": call_id}, max_rows=MAX_LIMIT)
+    own = [e for e in events if e["relation"] == "call"]
+    source = next((e for e in reversed(own) if e.get("decisions")), None)
+    trail: list[dict[str, Any]] = []
+    start = 0.0
+    for step, decision in enumerate((source or {}).get("decisions") or [], start=1):
+        duration = float(decision.get("duration_ms") or 0.0)
+        trail.append(
+            {
+                "step": step,
+                "interceptor": decision.get("interceptor"),
+                "scope": decision.get("scope"),
+                "phase": decision.get("phase"),
+                "decision": decision.get("kind"),
+                "start_ms": round(start, 3),
+                "duration_ms": duration,
+                "error": decision.get("error"),
+            }
+        )
+        start += duration
+    return CallDetail(call_id, events, trail)
+
+
+# -- Trends -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Trends:
+    """Denial rate per bucket by tool and by interceptor (`denial_rate` rows), and the denial
+    reasons first seen in the window (`new_denial_reasons` rows)."""
+
+    by_tool: list[dict[str, Any]]
+    by_interceptor: list[dict[str, Any]]
+    new_reasons: list[dict[str, Any]]
+    bucket_minutes: int
+
+
+def load_trends(query: Query, window: Window, tenant: str | None = None) -> Trends:
+    """Run the Trends page's queries (denial rate twice, paged; new reasons once)."""
+    bucket = window.bucket_minutes(buckets=24)
+    common = {**window.params(), "bucket_minutes": bucket, **_tenant(tenant)}
+    by_tool = fetch_all(query, "denial_rate", {**common, "by": "tool"})
+    by_interceptor = fetch_all(query, "denial_rate", {**common, "by": "interceptor"})
+    since = window.since if window.since is not None else _EPOCH
+    new_reasons = query("new_denial_reasons", {"since": since.isoformat(), "limit": 200})
+    return Trends(by_tool, by_interceptor, new_reasons, bucket)
+
+
+# -- Pipeline health ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """The pipeline's state: store-wide figures (the first `pipeline_health` row), per-partition
+    offsets and ingest delay (`ingest_lag`), dead letters per reason and the latest ones, and
+    events per minute over the last hour."""
+
+    health: dict[str, Any]
+    partitions: list[dict[str, Any]]
+    dead_letters: list[dict[str, Any]]
+    dead_letter_sample: list[dict[str, Any]]
+    per_minute: list[dict[str, Any]]
+
+
+def load_pipeline(query: Query, *, minutes: int = 15, now: datetime | None = None) -> Pipeline:
+    """Run the Pipeline health page's queries (5)."""
+    health_rows = query("pipeline_health", {"minutes": minutes})
+    partitions = query("ingest_lag", {"minutes": minutes})
+    dead = query("dead_letters", {"limit": 50})
+    sample = query("dead_letter_records", {"limit": 20})
+    hour_ago = (now or datetime.now(UTC)) - timedelta(hours=1)
+    trend = fetch_all(query, "decision_trends", {"since": hour_ago.replace(second=0, microsecond=0).isoformat()})
+    per_minute: dict[str, int] = {}
+    for row in trend:
+        per_minute[row["bucket"]] = per_minute.get(row["bucket"], 0) + int(row["events"])
+    return Pipeline(
+        health_rows[0] if health_rows else {},
+        partitions,
+        dead,
+        sample,
+        [{"minute": minute, "events": n} for minute, n in sorted(per_minute.items())],
+    )

@@ -1,0 +1,195 @@
+"""The Streamlit side shared by every page: reading (cached), the sidebar's choices, safe rendering.
+
+Safety rule for everything here and in the pages: text that comes from events (tool names, tenants,
+reasons, args, dead letters) is attacker-controlled, so it is shown only through elements that
+render plain text: `st.text`, `st.code`, `st.json`, `st.dataframe` cells, chart labels and widget
+option labels. Markdown elements (`st.markdown`, `st.caption`, `st.info`, metric labels, ...) carry
+only the dashboard's own fixed words and numbers. No `unsafe_allow_html`, no links built from event
+text (the trace link is built only from a well-formed hex trace id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import pandas as pd
+import streamlit as st
+
+from consumers.queries import QueryError
+from consumers.reader import ApiReader, AuditReader, FileReader, SourceUnavailableError
+from dashboard.config import DEFAULT_REFRESH_S, ENV_REFRESH, ConfigurationError, DashboardConfig
+from dashboard.data import DEFAULT_WINDOW, WINDOWS, Window, store_is_empty
+
+__all__ = [
+    "config",
+    "coverage_report",
+    "filters_tenant",
+    "problems",
+    "query",
+    "reader",
+    "ready",
+    "run_every",
+    "table",
+    "window",
+]
+
+
+def _ttl() -> float:
+    try:
+        return min(max(float(os.environ.get(ENV_REFRESH) or DEFAULT_REFRESH_S), 0.5), 60.0)
+    except ValueError:
+        return DEFAULT_REFRESH_S
+
+
+# Results live as long as one refresh period: a page's live part asks again each period and gets
+# fresh rows, while reruns in between (typing in a filter, switching pages) cost nothing.
+TTL_S: Final = _ttl()
+
+
+def config() -> DashboardConfig:
+    """The configuration from the environment; shows what is wrong and stops the page if it is."""
+    try:
+        return DashboardConfig.from_env()
+    except ConfigurationError as exc:
+        st.error("The dashboard is not configured.")
+        st.text(str(exc))
+        st.stop()
+        raise  # st.stop() raises; this line only tells type checkers so
+
+
+@st.cache_resource(show_spinner=False)
+def _file_reader(path: str) -> FileReader:
+    # Kept open for the dashboard's life: --db is for a file nobody writes (a writer would need
+    # the lock this read-only open holds; the read API is the way to watch a live store).
+    return FileReader(path)
+
+
+def reader(cfg: DashboardConfig | None = None) -> AuditReader:
+    """The reader of the configured source (one `FileReader` per file, shared; an `ApiReader` is
+    stateless)."""
+    cfg = cfg or config()
+    if cfg.api is not None:
+        return ApiReader(cfg.api)
+    return _file_reader(str(cfg.db))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=2000)
+def _cached_query(source: str, name: str, params: tuple[tuple[str, Any], ...]) -> list[dict[str, Any]]:
+    return reader().query(name, dict(params)).rows
+
+
+def query(name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rows of named query `name` with `params`, cached for one refresh period. Raises
+    `SourceUnavailableError` and `QueryError` as the reader does (errors are never cached)."""
+    return _cached_query(config().source, name, tuple(sorted(params.items())))
+
+
+# The coverage checks take seconds over a million events (bench/dashboard_queries.py): their
+# verdict is kept a minute, and the Coverage page refreshes it no more often.
+COVERAGE_TTL_S: Final = 60.0
+
+
+@st.cache_data(ttl=COVERAGE_TTL_S, show_spinner=False, max_entries=50)
+def _cached_coverage(source: str, since: datetime | None) -> dict[str, Any]:
+    from consumers.coverage import run_checks
+
+    return run_checks(reader(), require_exercised=True, since=since).to_dict()
+
+
+def coverage_report(since: datetime | None) -> dict[str, Any]:
+    """`consumers.coverage.run_checks(require_exercised=True)` as its `to_dict()`, cached."""
+    return _cached_coverage(config().source, since)
+
+
+# -- the sidebar's choices ----------------------------------------------------------------------
+
+
+def window() -> Window:
+    """The window picked in the sidebar, its start rounded to the refresh period."""
+    label = st.session_state.get("window", DEFAULT_WINDOW)
+    return Window.named(label if label in WINDOWS else DEFAULT_WINDOW, step_s=TTL_S)
+
+
+def filters_tenant() -> str | None:
+    """The tenant typed in the sidebar, or None."""
+    tenant = str(st.session_state.get("tenant") or "").strip()
+    return tenant or None
+
+
+def run_every() -> float | None:
+    """How often live parts rerun: the refresh period, or never when Live is switched off."""
+    return config().refresh_s if st.session_state.get("live", True) else None
+
+
+# -- states and errors --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def problems() -> Iterator[None]:
+    """Show an unreachable store or a rejected parameter as a message instead of a traceback."""
+    try:
+        yield
+    except SourceUnavailableError as exc:
+        st.error("The audit store cannot be read right now. This page retries on its own while Live is on.")
+        st.text(str(exc))
+    except QueryError as exc:
+        st.error("A filter was not accepted.")
+        st.text(str(exc))
+
+
+def ready(*, allow_empty: bool = False) -> bool:
+    """Whether the page has data to show; if not, says why (store unreachable, store empty)."""
+    try:
+        empty = store_is_empty(query)
+    except SourceUnavailableError as exc:
+        st.error("The audit store cannot be read right now. This page retries on its own while Live is on.")
+        st.text(str(exc))
+        return False
+    if empty and not allow_empty:
+        st.info(
+            "The audit store holds no events yet. Decisions appear here as soon as the materializer "
+            "stores them; this page refreshes on its own while Live is on."
+        )
+        return False
+    return True
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
+def frame(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """Rows as a DataFrame of plain cells (nested values as JSON text), in `columns` order if given."""
+    names = list(columns) if columns is not None else (list(rows[0]) if rows else [])
+    return pd.DataFrame([[_cell(row.get(name)) for name in names] for row in rows], columns=names)
+
+
+def table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str] | None = None,
+    *,
+    key: str | None = None,
+    selectable: bool = False,
+    empty: str = "Nothing to show.",
+) -> Any:
+    """Rows as a read-only table (cells are text, never markup); with `selectable`, one row can be
+    picked and the selection event is returned."""
+    if not rows:
+        st.caption(empty)
+        return None
+    data = frame(rows, columns)
+    if selectable:
+        return st.dataframe(
+            data, hide_index=True, key=key, on_select="rerun", selection_mode="single-row", width="stretch"
+        )
+    return st.dataframe(data, hide_index=True, key=key, width="stretch")

@@ -1,0 +1,80 @@
+"""Blocked attempts: denied and blocked calls, filtered, newest first, paged by the store; CSV export."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import ui
+from dashboard.data import BLOCKED_COLUMNS, BlockedFilters, blocked_csv, load_blocked
+
+st.title("Blocked attempts")
+
+with st.expander("Filters", expanded=True):
+    row1 = st.columns(4)
+    since = row1[0].text_input("From (ISO 8601, UTC)", key="f_since", placeholder="the sidebar's window")
+    until = row1[1].text_input("To (ISO 8601, UTC)", key="f_until", placeholder="now")
+    kind = row1[2].selectbox("Decision", ["Denied and blocked", "ToolDenied", "Blocked"], key="f_type")
+    decided_by = row1[3].text_input("Interceptor", key="f_decided_by")
+    row2 = st.columns(4)
+    tenant = row2[0].text_input("Tenant", key="f_tenant")
+    principal = row2[1].text_input("Principal", key="f_principal")
+    agent = row2[2].text_input("Agent", key="f_agent")
+    tool = row2[3].text_input("Tool", key="f_tool")
+    text = st.text_input("Reason contains", key="f_text", help="Case-insensitive, literal text (no wildcards).")
+
+win = ui.window()
+filters = BlockedFilters(
+    since=since or (win.since.isoformat() if win.since is not None else None),
+    until=until,
+    tenant=tenant,
+    principal=principal,
+    agent=agent,
+    tool=tool,
+    type=None if kind == "Denied and blocked" else kind,
+    decided_by=decided_by,
+    text=text,
+)
+controls = st.columns([1, 1, 2])
+page_size = controls[0].selectbox("Rows per page", [50, 100, 500, 1000], index=1, key="page_size")
+page_number = int(controls[1].number_input("Page", min_value=1, value=1, step=1, key="page"))
+with controls[2]:
+    st.write("")
+    st.download_button(
+        "Download CSV of this filter",
+        data=lambda: blocked_csv(ui.query, filters),
+        file_name="blocked-attempts.csv",
+        mime="text/csv",
+        on_click="ignore",
+        help="Every matching attempt (up to 100,000), newest first.",
+    )
+
+
+@st.fragment(run_every=ui.run_every())
+def live() -> None:
+    with ui.problems():
+        if not ui.ready():
+            return
+        result = load_blocked(ui.query, filters, page=page_number, page_size=int(page_size))
+        figures = st.columns(3)
+        figures[0].metric("Matching attempts", f"{int(result.count.get('attempts') or 0):,}")
+        figures[1].metric("Denied", f"{int(result.count.get('denied') or 0):,}")
+        figures[2].metric("Blocked", f"{int(result.count.get('blocked') or 0):,}")
+        st.caption(f"Page {result.page} of {result.pages}, newest first. Select a row to open the call.")
+        event = ui.table(
+            result.rows, BLOCKED_COLUMNS, key="blocked_table", selectable=True, empty="No attempt matches."
+        )
+        picked = list(event.selection.rows) if event is not None else []
+        selected = result.rows[picked[0]].get("call_id") if picked and picked[0] < len(result.rows) else None
+        calls = list(dict.fromkeys(row["call_id"] for row in result.rows if row.get("call_id")))
+        choice = st.selectbox(
+            "Call", calls, index=None, placeholder="pick a call of this page, or select a row", key="blocked_call"
+        )
+        target = selected or choice
+        if selected:
+            st.text(f"Selected call: {selected}")
+        if st.button("Open call detail", disabled=target is None):
+            st.session_state["open_call_id"] = target
+            st.switch_page("views/call.py")
+
+
+live()

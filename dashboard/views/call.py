@@ -1,0 +1,120 @@
+"""Call detail: one call's decision trail, redacted args, outcome and trace."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import ui
+from dashboard.data import load_call
+
+st.title("Call detail")
+
+# A call opened from the Blocked attempts page, or a shared link (?call_id=...).
+if "open_call_id" in st.session_state:
+    st.session_state["call_id"] = st.session_state.pop("open_call_id")
+elif "call_id" not in st.session_state and st.query_params.get("call_id"):
+    st.session_state["call_id"] = st.query_params["call_id"]
+call_id = st.text_input("Call id", key="call_id", placeholder="paste a call id, or open one from Blocked attempts")
+call_id = call_id.strip()
+if call_id:
+    st.query_params["call_id"] = call_id
+elif "call_id" in st.query_params:
+    del st.query_params["call_id"]
+
+
+def show(detail_call_id: str) -> None:
+    cfg = ui.config()
+    detail = load_call(ui.query, detail_call_id)
+    if not detail.events:
+        st.warning("No stored event has this call id.")
+        return
+    outcome = detail.outcome
+    head = outcome or detail.events[0]
+
+    st.subheader("Outcome")
+    figures = st.columns(4)
+    figures[0].metric("Outcome event", "stored" if outcome else "not stored yet")
+    figures[1].metric("Events of this call", len([e for e in detail.events if e["relation"] == "call"]))
+    figures[2].metric("Child call events", len([e for e in detail.events if e["relation"] == "child"]))
+    figures[3].metric("Decision steps", len(detail.trail))
+    ui.table(
+        [head],
+        ["type", "outcome", "decided_by", "tool", "agent", "workflow", "gate", "tenant", "principal", "time"],
+        key="call_outcome",
+    )
+    if head.get("message"):
+        st.caption("Message the model got, or the block reason (as stored, shown as text)")
+        st.code(head["message"], language=None, wrap_lines=True)
+
+    st.subheader("Decision trail")
+    if detail.trail:
+        ui.table(
+            detail.trail, ["step", "interceptor", "scope", "phase", "decision", "duration_ms", "start_ms", "error"]
+        )
+        frame = ui.frame(detail.trail, ["step", "interceptor", "decision", "start_ms", "duration_ms"])
+        frame["end_ms"] = frame["start_ms"] + frame["duration_ms"]
+        frame["label"] = frame["step"].astype(str) + ". " + frame["interceptor"].astype(str)
+        import altair as alt
+
+        chart = (
+            alt.Chart(frame)
+            .mark_bar()
+            .encode(
+                x=alt.X("start_ms:Q", title="ms since the first step"),
+                x2="end_ms:Q",
+                y=alt.Y("label:N", sort=None, title=None),
+                color=alt.Color("decision:N", title="decision"),
+                tooltip=["interceptor:N", "decision:N", "duration_ms:Q"],
+            )
+        )
+        st.altair_chart(chart, width="stretch")
+    else:
+        st.caption("The stored events carry no decision trail.")
+
+    st.subheader("Arguments (as the event holds them, redacted)")
+    args_event = next((e for e in detail.events if e["relation"] == "call" and e.get("args") is not None), None)
+    if args_event is not None:
+        st.json(args_event["args"], expanded=True)
+        paths = args_event.get("redacted_paths") or []
+        st.caption("Redacted paths (JSON pointers replaced before the event left the gate)")
+        st.code("\n".join(paths) if paths else "(none)", language=None)
+        if args_event.get("args_truncated"):
+            st.caption("The arguments were cut to the event's size limit.")
+    else:
+        st.caption("No event of this call holds its arguments.")
+
+    st.subheader("Trace")
+    trace_id = head.get("trace_id")
+    link = cfg.trace_link(trace_id)
+    st.code(trace_id or "(no trace id)", language=None)
+    if link:
+        st.link_button("Open in the trace viewer", link)
+    elif trace_id:
+        st.caption("Not a well-formed trace id; no link is made from it.")
+
+    st.subheader("Events")
+    ui.table(
+        detail.events,
+        [
+            "relation",
+            "time",
+            "type",
+            "outcome",
+            "decided_by",
+            "tool",
+            "call_id",
+            "parent_call_id",
+            "run_id",
+            "duration_ms",
+            "producer_id",
+            "seq",
+            "event_id",
+        ],
+        key="call_events",
+    )
+
+
+if call_id:
+    with ui.problems():
+        if ui.ready():
+            show(call_id)

@@ -1,0 +1,216 @@
+"""A seeded audit store with known counts of every event type, shared by the dashboard's tests."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumers.store import AuditStore, RawRecord
+from events import EventBase, MemorySink, Producer, ToolDeniedEvent, encode_event
+from interceptor_core import (
+    Approval,
+    ApprovalRequest,
+    Block,
+    Deny,
+    Gate,
+    RequireApproval,
+    RunContext,
+    Substitute,
+    ToolBlockedError,
+    ToolCall,
+    UnmediatedAccessError,
+    tool,
+)
+
+TOPIC = "callgate.audit"
+ACME = RunContext(tenant="acme", principal="u-1")
+GLOBEX = RunContext(tenant="globex", principal="u-2")
+
+# Attacker-controlled text: an order id a prompt injection wrote, which the denial message quotes.
+HOSTILE_ORDER = (
+    "GLOBEX-666 <img src=https://evil.example/x.png onerror=alert(1)> [click me](https://evil.example/phish) "
+    "![pixel](https://evil.example/pixel.png) <script>alert(2)</script>"
+)
+HOSTILE_MARKERS = ("evil.example", "<script>", "onerror")
+
+ALLOWED_ORDERS = ("ACME-1", "ACME-2", "ACME-3", "ACME-4", "ACME-5")
+DENIED_ORDERS = ("GLOBEX-7", "GLOBEX-8", "GLOBEX-9", HOSTILE_ORDER)
+BLOCKED_QUERIES = ("DROP TABLE orders", "drop table users")
+QUOTES = ("ACME-10", "ACME-11", "ACME-12")
+OLD_DENIALS = 3  # 90 minutes before the fixture ran: the previous window of "Last hour"
+# c-old-0 carries a well-formed trace id, c-old-1 one an attacker shaped into a link.
+TRACE_IDS = ("0af7651916cd43dd8448eb211c80319c", "javascript:alert(1)//0af7651916cd43dd8448eb211c80319c", None)
+
+
+@tool(description="Loads an order record by ID")
+def get_order(order_id: str) -> str:
+    return f"order {order_id}"
+
+
+@tool
+def refund(order_id: str, amount_cents: int) -> str:
+    """Refunds an order."""
+    return f"refunded {amount_cents}"
+
+
+@tool
+def run_sql(query: str) -> str:
+    """Runs SQL."""
+    return "done"
+
+
+@tool
+def quote(order_id: str) -> str:
+    """Quotes a price."""
+    return "42"
+
+
+class TenantOrders:
+    name = "tenant-orders"
+
+    def before_tool_call(self, call: ToolCall) -> Any:
+        order = call.args.get("order_id")
+        if order is not None and not order.startswith((call.run.tenant or "").upper() + "-"):
+            return Deny(f"Order {order} does not belong to tenant {call.run.tenant}.")
+        return None
+
+
+class Policy:
+    name = "policy"
+
+    def before_tool_call(self, call: ToolCall) -> Any:
+        if call.tool_name == "refund" and call.args["amount_cents"] > 100:
+            return RequireApproval("refund over 100")
+        if call.tool_name == "run_sql" and "drop" in call.args["query"].lower():
+            return Block("DROP statements are never allowed")
+        if call.tool_name == "quote":
+            return Substitute("cached quote")
+        return None
+
+
+async def reviewer(request: ApprovalRequest) -> Approval:
+    return Approval(approved=request.args["amount_cents"] < 1000, by="lead")
+
+
+def shop_events() -> list[EventBase]:
+    """Allowed, denied (one quoting hostile text), approved, refused, blocked and substituted calls,
+    and one unmediated use of a guarded client, all now."""
+    sink = MemorySink()
+    gate = Gate("shop", interceptors=[TenantOrders(), Policy()], sinks=[sink], approval_handler=reviewer)
+    desk = gate.workflow("support").agent("desk", tools=[get_order, refund, run_sql, quote])
+    payments = gate.guard({"balance": 1}, name="payments", tools=["refund"])
+
+    async def day() -> None:
+        for i, order in enumerate(ALLOWED_ORDERS):
+            await desk.call("get_order", {"order_id": order}, run=ACME, call_id=f"c-ok-{i}")
+        for i, order in enumerate(DENIED_ORDERS):
+            await desk.call("get_order", {"order_id": order}, run=ACME, call_id=f"c-deny-{i}")
+        await desk.call("refund", {"order_id": "ACME-1", "amount_cents": 500}, run=ACME, call_id="c-approved")
+        await desk.call("refund", {"order_id": "ACME-2", "amount_cents": 5000}, run=ACME, call_id="c-refused")
+        for i, query in enumerate(BLOCKED_QUERIES):
+            with pytest.raises(ToolBlockedError):
+                await desk.call("run_sql", {"query": query}, run=GLOBEX, call_id=f"c-blocked-{i}")
+        for i, order in enumerate(QUOTES):
+            await desk.call("quote", {"order_id": order}, run=ACME, call_id=f"c-quote-{i}")
+
+    asyncio.run(day())
+    with pytest.raises(UnmediatedAccessError):
+        payments["balance"]
+    return list(sink.events)
+
+
+def lab_events() -> list[EventBase]:
+    """Another producer: its registration and three calls (the store will miss its seq 2)."""
+    sink = MemorySink()
+    lab = Gate("lab", sinks=[sink]).agent("bench", tools=[quote])
+
+    async def run() -> None:
+        for n in range(3):
+            await lab.call("quote", {"order_id": f"LAB-{n}"}, run=GLOBEX)
+
+    asyncio.run(run())
+    return list(sink.events)
+
+
+def old_denials(now: datetime) -> list[EventBase]:
+    """Denials of a third producer 90 minutes ago."""
+    producer = Producer()
+    return [
+        producer.seal(
+            ToolDeniedEvent,
+            {
+                "event_id": uuid.uuid4().hex,
+                "time": now - timedelta(minutes=90),
+                "gate": "shop",
+                "workflow": "support",
+                "agent": "desk",
+                "tool": "get_order",
+                "call_id": f"c-old-{i}",
+                "trace_id": TRACE_IDS[i],
+                "tenant": "acme",
+                "principal": "u-9",
+                "args": {"order_id": f"GLOBEX-{100 + i}"},
+                "message": f"Order GLOBEX-{100 + i} does not belong to tenant acme.",
+                "decided_by": "tenant-orders",
+                "cause": "deny",
+            },
+        )
+        for i in range(OLD_DENIALS)
+    ]
+
+
+@dataclass(frozen=True)
+class SeededStore:
+    """A store file nobody writes, and what went into it."""
+
+    path: Path
+    events: list[EventBase]
+    hostile_markers: tuple[str, ...] = HOSTILE_MARKERS
+    old_denials: int = OLD_DENIALS
+    trace_ids: tuple[str | None, ...] = TRACE_IDS
+
+    def scalar(self, sql: str, *params: Any) -> Any:
+        """One value from the store, by plain SQL (the test's own look, not the dashboard's queries)."""
+        with AuditStore(self.path, read_only=True) as store:
+            con = store.cursor()
+            try:
+                row = con.execute(sql, list(params)).fetchone()
+            finally:
+                con.close()
+        return row[0] if row else None
+
+
+def build_store(path: Path) -> SeededStore:
+    """Shop and old events on partition 0; the lab's on partition 1 without its seq 2 (a gap); one
+    record that is not JSON."""
+    now = datetime.now(UTC)
+    shop, lab, old = shop_events(), lab_events(), old_denials(now)
+    kept_lab = [e for e in lab if e.seq != 2]
+    first = shop + old
+    batch = [RawRecord(TOPIC, 0, i, b"shop", encode_event(e)) for i, e in enumerate(first)]
+    batch += [RawRecord(TOPIC, 1, i, b"lab", encode_event(e)) for i, e in enumerate(kept_lab)]
+    batch.append(RawRecord(TOPIC, 1, 50, b"lab", b"{not json <b>bold</b>"))
+    with AuditStore(path) as store:
+        store.ingest(batch, {(TOPIC, 0): len(first), (TOPIC, 1): 51})
+        store.close_open_gaps()
+    return SeededStore(path, first + kept_lab)
+
+
+@pytest.fixture(scope="session")
+def seeded_store(tmp_path_factory: pytest.TempPathFactory) -> SeededStore:
+    """The seeded store, built once per session (closed: readers may open it)."""
+    return build_store(tmp_path_factory.mktemp("dashboard") / "audit.duckdb")
+
+
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated store without events."""
+    path = tmp_path_factory.mktemp("dashboard-empty") / "audit.duckdb"
+    AuditStore(path).close()
+    return path

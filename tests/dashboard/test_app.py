@@ -1,0 +1,297 @@
+"""Every page through Streamlit's AppTest against the seeded store: the numbers shown are the store's,
+hostile event text is never markup, and an empty or unreachable store is a message, not a traceback."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from callgate.broker import free_port
+from consumers.reader import FileReader
+from dashboard.data import BlockedFilters, blocked_csv
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+
+
+def open_app(source: dict[str, str], monkeypatch: pytest.MonkeyPatch, page: str | None = None, **state: Any) -> AppTest:
+    """The app reading `source` (CALLGATE_DB or CALLGATE_API), run once, then on `page` if given."""
+    monkeypatch.delenv("CALLGATE_API", raising=False)
+    monkeypatch.delenv("CALLGATE_DB", raising=False)
+    for name, value in source.items():
+        monkeypatch.setenv(name, value)
+    at = AppTest.from_file(APP, default_timeout=60)
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.run()
+    if page is not None:
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def shown_text(at: AppTest) -> str:
+    """Everything rendered as markup (markdown, captions, alerts, titles, metric labels)."""
+    parts = [e.value for e in (*at.markdown, *at.caption, *at.title, *at.subheader, *at.error, *at.info)]
+    parts += [e.value for e in (*at.warning, *at.success)]
+    parts += [m.label for m in at.metric]
+    return "\n".join(str(p) for p in parts)
+
+
+def all_text(at: AppTest) -> str:
+    """Everything rendered as plain text, code, JSON or table cells."""
+    parts = [e.value for e in (*at.text, *at.code, *at.json)]
+    parts += [df.value.to_csv() for df in at.dataframe]
+    return "\n".join(str(p) for p in parts)
+
+
+@pytest.fixture
+def store_env(seeded_store: Any) -> dict[str, str]:
+    return {"CALLGATE_DB": str(seeded_store.path)}
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_readers() -> Iterator[None]:
+    """The app keeps one read-only FileReader per file for its life; close them after each test so
+    the store files are free again."""
+    yield
+    from dashboard import ui
+
+    ui._file_reader.clear()
+
+
+class TestOverview:
+    def test_metrics_equal_the_store_and_compare_with_the_hour_before(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """For the last hour each metric is the store's count, and the delta subtracts the hour before."""
+        at = open_app(store_env, monkeypatch, window="Last hour")
+        shown = {m.label: m for m in at.metric}
+
+        def count(*types: str, outcome: str | None = None) -> int:
+            return int(
+                seeded_store.scalar(
+                    "select count(*) from events where list_contains(?, type) and (? is null or outcome = ?) "
+                    "and time >= now() - interval 1 hour",
+                    list(types),
+                    outcome,
+                    outcome,
+                )
+            )
+
+        expected = {
+            "Calls": count("ToolUse", "ToolDenied", "Substitute", "Blocked"),
+            "Allowed": count("ToolUse"),
+            "Denied": count("ToolDenied"),
+            "Substituted": count("Substitute"),
+            "Blocked": count("Blocked"),
+            "Approvals asked": count("ApprovalRequested"),
+            "Approvals refused": count("ApprovalResolved", outcome="refused"),
+            "Unmediated accesses": count("Unmediated"),
+            "Chain breaks": int(seeded_store.scalar("select count(*) from chain_breaks")),
+        }
+        assert {label: int(m.value.replace(",", "")) for label, m in shown.items()} == expected
+        # The seed's known counts: 4 + 1 refused denials now, 3 denials in the hour before.
+        assert (expected["Denied"], expected["Blocked"], expected["Unmediated accesses"]) == (5, 2, 1)
+        assert int(shown["Denied"].delta) == 5 - seeded_store.old_denials
+        assert int(shown["Blocked"].delta) == 2
+
+    def test_top_denied_lists_count_per_tool_tenant_principal_interceptor(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The four top-denied tables hold the store's counts of denied and blocked calls."""
+        at = open_app(store_env, monkeypatch, window="Last 24 hours")
+        tables = [df.value for df in at.dataframe]
+        by_key = [dict(zip(t["key"], t["attempts"], strict=True)) for t in tables]
+        tools, tenants, principals, interceptors = by_key
+        count = seeded_store.scalar
+        assert tools["get_order"] == count("select count(*) from blocked_attempts where tool = 'get_order'") == 7
+        assert (tools["run_sql"], tools["refund"]) == (2, 1)
+        assert tenants == {"acme": 8, "globex": 2}
+        assert principals["u-9"] == seeded_store.old_denials
+        assert interceptors["tenant-orders"] == 7
+        assert interceptors["policy"] == 2
+
+    def test_decisions_chart_is_drawn(self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """The stacked decisions-over-time chart is on the page."""
+        at = open_app(store_env, monkeypatch)
+        assert at.get("vega_lite_chart")
+
+
+class TestBlockedAttempts:
+    def test_count_and_rows_equal_the_store(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The count metrics and the table hold every denied and blocked call, newest first."""
+        at = open_app(store_env, monkeypatch, "blocked")
+        total = seeded_store.scalar("select count(*) from blocked_attempts")
+        assert metrics(at)["Matching attempts"] == f"{total:,}"
+        assert metrics(at)["Blocked"] == "2"
+        (table,) = [df.value for df in at.dataframe]
+        assert len(table) == total
+        assert list(table["time"]) == sorted(table["time"], reverse=True)
+
+    def test_filters_narrow_through_query_parameters(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Tenant, decision type and reason text filter the table; SQL typed into a filter is only text."""
+        at = open_app(store_env, monkeypatch, "blocked")
+        at.text_input(key="f_tenant").input("globex").run()
+        assert metrics(at)["Matching attempts"] == "2"
+        at.text_input(key="f_tenant").input("").run()
+        at.selectbox(key="f_type").set_value("ToolDenied").run()
+        at.text_input(key="f_text").input("DOES NOT BELONG").run()
+        assert metrics(at)["Matching attempts"] == "7"
+        at.text_input(key="f_text").input("' OR 1=1 --").run()
+        assert metrics(at)["Matching attempts"] == "0"
+        assert not at.exception
+
+    def test_a_bad_time_is_named(self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """A From time that is not ISO 8601 is refused with a message naming the parameter."""
+        at = open_app(store_env, monkeypatch, "blocked")
+        at.text_input(key="f_since").input("yesterday").run()
+        assert not at.exception
+        assert "A filter was not accepted." in [e.value for e in at.error]
+        assert any("'since'" in t.value for t in at.text)
+
+    def test_pages_server_side(self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """With 50 rows a page the table holds one page; the CSV of the filter holds every row, with
+        formula-like cells defused."""
+        at = open_app(store_env, monkeypatch, "blocked")
+        at.selectbox(key="page_size").set_value(50).run()
+        assert len(at.dataframe[0].value) == 10
+        with FileReader(store_env["CALLGATE_DB"]) as reader:
+            text = blocked_csv(lambda name, params: reader.query(name, params).rows, BlockedFilters())
+        rows = list(csv.DictReader(io.StringIO(text)))
+        assert len(rows) == 10
+        assert {r["type"] for r in rows} == {"ToolDenied", "Blocked"}
+
+    def test_opening_a_call_goes_to_its_detail(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Picking a call of the page and opening it shows that call's detail."""
+        at = open_app(store_env, monkeypatch, "blocked")
+        at.selectbox(key="blocked_call").set_value("c-blocked-0").run()
+        at.button[0].click().run()
+        assert at.text_input(key="call_id").value == "c-blocked-0"
+        assert "DROP statements are never allowed" in all_text(at)
+
+
+class TestCallDetail:
+    def test_trail_args_redaction_and_trace(self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """An approved refund shows its trail in order, its args, and its outcome."""
+        at = open_app(store_env, monkeypatch, "call", call_id="c-approved")
+        trail = at.dataframe[1].value
+        assert list(trail["interceptor"])[:2] == ["tenant-orders", "policy"]
+        assert "approval" in list(trail["interceptor"])
+        assert at.json[0].value.replace(" ", "").replace("\n", "") == '{"order_id":"ACME-1","amount_cents":500}'
+        outcome = at.dataframe[0].value
+        assert (outcome["type"][0], outcome["outcome"][0]) == ("ToolUse", "ok")
+
+    def test_unknown_call(self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """A call id no event has says so."""
+        at = open_app(store_env, monkeypatch, "call", call_id="c-nope")
+        assert [w.value for w in at.warning] == ["No stored event has this call id."]
+
+    def test_hostile_text_is_shown_as_text_only(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A denial quoting injected HTML and markdown shows it verbatim as text, never as markup or a link."""
+        at = open_app(store_env, monkeypatch, "call", call_id="c-deny-3")
+        assert "<img src=https://evil.example/x.png onerror=alert(1)>" in all_text(at)
+        assert not any(marker in shown_text(at) for marker in seeded_store.hostile_markers)
+        assert not at.get("link_button")  # the gate gave this call no trace id
+
+    def test_trace_link_only_for_a_well_formed_trace_id(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A hex trace id links to the configured trace viewer; a trace id shaped as a script link is text only."""
+        monkeypatch.setenv("CALLGATE_TRACE_URL", "https://traces.example/trace/{trace_id}?from=callgate")
+        at = open_app(store_env, monkeypatch, "call", call_id="c-old-0")
+        (link,) = at.get("link_button")
+        assert link.proto.url == f"https://traces.example/trace/{seeded_store.trace_ids[0]}?from=callgate"
+        hostile = open_app(store_env, monkeypatch, "call", call_id="c-old-1")
+        assert not hostile.get("link_button")
+        assert seeded_store.trace_ids[1] in all_text(hostile)
+
+
+class TestTrends:
+    def test_rates_and_new_reasons(self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """Per-tool totals are the store's calls and denials; the hostile reason is listed as text."""
+        at = open_app(store_env, monkeypatch, "trends", window="Last 24 hours")
+        tools = at.dataframe[0].value
+        per_tool = {k: (c, d) for k, c, d in zip(tools["key"], tools["calls"], tools["denied"], strict=True)}
+        assert per_tool["get_order"] == (12, 7)
+        assert per_tool["run_sql"] == (2, 2)
+        interceptors = dict(zip(at.dataframe[1].value["key"], at.dataframe[1].value["denied"], strict=True))
+        assert interceptors == {"tenant-orders": 7, "policy": 2, "approval": 1}
+        reasons = at.dataframe[2].value
+        assert "DROP statements are never allowed" in set(reasons["reason"])
+        assert "evil.example" not in shown_text(at)
+
+
+class TestCoverage:
+    def test_checks_show_red_where_the_store_breaks_them(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The seed has an unmediated use and a broken chain: those checks are red, the exercised check green."""
+        at = open_app(store_env, monkeypatch, "coverage")
+        errors = [e.value for e in at.error]
+        assert "FAIL: unmediated" in errors
+        assert "FAIL: chains" in errors
+        assert "PASS: exercised" in [s.value for s in at.success]
+        assert errors[0].endswith("coverage checks fail.")
+
+
+class TestPipeline:
+    def test_partitions_dead_letters_and_totals(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Stored events, dead letters and chain breaks equal the store's; each partition and the dead
+        letter's text are listed, the letter's markup only as text."""
+        at = open_app(store_env, monkeypatch, "pipeline")
+        shown = metrics(at)
+        assert shown["Events stored"] == str(seeded_store.scalar("select count(*) from events"))
+        assert (shown["Dead letters"], shown["Chain breaks"]) == ("1", "1")
+        partitions = at.dataframe[0].value
+        assert list(partitions["partition"]) == [0, 1]
+        shop = [e for e in seeded_store.events if e.gate == "shop"]
+        assert list(partitions["next_offset"]) == [len(shop), 51]
+        assert "{not json <b>bold</b>" in all_text(at)
+
+
+class TestStates:
+    @pytest.mark.parametrize("page", ["overview", "blocked", "trends", "coverage"])
+    def test_empty_store_says_so(self, empty_store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> None:
+        """A store without events shows a message on every page, no traceback."""
+        at = open_app({"CALLGATE_DB": str(empty_store)}, monkeypatch, page)
+        assert any("holds no events yet" in i.value for i in at.info)
+
+    @pytest.mark.parametrize("page", ["overview", "blocked", "call", "trends", "coverage", "pipeline"])
+    def test_api_down_says_so(self, monkeypatch: pytest.MonkeyPatch, page: str) -> None:
+        """A read API nobody serves shows that the store cannot be read, naming the URL, no traceback."""
+        url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+        at = open_app({"CALLGATE_API": url}, monkeypatch, page, call_id="c-ok-0")
+        assert any("cannot be read right now" in e.value for e in at.error)
+        assert any(url in t.value for t in at.text)
+
+    def test_missing_file_says_so(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A --db file that does not exist is named in the message."""
+        missing = tmp_path / "nowhere.duckdb"
+        at = open_app({"CALLGATE_DB": str(missing)}, monkeypatch)
+        assert any(str(missing) in t.value for t in at.text)
+
+    def test_no_source_configured(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Neither variable set: the app names both, no traceback."""
+        at = open_app({}, monkeypatch)
+        assert [e.value for e in at.error] == ["The dashboard is not configured."]
+        assert "CALLGATE_API" in at.text[0].value

@@ -1,0 +1,227 @@
+"""End to end in a real browser: events produced through a gate reach the embedded broker, a live
+materializer stores them, `callgate dashboard` serves them, and headless chromium (Debian's, driven
+by Playwright) sees the blocked count, then sees it rise without a reload. A screenshot of every page
+is saved in the folder the test prints."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from callgate.broker import EmbeddedBroker, free_port
+from consumers.reader import ApiReader, SourceUnavailableError
+from events.kafka import KafkaSink
+from interceptor_core import Block, Deny, Gate, RunContext, ToolBlockedError, before_tool_call, tool
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+HOSTILE = "EVIL-1 <img src=https://evil.example/x.png onerror=alert(1)> [phish](https://evil.example/p)"
+# Each page's path, its title, and text that shows once its data is drawn.
+PAGES = {
+    "overview": ("Overview", "Interceptors"),
+    "blocked": ("Blocked attempts", "Open call detail"),
+    "call": ("Call detail", "Redacted paths"),
+    "trends": ("Trends", "Denial reasons new in this window"),
+    "coverage": ("Coverage", "coverage checks"),
+    "pipeline": ("Pipeline health", "Dead letters"),
+}
+
+
+@tool
+def get_order(order_id: str) -> str:
+    """Loads an order."""
+    return f"order {order_id}"
+
+
+@before_tool_call(name="tenant-orders")
+def tenant_orders(call: Any) -> Any:
+    order = call.args["order_id"]
+    if order.startswith("DROP"):
+        return Block("DROP is never an order id")
+    if not order.startswith("ACME-"):
+        return Deny(f"Order {order} does not belong to tenant acme.")
+    return None
+
+
+async def publish(bootstrap: str, topic: str, spool: Path, orders: list[str]) -> tuple[int, int]:
+    """Call get_order for each order through a gate with a KafkaSink; (denied, blocked) calls."""
+    sink = KafkaSink(bootstrap, topic, spool)
+    desk = Gate("shop", interceptors=[tenant_orders], sinks=[sink]).agent("desk", tools=[get_order])
+    run = RunContext(tenant="acme", principal="u-1")
+    denied = blocked = 0
+    for i, order in enumerate(orders):
+        try:
+            result = await desk.call("get_order", {"order_id": order}, run=run, call_id=f"{spool.name}-{i}")
+        except ToolBlockedError:
+            blocked += 1
+            continue
+        denied += result.kind == "denied"
+    assert await sink.close(timeout=60)
+    return denied, blocked
+
+
+def publish_now(bootstrap: str, topic: str, spool: Path, orders: list[str]) -> tuple[int, int]:
+    """`publish` to completion from a thread of its own (the sync Playwright API owns this thread's loop)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(publish(bootstrap, topic, spool, orders))).result(timeout=90)
+
+
+def blocked_in_store(api: str) -> int:
+    try:
+        (row,) = ApiReader(api, timeout_s=2).query("blocked_attempts_count").rows
+    except SourceUnavailableError:
+        return -1
+    return int(row["attempts"])
+
+
+def until(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.1)  # sleep-ok: polling another process with a deadline
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Debian's chromium; `make test` installs it. Missing: a failure in CI, a loud skip elsewhere."""
+    if os.access(CHROMIUM, os.X_OK):
+        return CHROMIUM
+    reason = (
+        f"!!! {CHROMIUM} is missing: the dashboard's browser test did NOT run. Install Debian's chromium "
+        "(`apt-get install chromium`, which `make test` does as root) !!!"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def screenshots(tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> Path:
+    """Where the page screenshots go: $CALLGATE_SCREENSHOT_DIR, or a fresh temporary folder; printed."""
+    configured = os.environ.get("CALLGATE_SCREENSHOT_DIR")
+    folder = Path(configured) if configured else tmp_path_factory.mktemp("dashboard-screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    with capsys.disabled():
+        print(f"\ndashboard screenshots: {folder}")
+    return folder
+
+
+@pytest.fixture
+def live_stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A materializer with its read API on a topic of the test's own, and `callgate dashboard` over it."""
+    topic = f"dash-{uuid.uuid4().hex[:8]}"
+    api_port, ui_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    api = f"http://127.0.0.1:{api_port}"
+    cli = [sys.executable, "-c", "from callgate.cli import main; main()"]
+    materializer = subprocess.Popen(
+        [
+            *cli,
+            "materialize",
+            "--bootstrap",
+            kafka_broker.bootstrap,
+            "--topic",
+            topic,
+            "--db",
+            str(tmp_path / "audit.duckdb"),
+            "--group",
+            f"g-{uuid.uuid4().hex[:8]}",
+            "--api",
+            f"127.0.0.1:{api_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    dashboard = subprocess.Popen(
+        [*cli, "dashboard", "--api", api, "--port", str(ui_port), "--refresh", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert dashboard.stdout is not None
+        line = dashboard.stdout.readline()
+        url = f"http://127.0.0.1:{ui_port}"
+        assert line.startswith(f"dashboard at {url}"), line
+        yield {"topic": topic, "api": api, "url": url, "bootstrap": kafka_broker.bootstrap}
+    finally:
+        stop(dashboard)
+        stop(materializer)
+        if dashboard.stdout is not None:
+            dashboard.stdout.close()
+
+
+def test_blocked_count_is_live_in_a_real_browser(
+    chromium: str, live_stack: dict[str, Any], screenshots: Path, tmp_path: Path
+) -> None:
+    """The Blocked attempts page shows the produced count, and the higher count after more denials
+    arrive, without a reload; hostile event text never becomes an image or a link; every page renders."""
+    from playwright.sync_api import expect, sync_playwright
+
+    first = ["GLOBEX-1", "GLOBEX-2", "ACME-3", "DROP-4", HOSTILE, "ACME-5"]
+    denied, blocked = publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "first", first)
+    assert (denied, blocked) == (3, 1)
+    until(lambda: blocked_in_store(live_stack["api"]) == 4, 60, "first events stored")
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            page.goto(f"{live_stack['url']}/blocked")
+            count = page.get_by_test_id("stMetric").filter(has_text="Matching attempts").get_by_test_id("stMetricValue")
+            expect(count).to_have_text("4", timeout=30_000)
+
+            more = ["GLOBEX-6", "GLOBEX-7", "DROP-8", "GLOBEX-9", "GLOBEX-10"]
+            publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "second", more)
+            expect(count).to_have_text("9", timeout=30_000)  # the live fragment, no reload
+            assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
+
+            for path, (title, drawn) in PAGES.items():
+                query = "?call_id=first-4" if path == "call" else ""
+                # The default page lives at the root; its url_path is only its name in the menu.
+                page.goto(f"{live_stack['url']}/{'' if path == 'overview' else path}{query}")
+                expect(page.get_by_role("heading", name=title)).to_be_visible(timeout=30_000)
+                expect(page.get_by_text("Page not found")).to_have_count(0)
+                expect(page.get_by_text(drawn).first).to_be_visible(timeout=30_000)
+                # Drawn: the script is not running and no element waits for its data.
+                expect(page.get_by_test_id("stApp")).to_have_attribute(
+                    "data-test-script-state", "notRunning", timeout=30_000
+                )
+                expect(page.get_by_test_id("stSkeleton")).to_have_count(0, timeout=30_000)
+                assert page.locator("img[src*='evil.example'], a[href*='evil.example']").count() == 0
+                page.screenshot(path=str(screenshots / f"{path}.png"), full_page=True)
+            # The hostile denial is on the call page, verbatim, as text.
+            page.goto(f"{live_stack['url']}/call?call_id=first-4")
+            expect(page.get_by_text("onerror=alert(1)", exact=False).first).to_be_visible(timeout=30_000)
+            assert page.locator("img[src*='evil.example'], a[href*='evil.example']").count() == 0
+        finally:
+            browser.close()
+    assert sorted(p.name for p in screenshots.glob("*.png")) == sorted(f"{p}.png" for p in PAGES)
