@@ -37,11 +37,7 @@ demo: $(STAMP)
 	$(BIN)/callgate demo
 
 bench: $(STAMP)
-	$(BIN)/python bench/gate_overhead.py
-	$(BIN)/python bench/pipeline.py
-	$(BIN)/python bench/materialize.py
-	$(BIN)/python bench/queries.py
-	$(BIN)/python bench/dashboard_queries.py
+	$(BIN)/python bench/all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from figures import report
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -208,6 +209,11 @@ def main() -> None:
         f"OpenTelemetry: OtelSink extra {otel_extra * 1e6:.1f} µs/call / one bare span "
         f"{med['bare_span'] * 1e6:.1f} µs = {otel_extra / med['bare_span']:.2f} (target <= 1.3)"
     )
+    report("desk.call, 3 async interceptors", med["gate"] * 1e6, "µs/call", floor=med["floor"] * 1e6, target="<= 2.0")
+    report(
+        "desk.call + MemorySink", med["gate_memory"] * 1e6, "µs/call", floor=med["audit_floor"] * 1e6, target="<= 1.5"
+    )
+    report("OtelSink extra per call", otel_extra * 1e6, "µs/call", floor=med["bare_span"] * 1e6, target="<= 1.3")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from figures import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -154,6 +155,8 @@ async def main_async(n: int, rounds: int, calls: int) -> None:
     print(f"{'desk.call + MemorySink + KafkaSink (µs/call)':<52} {kafka_s * 1e6:>14.1f}")
     print(f"throughput: KafkaSink / raw aiokafka = {sink_med / raw_med:.2f} (target >= 0.7)")
     print(f"call cost: with KafkaSink / MemorySink only = {kafka_s / memory_s:.2f} (target <= 1.2)")
+    report("KafkaSink throughput", sink_med, "events/s", floor=raw_med, target=">= 0.7", higher_is_better=True)
+    report("desk.call + MemorySink + KafkaSink", kafka_s * 1e6, "µs/call", floor=memory_s * 1e6, target="<= 1.2")
 
 
 def main() -> None:

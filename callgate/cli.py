@@ -93,8 +93,53 @@ def schema() -> None:
 
 
 @app.command()
-def demo() -> None:
-    """Run the support-desk example through the gate and show every decision it takes."""
+def demo(
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds of workload, then stop (default: until Ctrl-C).")
+    ] = None,
+    rate: Annotated[float, typer.Option(help="Tool calls per second of the workload.")] = 50.0,
+    no_dashboard: Annotated[bool, typer.Option("--no-dashboard", help="Do not start the dashboard.")] = False,
+    port: Annotated[int, typer.Option(help="The dashboard's port on loopback.")] = 8501,
+    db: Annotated[Path, typer.Option(help="The audit store the materializer writes.")] = Path("callgate-demo.duckdb"),
+    seed: Annotated[int, typer.Option(help="Seed of the workload's choices (same seed, same conversations).")] = 7,
+    inject_bypass: Annotated[
+        bool, typer.Option(help="Use the payments client once around the gate: coverage must turn red.")
+    ] = False,
+    workload_only: Annotated[
+        bool, typer.Option(help="Only the workload, sending to --bootstrap (the compose stack's demo service).")
+    ] = False,
+    bootstrap: Annotated[
+        str | None, typer.Option(help="An existing Kafka, HOST:PORT (default: start the embedded broker).")
+    ] = None,
+    topic: Annotated[str, typer.Option(help="The events topic.")] = "callgate.events",
+) -> None:
+    """The whole pipeline: broker, materializer, dashboard and a multi-tenant agent workload through
+    the gate; exits with the coverage check's code (0 green, 1 red, 2 could not check)."""
+    from callgate.pipeline_demo import DemoError, DemoOptions, run_demo
+
+    options = DemoOptions(
+        duration_s=duration,
+        rate=rate,
+        dashboard=not no_dashboard,
+        dashboard_port=port,
+        db=db,
+        seed=seed,
+        inject_bypass=inject_bypass,
+        workload_only=workload_only,
+        bootstrap=bootstrap,
+        topic=topic,
+    )
+    try:
+        code = run_demo(options, console)
+    except DemoError as exc:
+        Console(stderr=True).print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def tour() -> None:
+    """The support-desk example in-process, call by call, with the decision each call met."""
     from callgate.tour import run_tour
 
     ok = asyncio.run(run_tour(console))
@@ -148,7 +193,12 @@ def materialize(
     db: Annotated[Path, typer.Option(help="The DuckDB audit store (created if missing).")],
     topic: Annotated[str, typer.Option(help="The events topic.")] = "callgate.events",
     group: Annotated[str, typer.Option(help="The consumer group.")] = "callgate-materializer",
-    api: Annotated[str | None, typer.Option(help="Serve the read API on HOST:PORT (loopback).")] = None,
+    api: Annotated[
+        str | None, typer.Option(help="Serve the read API on HOST:PORT (loopback unless --allow-remote).")
+    ] = None,
+    allow_remote: Annotated[
+        bool, typer.Option(help="Allow a non-loopback --api host (no authentication: private network or proxy).")
+    ] = False,
     drain: Annotated[bool, typer.Option(help="Read to the end offsets as of the start, commit and exit.")] = False,
     gap_grace: Annotated[
         float, typer.Option(help="Seconds a chain gap may stay open before it is recorded (continuous runs).")
@@ -157,13 +207,30 @@ def materialize(
     """Consume decision events into the DuckDB audit store (until Ctrl-C / SIGTERM, or --drain)."""
     import signal
 
+    from callgate.dashboard import is_loopback
     from consumers.materializer import Materializer
     from consumers.store import StoreLockedError
 
-    try:
-        materializer = Materializer(
-            bootstrap, topic, str(db), group=group, api=_host_port(api) if api else None, gap_grace_s=gap_grace
+    api_address = _host_port(api) if api else None
+    # Checked before the store is opened or Kafka is reached: a refused bind leaves nothing behind.
+    if api_address is not None and not is_loopback(api_address[0]):
+        host = api_address[0]
+        if not allow_remote:
+            typer.echo(
+                f"error: --api {api} binds {host}, which is not a loopback address, and the read API has no "
+                "authentication. Add --allow-remote to bind it anyway, on a private network or behind an "
+                "authenticating proxy (docs/operating.md).",
+                err=True,
+            )
+            raise typer.Exit(2)
+        typer.echo(
+            f"warning: serving the read API on {host}, reachable from other machines, without authentication; "
+            "keep it on a private network or behind an authenticating proxy (docs/operating.md).",
+            err=True,
         )
+
+    try:
+        materializer = Materializer(bootstrap, topic, str(db), group=group, api=api_address, gap_grace_s=gap_grace)
     except StoreLockedError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -239,6 +306,8 @@ def mcp_proxy(
     spool_dir: Annotated[Path | None, typer.Option(help="The Kafka sink's local spool directory.")] = None,
     http: Annotated[str | None, typer.Option(help="Serve streamable HTTP on HOST:PORT instead of stdio.")] = None,
     agent: Annotated[str, typer.Option(help="The agent scope the upstream's tools are registered in.")] = "mcp-proxy",
+    tenant: Annotated[str | None, typer.Option(help="The tenant every call is made for (in every event).")] = None,
+    principal: Annotated[str, typer.Option(help="Who every call is made for (in every event).")] = "mcp-client",
 ) -> None:
     """Serve an MCP server's tools through the gate: mcp-proxy --gate MODULE:FACTORY -- COMMAND ARGS..."""
     from callgate.mcp_proxy import ProxyConfigError, build_sinks, gate_from_factory, run_proxy
@@ -246,7 +315,7 @@ def mcp_proxy(
     try:
         listen_on = _host_port(http) if http else None
         built = gate_from_factory(gate, build_sinks(events, kafka, topic, spool_dir))
-        asyncio.run(run_proxy(built, list(ctx.args), http=listen_on, agent=agent))
+        asyncio.run(run_proxy(built, list(ctx.args), http=listen_on, agent=agent, tenant=tenant, principal=principal))
     except ProxyConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,10 @@ from typing import Any
 
 import anyio
 
-from interceptor_core import Gate
+from interceptor_core import Gate, RunContext
+
+DEFAULT_PRINCIPAL = "mcp-client"
+"""Who the proxy's events say it acts for when the command line does not name a principal."""
 
 
 class ProxyConfigError(Exception):
@@ -50,7 +54,7 @@ def gate_from_factory(spec: str, sinks: Sequence[Any]) -> Gate:
             )
         return obj
     if not callable(obj):
-        raise ProxyConfigError(f"{spec} is a {type(obj).__name__}, not a Gate or a function returning one")
+        raise ProxyConfigError(f"{spec} is not a Gate or a function returning one: it is of type {type(obj).__name__}")
     if sinks:
         try:
             inspect.signature(obj).bind(sinks=list(sinks))
@@ -62,7 +66,7 @@ def gate_from_factory(spec: str, sinks: Sequence[Any]) -> Gate:
     else:
         gate = obj()
     if not isinstance(gate, Gate):
-        raise ProxyConfigError(f"{spec}() returned a {type(gate).__name__}, not a Gate")
+        raise ProxyConfigError(f"{spec}() returned a value of type {type(gate).__name__}, not a Gate")
     return gate
 
 
@@ -73,17 +77,26 @@ async def run_proxy(
     http: tuple[str, int] | None = None,
     agent: str = "mcp-proxy",
     prefix: str = "",
+    tenant: str | None = None,
+    principal: str = DEFAULT_PRINCIPAL,
 ) -> None:
     """Start `upstream` (a command and its arguments, speaking MCP on stdio), register its tools
     in `gate.agent(agent)` and serve them through the gate until the client side closes (stdio)
-    or the process is stopped (HTTP). Closes the gate's sinks on the way out."""
+    or the process is stopped (HTTP). Every call is made for `tenant` and `principal` (one
+    `RunContext` for the life of the process), so events name who the proxy acts for. Closes the
+    gate's sinks on the way out."""
+    if not upstream:
+        raise ProxyConfigError("no upstream command: put it after --, e.g. -- python my_server.py")
+    if upstream[0].startswith("-"):
+        # Options the command line did not know land here; none is a command.
+        raise ProxyConfigError(f"unknown option {upstream[0]!r}: the upstream command goes after --")
+
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
     from interceptor_core.integrations.mcp import McpProxy, McpToolset
 
-    if not upstream:
-        raise ProxyConfigError("no upstream command: put it after --, e.g. -- python my_server.py")
+    run = RunContext(tenant=tenant, principal=principal)
     # A proxy stands in for the command, so the command sees the environment it would have seen.
     params = StdioServerParameters(command=upstream[0], args=list(upstream[1:]), env=dict(os.environ))
     toolset = McpToolset(raw_results=True, prefix=prefix)
@@ -92,13 +105,24 @@ async def run_proxy(
             toolset.bind(client)
             await toolset.load()
             scope = await toolset.attach(gate.agent(agent, tools=toolset.tools))
-            proxy = McpProxy(toolset, scope, name=f"callgate:{gate.name}")
+            proxy = McpProxy(toolset, scope, name=f"callgate:{gate.name}", run=run)
             async with anyio.create_task_group() as tasks:
                 await tasks.start(toolset.follow)
                 if http is not None:
-                    await proxy.serve_http(*http)
+                    stop = anyio.Event()
+                    tasks.start_soon(_stop_on_signals, stop)
+                    await proxy.serve_http(*http, stop=stop)
                 else:
                     await proxy.serve_stdio()
                 tasks.cancel_scope.cancel()
     finally:
         await gate.close()
+
+
+async def _stop_on_signals(stop: anyio.Event) -> None:
+    # SIGINT or SIGTERM end an HTTP proxy the way a closed stdin ends a stdio one: requests in
+    # flight finish, the upstream is shut down and the gate's sinks are flushed before exit 0.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            stop.set()
+            return

@@ -7,7 +7,6 @@ whose `definition()` shows the schema exactly as the server or framework gave it
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -118,10 +117,6 @@ def schema_tool(
     model = schema_model(name, input_schema)
 
     async def run(args: SchemaArgs, ctx: ToolContext) -> Any:
-        # The gate starts a tool body in the caller's task and moves it to a task of its own at
-        # its first suspension. Clients built on anyio (the MCP SDK, httpx) enter cancel scopes that
-        # must exit in the task they were entered in, so the body proper starts after that move.
-        await asyncio.sleep(0)
         return await body(args.model_dump(), ctx)
 
     # Real classes rather than strings, so the signature resolves without this module's namespace.

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import sys
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 import anyio
@@ -47,7 +47,7 @@ from interceptor_core.tools import Tool
 
 log = logging.getLogger("callgate.integrations.mcp")
 
-__all__ = ["McpProxy", "McpToolError", "McpToolset", "result_from_gate", "value_from_result"]
+__all__ = ["McpProxy", "McpToolError", "McpToolset", "error_text", "result_from_gate", "value_from_result"]
 
 _LIST_PAGE_CAP = 1000
 """Pages of a tools/list walk before giving up: a server whose cursor never ends cannot hang us."""
@@ -69,7 +69,8 @@ def value_from_result(result: types.CallToolResult) -> Any:
     return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in blocks]
 
 
-def _error_text(result: types.CallToolResult) -> str:
+def error_text(result: types.CallToolResult) -> str:
+    """The text of an `isError` tool result (its text blocks joined)."""
     texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
     return "\n".join(texts) or "the server reported an error without text"
 
@@ -243,7 +244,7 @@ class McpToolset:
             if not isinstance(result, types.CallToolResult):
                 raise McpToolError(f"the server answered {type(result).__name__}, not a tool result")
             if result.is_error:
-                raise McpToolError(_error_text(result))
+                raise McpToolError(error_text(result))
             return result if toolset.raw_results else value_from_result(result)
 
         return schema_tool(
@@ -414,13 +415,32 @@ class McpProxy:
         async with stdio_server() as (read, write):
             await self.server.run(read, write, self._init_options())
 
-    async def serve_http(self, host: str, port: int) -> None:
-        """Serve streamable HTTP on `host:port` (path `/mcp`) until cancelled."""
+    async def serve_http(self, host: str, port: int, *, stop: anyio.Event | None = None) -> None:
+        """Serve streamable HTTP on `host:port` (path `/mcp`) until `stop` is set (then it shuts
+        down gracefully and returns) or the task is cancelled. Installs no signal handlers:
+        whether a signal stops the server is the caller's decision."""
         import uvicorn
+
+        class _Server(uvicorn.Server):
+            # uvicorn's own handlers re-raise the signal after shutting down, which would kill the
+            # process before its caller could close the gate's sinks.
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
 
         app = self.server.streamable_http_app(host=host)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-        await uvicorn.Server(config).serve()
+        server = _Server(config)
+
+        async def stop_when_asked(stop: anyio.Event) -> None:
+            await stop.wait()
+            server.should_exit = True
+
+        async with anyio.create_task_group() as tasks:
+            if stop is not None:
+                tasks.start_soon(stop_when_asked, stop)
+            await server.serve()
+            tasks.cancel_scope.cancel()
 
     def _init_options(self) -> Any:
         return self.server.create_initialization_options(NotificationOptions(tools_changed=True))

@@ -1,9 +1,15 @@
-"""Pydantic AI through the gate: `GatedToolset` wraps any toolset (function tools, MCP servers,
-combined toolsets) so that every call its agent makes passes the chain first.
+"""Pydantic AI through the gate: `GatedToolset` wraps any toolset (function tools, combined
+toolsets, Pydantic AI's own MCP toolset where it can run) so that every call its agent makes passes
+the chain first; `ScopeToolset` shows the tools of a gate agent scope (local gate tools, an MCP
+server's tools attached by `McpToolset`) to a Pydantic AI agent.
 
 ```python
 toolset = GatedToolset(FunctionToolset([write_file, delete_file]), gate=gate, agent="writer")
 agent = pydantic_ai.Agent(model, toolsets=[toolset])
+
+async with McpToolset.connect(StdioServerParameters(command="python", args=["my_server.py"])) as mcp_tools:
+    files = await mcp_tools.attach(gate.agent("files", tools=[]))
+    agent = pydantic_ai.Agent(model, toolsets=[ScopeToolset(files)])
 ```
 
 The wrapped toolset's tools are registered in `gate.agent(agent)` (one `ToolsRegistered` event)
@@ -12,6 +18,9 @@ when it lists them again, always before they can be called. Pydantic AI validate
 first; the gate then decides; the wrapped tool runs only if it allowed. A denial is the tool's
 return value, so the model reads it; `Block` raises `ToolBlockedError` and ends the run; a tool's
 `ModelRetry` still asks the model to retry (and the gate records that call as an error).
+
+Pydantic AI's MCP client (`pydantic_ai.mcp.MCPToolset`) is built on the `fastmcp` client, which
+the `pydantic-ai` extra does not install; `McpToolset` plus `ScopeToolset` needs only `mcp`.
 
 Needs `pydantic-ai-slim` (the `pydantic-ai` extra); importing `interceptor_core` does not load it.
 """
@@ -26,15 +35,18 @@ from typing import Any
 import pydantic_core
 from pydantic_ai import ModelRetry
 from pydantic_ai import RunContext as AiRunContext
-from pydantic_ai.toolsets.abstract import ToolsetTool
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets.abstract import AbstractToolset, ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
+from pydantic_core import SchemaValidator, core_schema
 
 from interceptor_core.context import RunContext, ToolContext
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations._schema import schema_tool
+from interceptor_core.results import ToolResult
 from interceptor_core.tools import Tool
 
-__all__ = ["GatedToolset"]
+__all__ = ["GatedToolset", "ScopeToolset"]
 
 
 @dataclass
@@ -48,6 +60,26 @@ class _Pending:
 
 
 _pending: contextvars.ContextVar[_Pending | None] = contextvars.ContextVar("callgate_pydantic_ai_call", default=None)
+
+RunSource = RunContext | Callable[[AiRunContext[Any]], RunContext] | None
+"""Where the `RunContext` of a call comes from: a fixed one, a function of the Pydantic AI run
+context, or None (then a `RunContext` given as the run's `deps`, else `fallback`)."""
+
+
+def _run_context(source: RunSource, ctx: AiRunContext[Any], fallback: RunContext) -> RunContext:
+    if isinstance(source, RunContext):
+        return source
+    if source is not None:
+        return source(ctx)
+    if isinstance(ctx.deps, RunContext):
+        return ctx.deps
+    return fallback
+
+
+def _model_reads(result: ToolResult) -> Any:
+    if result.kind in ("ok", "substituted"):
+        return result.value
+    return result.to_model_text()
 
 
 @dataclass
@@ -63,7 +95,7 @@ class GatedToolset(WrapperToolset[Any]):
 
     gate: Gate | Workflow = field(kw_only=True)
     agent: str = field(default="pydantic-ai", kw_only=True)
-    run: RunContext | Callable[[AiRunContext[Any]], RunContext] | None = field(default=None, kw_only=True)
+    run: RunSource = field(default=None, kw_only=True)
     interceptors: tuple[object, ...] = field(default=(), kw_only=True)
     timeout_s: float | None = field(default=None, kw_only=True)
     _state: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
@@ -109,14 +141,8 @@ class GatedToolset(WrapperToolset[Any]):
         return tools
 
     def _run_context(self, ctx: AiRunContext[Any]) -> RunContext:
-        if isinstance(self.run, RunContext):
-            return self.run
-        if self.run is not None:
-            return self.run(ctx)
-        if isinstance(ctx.deps, RunContext):
-            return ctx.deps
         default: RunContext = self._state.setdefault("run", RunContext())
-        return default
+        return _run_context(self.run, ctx, default)
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: AiRunContext[Any], tool: ToolsetTool[Any]
@@ -136,6 +162,56 @@ class GatedToolset(WrapperToolset[Any]):
             _pending.reset(token)
         if pending.retry is not None:
             raise pending.retry
-        if result.kind in ("ok", "substituted"):
-            return result.value
-        return result.to_model_text()
+        return _model_reads(result)
+
+
+_ANY_ARGS = SchemaValidator(core_schema.dict_schema(core_schema.str_schema(), core_schema.any_schema()))
+"""The framework's check of a `ScopeToolset` call: a JSON object. The gate validates it against the
+tool's schema (an invalid call is an error result the model reads)."""
+
+
+class ScopeToolset(AbstractToolset[Any]):
+    """The tools of a gate agent scope as a Pydantic AI toolset; every call is `scope.call`.
+
+    The agent sees each tool's name, description and input schema (`Tool.definition()`), read
+    from the scope at every step, so tools added to the scope later (an MCP server's list change
+    followed by `McpToolset`) are offered from the next step on; their registration happened
+    when they were added. A denial is the tool's return value (the model reads it); a tool error
+    or invalid arguments are the "Tool error: ..." text; `Block` raises `ToolBlockedError` and
+    ends the run. `run` is as for `GatedToolset`. Safe to share between runs.
+    """
+
+    def __init__(self, scope: AgentScope, *, run: RunSource = None, id: str | None = None) -> None:
+        self.scope = scope
+        self.run = run
+        self._id = id
+        self._default_run = RunContext()
+        self._definitions: dict[str, ToolDefinition] = {}
+
+    @property
+    def id(self) -> str | None:
+        return self._id
+
+    def _definition(self, tool: Tool[Any, Any]) -> ToolDefinition:
+        # A scope never replaces a tool of a given name, so its definition is built once.
+        known = self._definitions.get(tool.name)
+        if known is None:
+            shown = tool.definition()
+            known = ToolDefinition(
+                name=tool.name, description=shown["description"], parameters_json_schema=shown["input_schema"]
+            )
+            self._definitions[tool.name] = known
+        return known
+
+    async def get_tools(self, ctx: AiRunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        return {
+            name: ToolsetTool(toolset=self, tool_def=self._definition(tool), max_retries=1, args_validator=_ANY_ARGS)
+            for name, tool in self.scope.tools.items()
+        }
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: AiRunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        args = pydantic_core.to_jsonable_python(tool_args)
+        run = _run_context(self.run, ctx, self._default_run)
+        return _model_reads(await self.scope.call(name, args, run=run, call_id=ctx.tool_call_id))

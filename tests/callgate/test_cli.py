@@ -1,12 +1,14 @@
-"""The command line: describe and the demo tour."""
+"""The command line: describe, the demo tour and the materializer's read API binding."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from callgate.broker import EmbeddedBroker
 from callgate.cli import app
 
 runner = CliRunner()
@@ -46,10 +48,83 @@ class TestDescribe:
         assert "not a Gate" in result.output
 
 
-def test_demo_shows_every_decision_and_the_bypass() -> None:
+def test_tour_shows_every_decision_and_the_bypass() -> None:
     """The tour runs every kind of decision and coverage catches its deliberate bypass."""
-    result = runner.invoke(app, ["demo"], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["tour"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     for outcome in ("ok", "denied", "substituted", "error", "blocked"):
         assert f"│ {outcome}" in result.output
     assert "1 unmediated accesses" in result.output
+
+
+class TestMaterializeApiBinding:
+    """`callgate materialize --api`: loopback by default, anything else only with --allow-remote."""
+
+    def test_non_loopback_api_is_refused_before_anything_starts(self, tmp_path: Path) -> None:
+        """0.0.0.0 without --allow-remote exits 2 naming the host and the flag; no store file is created
+        and no broker is contacted (nothing listens at the bootstrap given)."""
+        db = tmp_path / "audit.duckdb"
+        result = runner.invoke(
+            app,
+            ["materialize", "--bootstrap", "127.0.0.1:1", "--db", str(db), "--api", "0.0.0.0:8765"],
+            env={"COLUMNS": "200"},
+        )
+        assert result.exit_code == 2, result.output
+        assert "--api 0.0.0.0:8765 binds 0.0.0.0" in result.stderr
+        assert "--allow-remote" in result.stderr
+        assert "no authentication" in result.stderr
+        assert not db.exists()
+
+    def test_a_service_name_is_not_loopback_either(self, tmp_path: Path) -> None:
+        """A host name other than localhost (a container's name, say) is refused the same way."""
+        result = runner.invoke(
+            app,
+            ["materialize", "--bootstrap", "127.0.0.1:1", "--db", str(tmp_path / "a.duckdb"), "--api", "store:8765"],
+        )
+        assert result.exit_code == 2, result.output
+        assert "binds store, which is not a loopback address" in result.stderr
+
+    def test_allow_remote_binds_every_interface_and_warns(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
+        """With --allow-remote the API serves on 0.0.0.0 and stderr warns that it has no authentication."""
+        result = runner.invoke(
+            app,
+            [
+                "materialize",
+                "--bootstrap",
+                kafka_broker.bootstrap,
+                "--topic",
+                f"never-published-{uuid.uuid4().hex[:8]}",
+                "--db",
+                str(tmp_path / "audit.duckdb"),
+                "--api",
+                "0.0.0.0:0",
+                "--allow-remote",
+                "--drain",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        assert "read API at http://0.0.0.0:" in result.stdout
+        assert "warning: serving the read API on 0.0.0.0" in result.stderr
+        assert "authenticating proxy" in result.stderr
+        assert "materialized 0 records" in result.stdout
+
+    def test_loopback_api_needs_no_flag_and_gets_no_warning(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
+        """The default, loopback, runs as before: no flag, nothing on stderr about remote access."""
+        result = runner.invoke(
+            app,
+            [
+                "materialize",
+                "--bootstrap",
+                kafka_broker.bootstrap,
+                "--topic",
+                f"never-published-{uuid.uuid4().hex[:8]}",
+                "--db",
+                str(tmp_path / "audit.duckdb"),
+                "--api",
+                "127.0.0.1:0",
+                "--drain",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        assert "read API at http://127.0.0.1:" in result.stdout
+        assert "warning" not in result.stderr

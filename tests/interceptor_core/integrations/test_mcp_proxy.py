@@ -1,0 +1,202 @@
+"""`callgate mcp-proxy` as a process: streamable HTTP with a real MCP client, and the messages of
+a command line that cannot become a proxy."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from events import MemorySink, read_jsonl, verify_chain
+from interceptor_core import Gate, RunContext
+from interceptor_core.integrations.mcp import McpProxy, McpToolset
+
+from .conftest import HERE, effects, upstream_command
+from .files_policy import DENIAL, ProtectFiles
+from .test_mcp import DEADLINE_S, proxy_params, read_events, text_of
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class HttpProxy:
+    """`callgate mcp-proxy --http` in front of the test server, as a process of its own."""
+
+    def __init__(self, root: Path, tmp_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.events = tmp_path / "events.jsonl"
+        self.stderr = tmp_path / "proxy.stderr"
+        params = proxy_params(root, self.events, "--http", f"127.0.0.1:{self.port}")
+        with self.stderr.open("wb") as err:
+            self.process = subprocess.Popen(
+                [params.command, *params.args], env=params.env, stdin=subprocess.DEVNULL, stdout=err, stderr=err
+            )
+
+    async def wait_until_listening(self) -> None:
+        """Return once the proxy accepts connections; fail with its stderr if it exits first or
+        the deadline passes."""
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            if self.process.poll() is not None:
+                pytest.fail(f"the proxy exited with {self.process.returncode}:\n{self.stderr.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the proxy did not listen within {DEADLINE_S} s:\n{self.stderr.read_text()}")
+            await anyio.sleep(0.05)
+
+    def stop(self) -> int:
+        """SIGTERM, then its exit code (killed if it does not exit within the deadline)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=DEADLINE_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture
+def http_proxy(root: Path, tmp_path: Path) -> Iterator[HttpProxy]:
+    proxy = HttpProxy(root, tmp_path)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+class TestProxyOverHttp:
+    async def test_allowed_and_denied_calls(self, http_proxy: HttpProxy, root: Path) -> None:
+        """A real client over streamable HTTP: the allowed write reaches the upstream, the denied
+        delete comes back as an error result with the denial and never reaches it; SIGTERM stops
+        the proxy cleanly with every event written."""
+        await http_proxy.wait_until_listening()
+        async with Client(http_proxy.url) as client:
+            listed = await client.list_tools()
+            assert {t.name for t in listed.tools} == {"write_file", "delete_file", "enable_archive"}
+            ok = await client.call_tool("write_file", {"path": "note.txt", "text": "hi"})
+            assert (ok.is_error, text_of(ok)) == (False, "wrote 2 chars to note.txt")
+            denied = await client.call_tool("delete_file", {"path": "precious.txt"})
+            assert (denied.is_error, text_of(denied)) == (True, DENIAL)
+        assert http_proxy.stop() == 0, http_proxy.stderr.read_text()
+        assert "Traceback" not in http_proxy.stderr.read_text()  # the upstream was shut down, not cut off
+
+        assert (root / "precious.txt").read_text() == "keep me"
+        assert effects(root) == ["write note.txt"]
+        found = read_jsonl(http_proxy.events)
+        outcomes = [(e.type, e.tool, e.principal) for e in found if e.type != "ToolsRegistered"]
+        assert outcomes == [("ToolUse", "write_file", "mcp-client"), ("ToolDenied", "delete_file", "mcp-client")]
+        assert verify_chain(found).ok
+
+
+class TestProxyRunContext:
+    async def test_events_name_who_the_proxy_acts_for(self, root: Path, errlog: TextIO) -> None:
+        """The proxy's RunContext (tenant, principal) is the one every call's event carries."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        command = upstream_command()
+        params = StdioServerParameters(
+            command=command[0], args=command[1:], env={**os.environ, "UPSTREAM_ROOT": str(root)}
+        )
+        ops = RunContext(tenant="acme", principal="ops-bot")
+        async with McpToolset.connect(params, errlog=errlog, raw_results=True) as upstream:
+            scope = await upstream.attach(gate.agent("mcp-proxy", tools=[]))
+            async with Client(McpProxy(upstream, scope, run=ops).server) as client:
+                await client.call_tool("write_file", {"path": "note.txt", "text": "hi"})
+                await client.call_tool("delete_file", {"path": "precious.txt"})
+        named = [(e.type, e.tenant, e.principal, e.run_id) for e in memory.events if e.type != "ToolsRegistered"]
+        assert named == [("ToolUse", "acme", "ops-bot", ops.run_id), ("ToolDenied", "acme", "ops-bot", ops.run_id)]
+        assert effects(root) == ["write note.txt"]
+
+
+class TestProxyIdentityOptions:
+    async def test_tenant_and_principal_options_reach_the_events(
+        self, root: Path, tmp_path: Path, errlog: TextIO
+    ) -> None:
+        """`callgate mcp-proxy --tenant acme --principal ops-bot` makes every call for them."""
+        events = tmp_path / "events.jsonl"
+        params = proxy_params(root, events, "--tenant", "acme", "--principal", "ops-bot")
+        async with Client(stdio_client(params, errlog=errlog)) as client:
+            await client.call_tool("write_file", {"path": "note.txt", "text": "hi"})
+        found = read_events(events, lambda evs: any(e.type == "ToolUse" for e in evs))
+        (use,) = [e for e in found if e.type == "ToolUse"]
+        assert (use.tenant, use.principal) == ("acme", "ops-bot")
+
+
+BAD_FACTORIES = """
+from interceptor_core import Gate
+
+NOT_A_GATE = 42
+
+
+def build_nothing():
+    return {"name": "files"}
+
+
+def build_without_sinks():
+    return Gate("files")
+"""
+
+
+class TestProxyConfiguration:
+    """A command line that cannot become a proxy exits with 2 and a message naming the culprit."""
+
+    def run_proxy_command(self, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        (tmp_path / "bad_factories.py").write_text(BAD_FACTORIES)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(HERE)]), "COLUMNS": "200"}
+        return subprocess.run(
+            [sys.executable, "-m", "callgate.cli", "mcp-proxy", *args, "--", *upstream_command()],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+            check=False,
+        )
+
+    @pytest.mark.parametrize(
+        ("args", "culprit"),
+        [
+            (["--gate", "no_such_policy:build_gate"], "cannot import module 'no_such_policy'"),
+            (["--gate", "files_policy:no_such_factory"], "module 'files_policy' has no attribute 'no_such_factory'"),
+            (
+                ["--gate", "bad_factories:NOT_A_GATE"],
+                "bad_factories:NOT_A_GATE is not a Gate or a function returning one: it is of type int",
+            ),
+            (
+                ["--gate", "bad_factories:build_nothing"],
+                "bad_factories:build_nothing() returned a value of type dict, not a Gate",
+            ),
+            (
+                ["--gate", "bad_factories:build_without_sinks", "--events", "audit.jsonl"],
+                "bad_factories:build_without_sinks takes no sinks= keyword",
+            ),
+            (["--gate", "files_policy:build_gate", "--tennant", "acme"], "unknown option '--tennant'"),
+        ],
+        ids=["no-module", "no-attribute", "not-a-gate", "factory-returns-no-gate", "factory-without-sinks", "typo"],
+    )
+    def test_names_the_culprit(self, tmp_path: Path, args: list[str], culprit: str) -> None:
+        """The message names the spec or option at fault; nothing is written to stdout or the audit."""
+        done = self.run_proxy_command(tmp_path, *args)
+        assert done.returncode == 2, done.stderr
+        assert culprit in " ".join(done.stderr.split()), done.stderr
+        assert done.stdout == ""
+        assert not (tmp_path / "audit.jsonl").exists()
