@@ -29,16 +29,15 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import pyarrow as pa
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gate_overhead import ARGS, RUN, build_desk
 from pipeline import make_events
 
 from callgate.broker import EmbeddedBroker, free_port
-from consumers.store import _STAGED_EVENT_SCHEMA, AuditStore, _event_row, connect
+from consumers.store import AuditStore, _event_row, _events_table, connect
 from events import MemorySink
+from events.codec import ReadEvent
 from events.kafka import KafkaSink
 
 CLI = [sys.executable, "-c", "from callgate.cli import main; main()"]
@@ -78,13 +77,12 @@ def drain(bootstrap: str, topic: str, db: Path, expected: int) -> tuple[float, i
 
 def arrow_floor(n: int, tmp: Path) -> float:
     """Seconds to insert the same rows into DuckDB through Arrow in one go."""
-    rows: dict[str, list[object]] = {name: [] for name in _STAGED_EVENT_SCHEMA.names}
-    for ord_, event in enumerate(make_events(n)):
-        row = _event_row(event, event.hash)
-        row.update(ord=ord_, kafka_topic="t", kafka_partition=0, kafka_offset=ord_)
-        for name, column in rows.items():
-            column.append(row[name])
-    staged = pa.Table.from_pydict(rows, schema=_STAGED_EVENT_SCHEMA)
+    staged = _events_table(
+        [
+            _event_row(ReadEvent(event, event.hash, event.model_dump_json()), ord_, "t", 0, ord_)
+            for ord_, event in enumerate(make_events(n))
+        ]
+    )
     con = connect(tmp / "floor.duckdb", read_only=False)
     start = time.perf_counter()
     con.register("staged", staged)

@@ -25,7 +25,7 @@ from consumers import (
     StoreError,
     StoreLockedError,
 )
-from events import EventBase, MemorySink, encode_event, event_hash
+from events import EventBase, MemorySink, encode_event, event_hash, parse_event
 from events.models import ZERO_HASH
 from interceptor_core import Deny, Gate, RunContext, Substitute, ToolCall, before_tool_call, tool
 
@@ -277,6 +277,24 @@ class TestChainChecks:
         assert breaks(store) == [(victim.producer_id, victim.seq, "tamper")]
         assert "hash does not match the content" in detail
         assert event_id == victim.event_id
+
+    def test_tampered_content_in_the_gates_own_wire_form_is_tamper(self, store: AuditStore) -> None:
+        """A forgery written exactly as a gate writes (the parser's fast road) is caught the same way."""
+        events = gate_events(4)
+        batch = records(events)
+        victim = events[2]
+        data = json.loads(encode_event(victim))
+        data["args"] = {"order_id": "A-1", "amount_cents": 999}
+        wire = encode_event(parse_event(data))
+        assert wire != encode_event(victim)
+        batch[2] = RawRecord(TOPIC, 0, 2, b"k", wire)
+        result = ingest(store, batch)
+        assert (result.stored, result.chain_breaks_by_kind) == (5, {"tamper": 1})
+        assert breaks(store) == [(victim.producer_id, victim.seq, "tamper")]
+        (stored,) = store.cursor().execute("SELECT event FROM events WHERE seq = $s", {"s": victim.seq}).fetchone() or (
+            "",
+        )
+        assert stored.encode() == wire
 
     def test_rehashed_forgery_breaks_the_link_of_the_next_event(self, store: AuditStore) -> None:
         """A forgery with a recomputed hash passes its own check but the next event no longer links to it."""

@@ -1,0 +1,147 @@
+"""read_event: the consumer's one-pass read agrees with parse_event, event_hash and encode_event."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from events import EventParseError, Producer, ToolUseEvent, encode_event, event_hash, parse_event
+from events.codec import read_event
+from events.models import EventBase
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def sealed(args: dict[str, Any] | None = None, duration_ms: float = 0.05) -> EventBase:
+    return Producer().seal(
+        ToolUseEvent,
+        {
+            "event_id": uuid.uuid4().hex,
+            "time": datetime.now(UTC),
+            "gate": "g",
+            "tool": "t",
+            "outcome": "ok",
+            "duration_ms": duration_ms,
+            "args": args if args is not None else {"n": 1, "text": "héllo ✓"},
+            "decisions": [{"interceptor": "a", "scope": "application", "kind": "allow", "duration_ms": 0.01}],
+        },
+    )
+
+
+def assert_same_as_the_three_calls(wire: bytes) -> None:
+    read = read_event(wire)
+    event = parse_event(wire)
+    assert read.event == event
+    assert type(read.event) is type(event)
+    assert read.content_hash == event_hash(event)
+    assert read.normalized == event.model_dump_json()
+
+
+def reason(call: Any, wire: bytes) -> str:
+    with pytest.raises(EventParseError) as caught:
+        call(wire)
+    return caught.value.reason
+
+
+class TestReadEvent:
+    def test_our_own_wire(self) -> None:
+        """What encode_event writes reads back as the event, its hash verifies, and it is its own normal form."""
+        event = sealed()
+        wire = encode_event(event)
+        read = read_event(wire)
+        assert read.event == event
+        assert read.content_hash == event.hash
+        assert read.normalized.encode("utf-8") == wire
+
+    @settings(max_examples=200, deadline=None)
+    @given(args=st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=5), duration=st.floats(0, 1e300))
+    def test_agrees_with_parse_event_for_any_args(self, args: dict[str, Any], duration: float) -> None:
+        """For any JSON arguments and any float (tiny, huge, in exponent form), one pass gives what three calls give."""
+        event = sealed(args, duration)
+        wire = encode_event(event)
+        assert_same_as_the_three_calls(wire)
+        assert read_event(wire).content_hash == event.hash
+
+    @settings(max_examples=100, deadline=None)
+    @given(args=st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=5))
+    def test_agrees_with_parse_event_for_another_encoders_form(self, args: dict[str, Any]) -> None:
+        """Sorted keys, spaces, escaped non-ASCII: not our form, still the same event, hash and normal form."""
+        data = json.loads(encode_event(sealed(args)))
+        for wire in (
+            json.dumps(data, sort_keys=True).encode(),
+            json.dumps(data, indent=2, ensure_ascii=True).encode(),
+            json.dumps(data).encode("utf-16"),
+        ):
+            assert_same_as_the_three_calls(wire)
+
+    def test_a_changed_value_anywhere_is_caught(self) -> None:
+        """Changing any one value of a sealed event, in the wire's own form, changes the recomputed hash."""
+        event = sealed({"order": {"id": "A-1", "items": [1, 2]}})
+        for path, value in (
+            (("gate",), "other"),
+            (("seq",), 2),
+            (("duration_ms",), 0.06),
+            (("args", "order", "items"), [1, 3]),
+            (("decisions", 0, "kind"), "deny"),
+            (("time",), "2020-01-01T00:00:00Z"),
+        ):
+            data = json.loads(encode_event(event))
+            target = data
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+            wire = parse_event(data).model_dump_json().encode()
+            read = read_event(wire)
+            assert read.normalized.encode() == wire
+            assert read.content_hash != read.event.hash, path
+
+    @pytest.mark.parametrize(
+        "wire",
+        [
+            b"not json",
+            b"\xff\xfe\x00garbage",
+            b"[1, 2]",
+            b"null",
+            b'{"type": "ToolExploded"}',
+            b"{}",
+        ],
+    )
+    def test_errors_are_parse_events(self, wire: bytes) -> None:
+        """Whatever parse_event refuses, read_event refuses with the same reason."""
+        assert reason(read_event, wire) == reason(parse_event, wire)
+
+    def test_invalid_field_and_newer_schema_in_our_own_form(self) -> None:
+        """A missing field or a newer schema_version in encode_event's form gets parse_event's reason."""
+        data = json.loads(encode_event(sealed()))
+        del data["outcome"]
+        missing = json.dumps(data, separators=(",", ":")).encode()
+        data = json.loads(encode_event(sealed()))
+        data["schema_version"] = 99
+        newer = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+        for wire in (missing, newer):
+            assert reason(read_event, wire) == reason(parse_event, wire)
+        assert "newer" in reason(read_event, newer)
+
+    def test_a_lone_surrogate_fails_as_event_hash_does(self) -> None:
+        """Text no UTF-8 encoder takes fails the hash in read_event as in event_hash (the store dead-letters it)."""
+        data = json.loads(encode_event(sealed()))
+        data["args"] = {"x": "\ud800"}
+        wire = json.dumps(data).encode()
+        with pytest.raises(UnicodeEncodeError):
+            event_hash(parse_event(wire))
+        with pytest.raises(UnicodeEncodeError):
+            read_event(wire)
