@@ -4,10 +4,11 @@
 `AuditStore.ingest` is one transaction: the events of a batch of Kafka records, the records that
 are not events (dead letters), the Kafka offsets that batch reached and the chain checks of the
 producers in it are committed together or not at all, so a crash replays from the stored offsets
-and the keys drop what was already stored.
+and the verdicts and the `event_id` key drop what was already stored.
 
 Rows travel from Python to DuckDB as Arrow tables (DuckDB ingests those some 1,000 times faster
-than `executemany`), and the chain checks are joins of the batch against the stored events, so a
+than `executemany`), and the duplicate and chain checks join the batch against its neighbours in
+the store (the stored events of its producers, from one seq below the batch's to one above), so a
 batch costs the same whether the table holds a thousand events or a million.
 
 Tables: `events` (one row per event, typed columns plus the whole event as JSON), `dead_letters`,
@@ -76,6 +77,11 @@ _DUCKDB_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
     # DuckDB's default buffer pool is 80% of RAM and keeps every page it ever wrote: the
     # materializer's memory would grow with the store. A cap keeps it flat (pages spill to the file).
     "memory_limit": os.environ.get("CALLGATE_DUCKDB_MEMORY_LIMIT", "256MB"),
+    # A checkpoint's vacuum merges the small row groups each checkpoint leaves into full ones (122,880
+    # rows), rewriting the open one every time: checkpoints then cost more the fuller it is (1.6 s at
+    # 120,000 events) and their peak memory grew with it. Without it each checkpoint writes only what
+    # came since the last one; row groups stay at the rows between checkpoints (about 15,000 events).
+    "max_vacuum_tasks": 0,
 }
 
 # Every timestamp is UTC; without this, TIMESTAMPTZ buckets and results follow the host's zone.
@@ -404,14 +410,29 @@ _STAGED_EVENTS = "ingest_staged_events"
 _STAGED_DEAD = "ingest_staged_dead"
 _STAGED_OFFSETS = "ingest_staged_offsets"
 
-# Each staged event gets a verdict against the store and the rest of its batch:
+# The stored events a batch can touch: for each producer in it, the seqs from one below its lowest
+# to one above its highest. Every check below joins against these rows instead of `events`, so a
+# batch costs the same whatever the table's size (DuckDB pushes the producer and seq bounds into the
+# scan as filters).
+_FIND_NEIGHBOURS = f"""
+CREATE OR REPLACE TEMP TABLE ingest_near AS
+WITH ranges AS (
+    SELECT producer_id, min(seq) - 1 AS lo, max(seq) + 1 AS hi FROM {_STAGED_EVENTS} GROUP BY producer_id
+)
+SELECT e.producer_id, e.seq, e.event_id, e.hash, e.prev_hash, e.content_hash
+FROM events e JOIN ranges r ON e.producer_id = r.producer_id AND e.seq BETWEEN r.lo AND r.hi
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# Each staged event gets a verdict against its neighbours in the store and the rest of its batch:
 # - 'duplicate': the same event (id, producer, seq, hash and content) is already stored;
 # - 'conflict': another event holds its (producer_id, seq) or its event_id, stored or earlier in
 #   the batch (the first one wins; the later one is recorded, never stored);
 # - 'new': to be stored.
-# Identical copies inside the batch collapse first, so a redelivery in one batch is a duplicate, not
-# a conflict. The verdicts are worked out on the narrow key columns (windows over the wide rows,
-# JSON included, cost three times as much); the wide rows stay in the staged table.
+# A redelivery lands on the same (producer_id, seq) slot with the same content, so it is a duplicate
+# there; another event at a stored slot, or with a stored event id anywhere in the store, is a
+# conflict. Identical copies inside the batch collapse first, so a redelivery in one batch is a
+# duplicate, not a conflict. The verdicts are worked out on the narrow key columns with aggregates
+# (windows over them cost three times as much); the wide rows stay staged.
 _CLASSIFY = f"""
 CREATE OR REPLACE TEMP TABLE ingest_batch AS
 WITH copies AS (
@@ -419,18 +440,29 @@ WITH copies AS (
     FROM {_STAGED_EVENTS}
     GROUP BY event_id, producer_id, seq, hash, content_hash
 ),
+slot_firsts AS (
+    SELECT producer_id, seq, min(ord) AS first_ord, arg_min(event_id, ord) AS first_id
+    FROM copies GROUP BY producer_id, seq
+),
+id_firsts AS (SELECT event_id, min(ord) AS first_ord FROM copies GROUP BY event_id),
+-- A stored event with the same id, wherever it is (the key's index answers).
+stored_ids AS (
+    SELECT event_id, producer_id, seq FROM events WHERE event_id IN (SELECT event_id FROM copies)
+),
 candidates AS (
     SELECT c.*,
            by_slot.event_id AS slot_event_id,
            by_slot.hash = c.hash AND by_slot.content_hash = c.content_hash AS slot_same_content,
            by_id.producer_id AS id_producer_id,
            by_id.seq AS id_seq,
-           row_number() OVER (PARTITION BY c.producer_id, c.seq ORDER BY c.ord) AS slot_rank,
-           first_value(c.event_id) OVER (PARTITION BY c.producer_id, c.seq ORDER BY c.ord) AS slot_first_id,
-           row_number() OVER (PARTITION BY c.event_id ORDER BY c.ord) AS id_rank
+           c.ord > sf.first_ord AS later_at_slot,
+           sf.first_id AS slot_first_id,
+           c.ord > idf.first_ord AS later_with_id
     FROM copies c
-    LEFT JOIN events by_slot ON by_slot.producer_id = c.producer_id AND by_slot.seq = c.seq
-    LEFT JOIN events by_id ON by_id.event_id = c.event_id
+    JOIN slot_firsts sf ON sf.producer_id = c.producer_id AND sf.seq = c.seq
+    JOIN id_firsts idf ON idf.event_id = c.event_id
+    LEFT JOIN ingest_near by_slot ON by_slot.producer_id = c.producer_id AND by_slot.seq = c.seq
+    LEFT JOIN stored_ids by_id ON by_id.event_id = c.event_id
 ),
 judged AS (
     SELECT c.*, s.type, s.time, s.prev_hash,
@@ -440,7 +472,7 @@ judged AS (
 SELECT ord, event_id, producer_id, seq, hash, prev_hash, content_hash, type, time,
     CASE
         WHEN slot_event_id = event_id AND slot_same_content THEN 'duplicate'
-        WHEN slot_event_id IS NOT NULL OR id_producer_id IS NOT NULL OR slot_rank > 1 OR id_rank > 1 THEN 'conflict'
+        WHEN slot_event_id IS NOT NULL OR id_producer_id IS NOT NULL OR later_at_slot OR later_with_id THEN 'conflict'
         ELSE 'new'
     END AS verdict,
     CASE
@@ -451,26 +483,27 @@ SELECT ord, event_id, producer_id, seq, hash, prev_hash, content_hash, type, tim
         WHEN id_producer_id IS NOT NULL THEN
             'event id ' || event_id || ' (offset ' || position || ') is already stored for producer '
             || id_producer_id || ' seq ' || id_seq || '; this copy claims another place'
-        WHEN slot_rank > 1 THEN
+        WHEN later_at_slot THEN
             'event ' || event_id || ' (offset ' || position || ') differs from event ' || slot_first_id
             || ' delivered first at this seq; the first is kept'
-        WHEN id_rank > 1 THEN
+        WHEN later_with_id THEN
             'event id ' || event_id || ' (offset ' || position || ') was delivered earlier in the batch '
             || 'with other content or place'
     END AS conflict_detail
 FROM judged
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
-_BATCH_VERDICTS = "SELECT verdict, count(*) FROM ingest_batch GROUP BY verdict"
-_BATCH_NEW_BY_TYPE = "SELECT type, count(*), max(time) FROM ingest_batch WHERE verdict = 'new' GROUP BY type"
+# One pass for both the verdict counts and the new events' breakdown.
+_BATCH_SUMMARY = "SELECT verdict, type, count(*), max(time) FROM ingest_batch GROUP BY verdict, type"
 
-# INSERT OR IGNORE although the verdict already excludes stored ids: the key is the last word.
+# INSERT OR IGNORE although the verdicts already exclude stored ids: the key is the last word. No
+# ORDER BY: the staged rows are in batch order and DuckDB keeps the scan's order on insert
+# (`preserve_insertion_order`); sorting the wide rows cost a fifth of the insert.
 _INSERT_EVENTS = f"""
 INSERT OR IGNORE INTO events BY NAME
 SELECT s.* EXCLUDE (ord, event), s.event::JSON AS event, now() AS ingested_at
-FROM {_STAGED_EVENTS} s JOIN ingest_batch b USING (ord)
-WHERE b.verdict = 'new'
-ORDER BY ord
+FROM {_STAGED_EVENTS} s
+WHERE s.ord IN (SELECT ord FROM ingest_batch WHERE verdict = 'new')
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 _INSERT_DEAD_LETTERS = f"""
@@ -496,12 +529,17 @@ WHERE b.kind = 'gap'
   AND EXISTS (SELECT 1 FROM ingest_batch n WHERE n.verdict = 'new' AND n.producer_id = b.producer_id AND n.seq = b.seq)
 """
 
-# What the new events (already inserted, so `events` holds them) reveal about their chains: their
-# own hash, the seq-1 link, the link to them from a stored seq+1, and conflicts. Each check joins
-# the batch to its neighbours, nothing else, so it costs the same whatever the table's size. A
-# pair inside one batch is found from both sides; DISTINCT keeps one detail.
+# What the new events reveal about their chains: their own hash, the seq-1 link, the link to them
+# from a stored seq+1, and conflicts. The links are looked for among the batch's neighbours (the
+# stored ones and the new events themselves), never in the whole table. A pair inside one batch is
+# found from both sides; DISTINCT keeps one detail.
 _FIND_BREAKS = f"""
 CREATE OR REPLACE TEMP TABLE ingest_findings AS
+WITH chain AS (
+    SELECT producer_id, seq, hash, prev_hash FROM ingest_near
+    UNION ALL
+    SELECT producer_id, seq, hash, prev_hash FROM ingest_batch WHERE verdict = 'new'
+)
 SELECT producer_id, seq, kind, string_agg(DISTINCT detail, '; ' ORDER BY detail) AS detail,
        min(event_id) AS event_id, any_value(evidence) AS evidence
 FROM (
@@ -516,11 +554,11 @@ FROM (
     FROM ingest_batch WHERE verdict = 'new' AND seq = 1 AND prev_hash <> '{ZERO_HASH}'
     UNION ALL
     SELECT n.producer_id, n.seq, 'tamper', 'prev_hash does not link to the hash of seq ' || p.seq, n.event_id, NULL
-    FROM ingest_batch n JOIN events p ON p.producer_id = n.producer_id AND p.seq = n.seq - 1
+    FROM ingest_batch n JOIN chain p ON p.producer_id = n.producer_id AND p.seq = n.seq - 1
     WHERE n.verdict = 'new' AND n.prev_hash <> p.hash
     UNION ALL
     SELECT x.producer_id, x.seq, 'tamper', 'prev_hash does not link to the hash of seq ' || n.seq, x.event_id, NULL
-    FROM ingest_batch n JOIN events x ON x.producer_id = n.producer_id AND x.seq = n.seq + 1
+    FROM ingest_batch n JOIN ingest_near x ON x.producer_id = n.producer_id AND x.seq = n.seq + 1
     WHERE n.verdict = 'new' AND x.prev_hash <> n.hash
 )
 GROUP BY producer_id, seq, kind
@@ -544,7 +582,9 @@ ON CONFLICT (producer_id, seq, kind) DO UPDATE SET detail = CASE
 END
 """
 
-_DROP_BATCH = "DROP TABLE IF EXISTS ingest_batch; DROP TABLE IF EXISTS ingest_findings"
+_DROP_BATCH = (
+    "DROP TABLE IF EXISTS ingest_near; DROP TABLE IF EXISTS ingest_batch; DROP TABLE IF EXISTS ingest_findings"
+)
 
 # Holes per producer between 1 and its highest stored seq. With a grace time, a hole counts only
 # once both neighbours (the one neighbour, for a hole at the start) were stored before it: the
@@ -708,16 +748,17 @@ class AuditStore:
         """Store a batch of Kafka records and the offsets it reached, in one transaction.
 
         Each record's value is parsed (`events.parse_event`); an event is stored once (its
-        `event_id` is the key), anything else becomes a dead letter keyed by (topic, partition,
-        offset) with the reason: no value, a value over `max_value_bytes`, `EventParseError`, or any
-        other error while reading it. `offsets` maps (topic, partition) to the next offset to read;
-        they are upserted in the same transaction. Then the chains of the new events are checked
-        against their stored neighbours: a hash that does not match the content, a `prev_hash` that
-        does not link (either side), seq 1 not starting from 64 zeros, and conflicts (another event
-        at a stored (producer, seq) or with a stored event id: the first stays, the later one is
-        recorded in `chain_breaks` with its JSON as `evidence`, and not stored). Gaps are not
-        recorded here (another partition may still fill them; see `close_open_gaps`), but a
-        recorded gap that this batch fills is removed.
+        `event_id` is the key, and its (producer_id, seq) slot holds one event); anything else
+        becomes a dead letter keyed by (topic, partition, offset) with the reason: no value, a value
+        over `max_value_bytes`, `EventParseError`, or any other error while reading it. `offsets`
+        maps (topic, partition) to the next offset to read; they are upserted in the same
+        transaction. Then the chains of the new events are checked against their stored
+        neighbours: a hash that does not match the content, a `prev_hash` that does not link
+        (either side), seq 1 not starting from 64 zeros, and conflicts (another event at a stored
+        (producer, seq), or with a stored event id or that of an event earlier in the batch: the
+        first stays, the later one is recorded in `chain_breaks` with its JSON as `evidence`, and
+        not stored). Gaps are not recorded here (another partition may still fill them; see
+        `close_open_gaps`), but a recorded gap that this batch fills is removed.
 
         Idempotent: the same records again change nothing. Raises `StoreError` on a read-only store,
         and re-raises whatever went wrong inside the transaction (a negative offset, a closed store)
@@ -732,19 +773,22 @@ class AuditStore:
             try:
                 con.register(_STAGED_EVENTS, staged)
                 con.register(_STAGED_DEAD, dead)
+                con.execute(_FIND_NEIGHBOURS)
                 con.execute(_CLASSIFY)
-                verdicts = dict(con.execute(_BATCH_VERDICTS).fetchall())
-                new_by_type = con.execute(_BATCH_NEW_BY_TYPE).fetchall()
+                summary = con.execute(_BATCH_SUMMARY).fetchall()
                 stored = _count(con.execute(_INSERT_EVENTS))
-                dead_reasons = Counter(str(row[0]) for row in con.execute(_INSERT_DEAD_LETTERS).fetchall())
+                dead_reasons: Counter[str] = Counter()
+                if dead.num_rows:
+                    dead_reasons.update(str(row[0]) for row in con.execute(_INSERT_DEAD_LETTERS).fetchall())
                 # Built inside the transaction on purpose: a bad mapping fails here and rolls back
                 # the events above with it.
                 con.register(_STAGED_OFFSETS, _offsets_table(offsets))
                 con.execute(_UPSERT_OFFSETS)
                 con.execute(_DELETE_FILLED_GAPS)
-                con.execute(_FIND_BREAKS)
-                new_breaks = {str(kind): int(n) for kind, n in con.execute(_COUNT_NEW_BREAKS).fetchall()}
-                con.execute(_UPSERT_BREAKS)
+                new_breaks: dict[str, int] = {}
+                if _count(con.execute(_FIND_BREAKS)):
+                    new_breaks = {str(kind): int(n) for kind, n in con.execute(_COUNT_NEW_BREAKS).fetchall()}
+                    con.execute(_UPSERT_BREAKS)
                 con.execute(_DROP_BATCH)
                 con.commit()
             except BaseException:
@@ -756,14 +800,15 @@ class AuditStore:
             finally:
                 for name in (_STAGED_EVENTS, _STAGED_DEAD, _STAGED_OFFSETS):
                     _unregister(con, name)
-        conflicts = int(verdicts.get("conflict", 0))
+        conflicts = sum(int(n) for verdict, _, n, _ in summary if verdict == "conflict")
+        new_by_type = [(str(kind), int(n), last) for verdict, kind, n, last in summary if verdict == "new"]
         dead_letters = sum(dead_reasons.values())
         return IngestResult(
             stored=stored,
             duplicates=len(records) - stored - dead_letters - conflicts,
             dead_letters=dead_letters,
             chain_breaks=sum(new_breaks.values()),
-            stored_by_type={str(kind): int(n) for kind, n, _ in new_by_type},
+            stored_by_type={kind: n for kind, n, _ in new_by_type},
             dead_letters_by_reason=dict(dead_reasons),
             chain_breaks_by_kind=new_breaks,
             last_event_time=max((last for _, _, last in new_by_type), default=None),

@@ -362,6 +362,17 @@ class TestChainChecks:
         assert (result.duplicates, result.chain_breaks) == (0, 1)
         assert breaks(store) == [(events[1].producer_id, events[1].seq, "conflict")]
 
+    def test_an_event_id_stored_at_a_neighbouring_seq_is_a_conflict(self, store: AuditStore) -> None:
+        """A new seq that reuses the event id of the event just before it is a conflict naming that place."""
+        events = gate_events(2)
+        ingest(store, records(events))
+        last = events[-1]
+        copy = forged(last, rehash=True, seq=last.seq + 1, prev_hash=last.hash)
+        result = ingest(store, [record(copy, 10)])
+        assert (result.stored, result.chain_breaks_by_kind) == (0, {"conflict": 1})
+        ((detail,),) = store.cursor().execute("SELECT detail FROM chain_breaks").fetchall()
+        assert f"is already stored for producer {last.producer_id} seq {last.seq}" in detail
+
 
 class TestGaps:
     def test_close_open_gaps_records_missing_seqs_and_a_fill_removes_them(self, store: AuditStore) -> None:
