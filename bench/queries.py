@@ -137,7 +137,8 @@ SELECT event_id, type, 1, time, producer_id, seq, hash, prev_hash, hash,
                json_object('name', 'refund', 'description', 'Refunds an order',
                            'input_schema_sha256', md5('refund') || md5('refund'),
                            'interceptors', json_array('tenant-orders', 'policy'), 'excluded', json_array()))
-           END)
+           END),
+       CASE WHEN type = 'ToolUse' THEN ['tenant-orders', interceptor] ELSE [] END
 FROM shaped
 """
 

@@ -641,7 +641,7 @@ WHERE type = 'ToolsRegistered'
 # interceptor of some chain its own gate registered for that scope and tool. "Some" rather than
 # "the latest": a chain changed by add/remove_interceptor is announced again, and a call decided
 # just before the announcement must not look unmediated.
-_TRAIL = "coalesce(json_extract_string(e.event, '$.decisions[*].interceptor'), [])"
+_TRAIL = "coalesce(e.trail, [])"
 
 _TOOL_USE_PROBLEMS = f"""
 WITH chains AS (
@@ -656,9 +656,8 @@ broken AS (
     SELECT producer_id FROM events GROUP BY producer_id HAVING max(seq) <> count(*)
 ),
 judged AS (
-    -- The trail is read from the JSON only where the cheaper tests passed.
     SELECT e.event_id, e.time, e.producer_id, e.seq, e.gate, e.workflow, e.agent, e.tool, e.call_id, e.run_id,
-           e.tenant, e.principal, e.event, c.chains,
+           e.tenant, e.principal, e.trail, c.chains,
            CASE WHEN b.producer_id IS NOT NULL THEN 'chain_not_verified'
                 WHEN c.chains IS NULL THEN 'not_registered'
                 WHEN NOT list_bool_or(list_transform(c.chains, lambda ch: list_has_all({_TRAIL}, ch)))
@@ -675,8 +674,8 @@ judged AS (
 _UNVERIFIED_TOOL_USES = f"""
 {_TOOL_USE_PROBLEMS},
 detailed AS (
-    -- Top-N on the judged rows themselves: joining back to events would scan every JSON document.
-    SELECT e.* EXCLUDE (event), {_TRAIL} AS trail
+    -- Top-N on the judged rows themselves: joining back to events would scan the table again.
+    SELECT e.* EXCLUDE (trail), {_TRAIL} AS trail
     FROM (
         SELECT * FROM judged
         WHERE problem IS NOT NULL AND ($problem IS NULL OR problem = $problem)

@@ -337,9 +337,18 @@ WHERE call_id IS NOT NULL
 GROUP BY call_id
 """
 
+# The interceptors of each event's decision trail, in order, as a list column: the coverage check
+# compares every tool run's trail with its registered chain, and reading it out of the JSON cost
+# most of that check's time.
+_ADD_TRAIL = (
+    "ALTER TABLE events ADD COLUMN trail VARCHAR[]",
+    "UPDATE events SET trail = coalesce(json_extract_string(event, '$.decisions[*].interceptor'), [])",
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
+    Migration(3, "decision trail column", _ADD_TRAIL),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
@@ -384,6 +393,7 @@ _STAGED_EVENT_SCHEMA: Final = pa.schema(
         ("kafka_partition", pa.int32()),
         ("kafka_offset", pa.int64()),
         ("event", pa.string()),
+        ("trail", pa.list_(pa.string())),
     ]
 )
 
@@ -1009,6 +1019,7 @@ def _event_row(read: ReadEvent, ord_: int, topic: str, partition: int, offset: i
         offset,
         # The normalized wire form (what `encode_event` writes), so readers see one shape.
         read.normalized,
+        [step.interceptor for step in event.decisions],
     )
 
 
