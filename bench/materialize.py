@@ -29,6 +29,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from figures import report
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gate_overhead import ARGS, RUN, build_desk
@@ -181,6 +183,10 @@ async def main_async(n: int, rate: int, seconds: float) -> None:
     print(f"throughput: materialize / Arrow floor = {rate_full / rate_floor:.3f} (target >= 0.5)")
     print(f"memory: peak RSS {small_rss} MiB at {small:,} events, {full_rss} MiB at {n:,} (target: flat)")
     print(f"lag: p99 {p99:.3f} s at {rate:,} events/s (target <= 2 s)")
+    report(f"materialize --drain of {n:,} events", rate_full, "events/s", floor=rate_floor, target=">= 0.5",
+           higher_is_better=True)  # fmt: skip
+    report(f"peak RSS at {n:,} events", full_rss, "MiB", floor=small_rss, target=f"flat (floor: at {small:,})")
+    report(f"lag at {rate:,} events/s, p99", p99, "s", target="<= 2 s")
 
 
 def main() -> None:
