@@ -42,7 +42,7 @@ def read_events(path: Path, until: Any) -> list[Any]:
         parsed = [parse_event(line) for line in lines if line.strip()]
         if until(parsed) or time.monotonic() > deadline:
             return parsed
-        time.sleep(0.02)
+        time.sleep(0.02)  # sleep-ok: polling a file another process writes, with a deadline
 
 
 def proxy_params(root: Path, events: Path, *extra: str) -> StdioServerParameters:
