@@ -27,6 +27,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,9 @@ async def _drive(options: DemoOptions, console: Console, bootstrap: str, api_url
 
     stop = _stop_on_signals()
     counter = EventCounter()
+    # The check covers this run's events: a store reused from an earlier run (say, one with
+    # --inject-bypass) keeps its history, which is not this run's verdict.
+    started = datetime.now(UTC)
     kafka = KafkaSink(bootstrap, options.topic, work / "spool")
     wired = build_support_desk([kafka, counter, *_otel_sinks()], seed=options.seed)
     stats = WorkloadStats()
@@ -176,12 +180,12 @@ async def _drive(options: DemoOptions, console: Console, bootstrap: str, api_url
     if (stored or 0) < counter.total:
         console.print(Text(f"the store holds {stored} of {counter.total} events after {INGEST_TIMEOUT_S:.0f} s", "red"))
     try:
-        report = await asyncio.to_thread(run_checks, reader, require_exercised=True)
+        report = await asyncio.to_thread(run_checks, reader, require_exercised=True, since=started)
     except SourceUnavailableError as exc:
         console.print(Text(f"coverage: cannot check: {exc}", style="red"))
         return 2
     _summary(console, wired, stats, counter)
-    table = Table(title="callgate coverage (through the read API)", title_justify="left")
+    table = Table(title=f"callgate coverage of this run (since {started:%H:%M:%S} UTC)", title_justify="left")
     for column in ("check", "result", "detail"):
         table.add_column(column, overflow="fold")
     for check in report.checks:

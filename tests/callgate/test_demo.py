@@ -112,7 +112,8 @@ class TestCommand:
         assert check.returncode == 0, check.stdout + check.stderr
 
     def test_inject_bypass_turns_coverage_red(self, tmp_path: Path) -> None:
-        """With --inject-bypass the demo's own coverage check fails (exit 1) on the unmediated use."""
+        """With --inject-bypass the demo's own coverage check fails (exit 1) on the unmediated use; a
+        next run on the same store is green."""
         db = tmp_path / "demo.duckdb"
         done = subprocess.run(
             [*CLI, "demo", "--duration", "3", "--no-dashboard", "--inject-bypass", "--db", str(db)],
@@ -120,3 +121,9 @@ class TestCommand:
         )  # fmt: skip
         assert done.returncode == 1, done.stdout + done.stderr
         assert "guarded clients outside the gate (payments)" in done.stdout
+        # A later run on the same store is judged on its own events, not on the bypass before it.
+        again = subprocess.run(
+            [*CLI, "demo", "--duration", "3", "--no-dashboard", "--db", str(db)],
+            capture_output=True, text=True, timeout=240, cwd=tmp_path, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        assert again.returncode == 0, again.stdout + again.stderr
