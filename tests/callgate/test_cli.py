@@ -6,6 +6,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from click.testing import Result
 from typer.testing import CliRunner
 
 from callgate.broker import EmbeddedBroker
@@ -84,24 +85,17 @@ class TestMaterializeApiBinding:
         assert result.exit_code == 2, result.output
         assert "binds store, which is not a loopback address" in result.stderr
 
+    @staticmethod
+    def drain_serving(broker: EmbeddedBroker, tmp_path: Path, api: str, *extra: str) -> Result:
+        """`callgate materialize --drain` of a topic nobody wrote to, serving the read API on `api`."""
+        topic = f"never-published-{uuid.uuid4().hex[:8]}"
+        db = str(tmp_path / "audit.duckdb")
+        args = ["materialize", "--bootstrap", broker.bootstrap, "--topic", topic, "--db", db, "--api", api]
+        return runner.invoke(app, [*args, *extra, "--drain"])
+
     def test_allow_remote_binds_every_interface_and_warns(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
         """With --allow-remote the API serves on 0.0.0.0 and stderr warns that it has no authentication."""
-        result = runner.invoke(
-            app,
-            [
-                "materialize",
-                "--bootstrap",
-                kafka_broker.bootstrap,
-                "--topic",
-                f"never-published-{uuid.uuid4().hex[:8]}",
-                "--db",
-                str(tmp_path / "audit.duckdb"),
-                "--api",
-                "0.0.0.0:0",
-                "--allow-remote",
-                "--drain",
-            ],
-        )
+        result = self.drain_serving(kafka_broker, tmp_path, "0.0.0.0:0", "--allow-remote")
         assert result.exit_code == 0, result.output
         assert "read API at http://0.0.0.0:" in result.stdout
         assert "warning: serving the read API on 0.0.0.0" in result.stderr
@@ -110,21 +104,7 @@ class TestMaterializeApiBinding:
 
     def test_loopback_api_needs_no_flag_and_gets_no_warning(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
         """The default, loopback, runs as before: no flag, nothing on stderr about remote access."""
-        result = runner.invoke(
-            app,
-            [
-                "materialize",
-                "--bootstrap",
-                kafka_broker.bootstrap,
-                "--topic",
-                f"never-published-{uuid.uuid4().hex[:8]}",
-                "--db",
-                str(tmp_path / "audit.duckdb"),
-                "--api",
-                "127.0.0.1:0",
-                "--drain",
-            ],
-        )
+        result = self.drain_serving(kafka_broker, tmp_path, "127.0.0.1:0")
         assert result.exit_code == 0, result.output
         assert "read API at http://127.0.0.1:" in result.stdout
         assert "warning" not in result.stderr
