@@ -12,14 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
 import dashboard
+from callgate.processes import wait_until_serving
 from dashboard.config import ENV_API, ENV_DB, ENV_REFRESH, ENV_TRACE_URL, DashboardConfig
 
 __all__ = ["APP", "DashboardError", "is_loopback", "run_dashboard", "streamlit_command"]
@@ -138,15 +136,10 @@ def run_dashboard(
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DashboardError(f"streamlit exited with code {proc.returncode} before serving (its log is above)")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:  # noqa: S310 (our URL)
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)  # polling a child process with a deadline
-    raise DashboardError(f"streamlit did not answer at {url} within {READY_TIMEOUT_S:.0f} s")
+    try:
+        wait_until_serving(f"{url}/_stcore/health", proc, READY_TIMEOUT_S, require_ok=True)
+    except ChildProcessError:
+        code = proc.returncode
+        raise DashboardError(f"streamlit exited with code {code} before serving (its log is above)") from None
+    except TimeoutError:
+        raise DashboardError(f"streamlit did not answer at {url} within {READY_TIMEOUT_S:.0f} s") from None

@@ -22,8 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from callgate.broker import BrokerError, EmbeddedBroker, free_port
+from callgate.processes import wait_until_serving
 from callgate.workload import EventCounter, SupportDesk, WorkloadStats, build_support_desk, run_workload
 
 DEFAULT_TOPIC = "callgate.events"
@@ -311,18 +310,12 @@ def _child(name: str, args: list[str], log: Path) -> Iterator[subprocess.Popen[b
 
 
 def _wait_until_serving(url: str, process: subprocess.Popen[bytes], log: Path, name: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise DemoError(f"the {name} exited with {process.returncode} before serving:\n{_tail(log)}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):  # noqa: S310 (a loopback http URL we built)
-                return
-        except urllib.error.HTTPError:
-            return  # it answers; a 503 from /healthz still means it serves
-        except OSError:
-            time.sleep(0.2)  # polling a port that is not open yet, with a deadline
-    raise DemoError(f"the {name} did not answer at {url} within {START_TIMEOUT_S:.0f} s:\n{_tail(log)}")
+    try:
+        wait_until_serving(url, process, START_TIMEOUT_S)
+    except ChildProcessError:
+        raise DemoError(f"the {name} exited with {process.returncode} before serving:\n{_tail(log)}") from None
+    except TimeoutError:
+        raise DemoError(f"the {name} did not answer at {url} within {START_TIMEOUT_S:.0f} s:\n{_tail(log)}") from None
 
 
 def _tail(log: Path, lines: int = 20) -> str:

@@ -280,11 +280,14 @@ class Gate:
         # Every scope's chains changed: the audit says so (a ToolsRegistered per agent scope), so a
         # reader checking trails against registered chains sees the new ones. Direct tools are
         # announced when `invoke` recompiles them.
-        if self._audit is None:
-            return
         with self._lock:
             agents = list(self._agents)
         for scope in agents:
+            self._announce(scope)
+
+    def _announce(self, scope: AgentScope) -> None:
+        """One ToolsRegistered event with `scope`'s tools and their current chains (none without sinks)."""
+        if self._audit is not None:
             path = ScopePath(self.name, scope.workflow_name, scope.name, "")
             self._audit.tools_registered(path, [scope._chain(name) for name in scope.tools])
 
@@ -292,9 +295,7 @@ class Gate:
         with self._lock:
             self._agents.append(scope)
         self._ledger.register(scope.tools)
-        if self._audit is not None:
-            path = ScopePath(self.name, scope.workflow_name, scope.name, "")
-            self._audit.tools_registered(path, [scope._chain(name) for name in scope.tools])
+        self._announce(scope)
 
     # -- the direct path ------------------------------------------------------------------------
 
