@@ -18,6 +18,7 @@ import struct
 import subprocess
 import tempfile
 import time
+import uuid
 import weakref
 from pathlib import Path
 from types import TracebackType
@@ -182,6 +183,7 @@ class EmbeddedBroker:
         self._log_path = Path(log_path) if log_path is not None else None
         self._owns_log = False
         self._process: subprocess.Popen[bytes] | None = None
+        self._cluster_id = ""
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes], Path | None], EmbeddedBroker] | None = None
 
     # -- state ---------------------------------------------------------------------------------------
@@ -210,6 +212,12 @@ class EmbeddedBroker:
         """The file receiving the broker's output, or None before the first start / after `stop()` of a
         temporary log."""
         return self._log_path
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster id of the current start ('' before the first): new at every start, because
+        memory storage makes every start a new, empty cluster."""
+        return self._cluster_id
 
     @property
     def pid(self) -> int | None:
@@ -368,6 +376,7 @@ class EmbeddedBroker:
 
     def _spawn(self, binary: str) -> subprocess.Popen[bytes]:
         url = f"tcp://{_address(self.host, self._port)}"
+        self._cluster_id = f"callgate-{uuid.uuid4().hex}"
         command = [
             binary,
             "broker",
@@ -377,6 +386,10 @@ class EmbeddedBroker:
             url,
             "--storage-engine",
             "memory://tansu/",
+            # A new cluster id per start: memory storage makes each start a new, empty cluster, and
+            # clients (the Kafka sink's confirm_group) tell a restarted broker from a reconnect by it.
+            "--cluster-id",
+            self._cluster_id,
         ]
         failure: BrokerError | None = None
         with self._open_log() as log:

@@ -55,6 +55,10 @@ WhenFull = Literal["block", "drop_oldest"]
 CE_SOURCE_PREFIX = "urn:callgate:producer:"
 CE_TYPE_PREFIX = "dev.callgate."
 DROPPED_HEADER = "callgate_dropped"
+DEFAULT_TOPIC = "callgate.events"
+DEFAULT_PARTITIONS = 3
+"""The partition count of the events topic. Whoever reaches the broker first (a sink, the
+materializer, `callgate broker`) creates the topic with it, so a key's partition never moves."""
 _SEP = b"\x1f"
 
 
@@ -63,6 +67,48 @@ def default_spool_dir(bootstrap_servers: str, topic: str) -> Path:
     base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
     tag = hashlib.sha256(bootstrap_servers.encode()).hexdigest()[:12]
     return base / "callgate" / "spool" / f"{topic}-{tag}"
+
+
+async def ensure_topic(
+    bootstrap_servers: str,
+    topic: str = DEFAULT_TOPIC,
+    partitions: int = DEFAULT_PARTITIONS,
+    *,
+    replication_factor: int = 1,
+    timeout_s: float = 5.0,
+    **client_options: Any,
+) -> int:
+    """Create `topic` with `partitions` partitions unless it exists; return the partition count the
+    broker lists for it. Safe when several processes race to create it (one wins, the others find
+    it). A topic that already exists with another count is left as it is, with a warning: its keys'
+    partitions would move if it changed. Raises what the admin client raises when the broker cannot
+    be reached within `timeout_s`."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000), **client_options
+    )
+    await asyncio.wait_for(admin.start(), timeout_s)
+    try:
+        if topic not in await admin.list_topics():
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(
+                    [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)]
+                )
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    listed = len(described[0]["partitions"]) if described and not described[0].get("error_code") else 0
+    if listed and listed != partitions:
+        log.warning(
+            "topic %s on %s has %d partitions, not %d: it was created by something else",
+            topic,
+            bootstrap_servers,
+            listed,
+            partitions,
+        )
+    return listed
 
 
 def _spool_key(event: EventBase) -> bytes:
