@@ -1,28 +1,40 @@
 """`KafkaSink`: decision events to a Kafka topic, with a durable local spool so that a broker that is
-down, slow or restarted never stops the agent's calls and never costs an event.
+down, slow, restarted or forgetful never stops the agent's calls and never costs an event.
 
 How an event travels:
 
 1. `emit(event)` appends it to an in-memory queue (a bounded deque; nothing else on the call path).
-2. The sink's own thread (with its own event loop) moves queued events into the spool: append-only,
-   checksummed segment files, fsynced once per batch. From here on the event survives a crash of
-   this process.
-3. The same thread reads the spool's oldest records, sends them with an aiokafka producer
-   (`acks="all"`, no idempotence: deduplication is by `event_id` downstream) and acknowledges each
-   record once the broker has it; a segment is deleted when all its records are acknowledged.
-4. A broker that cannot be reached, or a send that fails, leaves the records in the spool; the
-   thread reconnects with backoff and replays them in order. Duplicates in the topic are possible
-   (a send the broker stored but never acknowledged); losses are not.
+2. The sink's own thread (with its own event loop) moves queued events into the spool, one batch
+   at a time between sends: append-only, checksummed segment files, fsynced once per batch. From
+   here on the event survives a crash of this process.
+3. The same thread sends the spool's oldest records with an aiokafka producer (`acks="all"`, no
+   idempotence: deduplication is by `event_id` downstream), each producer's records to one pinned
+   partition. A record counts as delivered only when the broker acknowledged it to a partition
+   that the broker's own metadata, read after the batch, lists for the topic.
+4. Delivered records leave the spool: at once, or with `confirm_group=GROUP` only once that
+   consumer group (the materializer) has committed an offset past them, so a broker that loses
+   acknowledged records, restarts empty or recreates the topic costs nothing: whatever the group
+   never confirmed is sent again, and the store's `event_id` key absorbs the repeats.
+5. A broker that cannot be reached, or a send that fails, leaves the records in the spool; the
+   thread reconnects with backoff and replays them in order. Duplicates in the topic are possible;
+   losses are not.
+
+A new broker is told from a reconnect by its cluster id (the embedded broker takes a new one at
+every start), and a recreated log by offsets that go backwards or a group whose committed offsets
+vanish; any of them sends again everything not yet confirmed. The topic is created by whoever
+reaches the broker first with `DEFAULT_PARTITIONS` (`ensure_topic`), and this module's clients
+never let a metadata request create it with the broker's own default.
 
 Record key = `producer_id` (each producer's chain stays in order in one partition); value = the
 event's JSON (`encode_event`); CloudEvents binary-mode headers (`ce_specversion`, `ce_id`, `ce_source`,
 `ce_type`, `ce_time`, `content-type`).
 
-When the spool is full (the broker has been away long enough), the default `when_full="block"`
-fails closed: `available` turns False and the gate ends new calls `Blocked` with reason "audit
-unavailable" until there is room again. `when_full="drop_oldest"` discards the oldest spooled
-events instead; every discarded event is counted (`dropped`) and the count rides on the next
-delivered batch as the `callgate_dropped` header.
+When the spool is full (the broker, or with `confirm_group` the consumer group, has been away long
+enough), the default `when_full="block"` fails closed: `available` turns False and the gate ends
+new calls `Blocked` with reason "audit unavailable" until there is room again; a batch larger than
+the room left is split, so any spool size works. `when_full="drop_oldest"` discards the oldest
+spooled events instead; every discarded event is counted (`dropped`) and the count rides on the
+next delivered batch as the `callgate_dropped` header.
 
 This module imports aiokafka; import it only when used.
 """
@@ -33,6 +45,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import contextvars
 import hashlib
 import itertools
 import logging
@@ -46,7 +59,7 @@ from typing import IO, Any, Literal
 
 from events.codec import encode_event
 from events.models import EventBase
-from events.spool import Spool, SpoolFull, SpoolLocked, SpoolRecord
+from events.spool import HEADER_SIZE, Spool, SpoolFull, SpoolLocked, SpoolRecord
 
 log = logging.getLogger("callgate.events.kafka")
 
@@ -141,12 +154,59 @@ def _headers(key: bytes, dropped: int) -> tuple[bytes, list[tuple[str, bytes]]]:
     return producer_id, headers
 
 
+_AUTO_CREATE: contextvars.ContextVar[bool] = contextvars.ContextVar("callgate_topic_auto_create", default=True)
+_metadata_request_patched = False
+
+
+def refuse_topic_auto_creation(client: Any) -> None:
+    """Make every metadata request of this aiokafka client (`producer.client`, `consumer._client`)
+    ask the broker not to create missing topics. A Kafka client creates a missing topic with the
+    broker's default partition count whenever it asks for its metadata; after a broker restarted
+    empty that races with `ensure_topic` and may give the topic another count than its producers'
+    keys were spread over. aiokafka has no option for it (its metadata requests always allow
+    creation), so its request class is wrapped once to honour a per-task flag, and this client's
+    metadata refresh sets the flag. Other aiokafka clients in the process are unaffected."""
+    global _metadata_request_patched
+    import aiokafka.client as client_module
+
+    if not _metadata_request_patched:
+        base: Any = client_module.MetadataRequest
+
+        class _MetadataRequest(base):  # type: ignore[misc]
+            def __init__(self, topics: Any = None, allow_auto_topic_creation: bool | None = None) -> None:
+                if allow_auto_topic_creation is None and not _AUTO_CREATE.get():
+                    allow_auto_topic_creation = False
+                super().__init__(topics, allow_auto_topic_creation)
+
+        client_module.MetadataRequest = _MetadataRequest
+        _metadata_request_patched = True
+    original = client._metadata_update
+
+    async def metadata_update(cluster_metadata: Any, topics: Any) -> Any:
+        token = _AUTO_CREATE.set(False)
+        try:
+            return await original(cluster_metadata, topics)
+        finally:
+            _AUTO_CREATE.reset(token)
+
+    client._metadata_update = metadata_update
+
+
 class KafkaSink:
-    """Sends events to `topic` on `bootstrap_servers`, spooling them on disk until acknowledged.
+    """Sends events to `topic` on `bootstrap_servers`, spooling them on disk until delivered.
 
     - `spool_dir`: where undelivered events wait (default: `default_spool_dir(...)`); one sink at a
       time per directory (a lock file; a second one raises `SpoolLocked`). Events a previous sink
       left there are sent first.
+    - `confirm_group`: the consumer group that stores the events (the materializer's, by default
+      "callgate-materializer"). When set, an event leaves the spool only once that group has
+      committed an offset past it, not when the broker acknowledged it; `flush` then waits for the
+      group too. Use it with brokers that may lose acknowledged records (the embedded broker's
+      memory storage, a single unreplicated Kafka broker); with replicated Apache Kafka
+      (`acks=all`, `min.insync.replicas` >= 2) the broker's acknowledgement is enough. The spool
+      is then the bound on what may wait for the group: a group that stops committing fills it,
+      and `when_full` decides (by default new calls are blocked: "audit unavailable").
+    - `confirm_interval_s`: how often the group's committed offsets are read.
     - `partitions` / `replication_factor`: used when the topic has to be created.
     - `spool_max_bytes` and `when_full` ("block" or "drop_oldest"): see the module docstring.
     - `max_queue`: events held in memory before the spool takes them; past it `emit` drops and
@@ -156,16 +216,19 @@ class KafkaSink:
       counted in `oversize`, and never blocks the records behind it.
     - `producer_options` go to `aiokafka.AIOKafkaProducer` (e.g. `security_protocol`).
 
-    `emit` is safe from any thread, never blocks and never raises. `flush` and `close` are async.
+    `emit` is safe from any thread, never blocks and never raises. `flush` and `close` are async
+    and return within their timeout whatever the broker does.
     """
 
     def __init__(
         self,
         bootstrap_servers: str,
-        topic: str = "callgate.events",
+        topic: str = DEFAULT_TOPIC,
         spool_dir: str | os.PathLike[str] | None = None,
         *,
-        partitions: int = 3,
+        confirm_group: str | None = None,
+        confirm_interval_s: float = 0.2,
+        partitions: int = DEFAULT_PARTITIONS,
         replication_factor: int = 1,
         when_full: WhenFull = "block",
         spool_max_bytes: int = 256 * 2**20,
@@ -178,8 +241,12 @@ class KafkaSink:
     ) -> None:
         if when_full not in ("block", "drop_oldest"):
             raise ValueError(f"when_full must be 'block' or 'drop_oldest', got {when_full!r}")
+        if confirm_group is not None and not confirm_group:
+            raise ValueError("confirm_group must name a consumer group (or be None)")
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
+        self.confirm_group = confirm_group
+        self.confirm_interval_s = confirm_interval_s
         self.partitions = partitions
         self.replication_factor = replication_factor
         self.when_full: WhenFull = when_full
@@ -192,7 +259,7 @@ class KafkaSink:
         self.spool_dir = Path(spool_dir) if spool_dir is not None else default_spool_dir(bootstrap_servers, topic)
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         # Space comes back a whole segment at a time: small segments keep drop_oldest's losses small.
-        segment_bytes = max(64 * 1024, min(16 * 2**20, spool_max_bytes // 64))
+        segment_bytes = max(4096, min(16 * 2**20, spool_max_bytes // 64))
         try:
             self._spool = Spool(self.spool_dir / "segments", max_bytes=spool_max_bytes, segment_bytes=segment_bytes)
         except SpoolLocked:
@@ -210,11 +277,23 @@ class KafkaSink:
         self._unreported_drops = 0
         # Held while events move from the queue to the spool, so `pending` never counts one twice.
         self._moving = threading.Lock()
+        # The sender thread's own state (only that thread touches it).
+        self._pins: dict[bytes, int] = {}
+        self._sent_upto: tuple[int, int] | None = None
+        self._awaiting: dict[int, collections.deque[tuple[int, tuple[int, int]]]] = {}
+        self._last_offset: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+        self._next_confirm = 0.0
+        self._known_cluster: str | None = None
 
         self.dropped = 0
         """Events lost on purpose: the memory queue was full, or `drop_oldest` made room."""
         self.sent = 0
-        """Records the broker acknowledged."""
+        """Records the broker acknowledged (to a partition its metadata lists)."""
+        self.confirmed = 0
+        """With `confirm_group`: records the group committed past (and so released from the spool)."""
+        self.resent = 0
+        """Times everything unconfirmed was sent again (a new broker, a recreated topic or log)."""
         self.send_failures = 0
         """Sends that failed (their records stayed spooled and were retried)."""
         self.oversize = 0
@@ -239,9 +318,15 @@ class KafkaSink:
 
     @property
     def pending(self) -> int:
-        """Events not yet acknowledged by the broker (queued in memory or spooled)."""
+        """Events not yet delivered (queued in memory or spooled; with `confirm_group`, not yet
+        confirmed by the group)."""
         with self._moving:
             return len(self._queue) + self._spool.pending
+
+    @property
+    def awaiting_confirmation(self) -> int:
+        """With `confirm_group`: records the broker acknowledged that the group has not committed."""
+        return sum(len(records) for records in list(self._awaiting.values()))
 
     def emit(self, event: EventBase) -> None:
         """Queue the event for the sender thread. Never blocks, never raises; drops and counts only
@@ -254,9 +339,9 @@ class KafkaSink:
             self._start()
 
     async def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the queue and the spool are empty (every event acknowledged) or `timeout`
-        passes. Returns True when everything was delivered, False on timeout (the events stay
-        spooled)."""
+        """Wait until the queue and the spool are empty (every event delivered; with
+        `confirm_group`, confirmed by the group) or `timeout` passes. Returns True when everything
+        was delivered, False on timeout (the events stay spooled)."""
         if self._thread is None and not self._spool.pending and not self._queue:
             return True
         if self._thread is None:
@@ -264,19 +349,28 @@ class KafkaSink:
         return await asyncio.get_running_loop().run_in_executor(None, self._wait_drained, timeout)
 
     async def close(self, timeout: float | None = 30.0) -> bool:
-        """Flush (up to `timeout`), then stop the sender and close the spool. What was not
-        delivered stays in the spool for the next sink over the same directory. Idempotent.
-        Returns whether everything was delivered."""
+        """Flush (up to `timeout`), then stop the sender and close the spool, all within `timeout`.
+        What was not delivered stays in the spool for the next sink over the same directory; events
+        still in memory that the spool could not take (it was full) are lost, logged and counted in
+        `dropped`. Idempotent. Returns whether everything was delivered."""
         if self._closed:
             return self.pending == 0
+        deadline = None if timeout is None else time.monotonic() + timeout
         delivered = await self.flush(timeout)
         self._closed = True
+        # The sender stops sending at once; what it holds in memory it still tries to spool.
         self._stop.set()
         with self._progress:
             self._progress.notify_all()
         thread = self._thread
         if thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, thread.join)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, left)
+            if thread.is_alive():
+                log.error(
+                    "KafkaSink: the sender did not stop within the close timeout; %d events were still in memory",
+                    len(self._queue),
+                )
         else:
             self._spool.close()
         self._release()
@@ -289,10 +383,11 @@ class KafkaSink:
             self._oversize_file.close()
             self._oversize_file = None
 
-    def _count_drop(self, why: str) -> None:
-        self.dropped += 1
-        if self.dropped == 1 or self.dropped % 1000 == 0:
-            log.warning("KafkaSink dropped an event (%s); %d dropped so far", why, self.dropped)
+    def _count_drop(self, why: str, n: int = 1) -> None:
+        before = self.dropped
+        self.dropped += n
+        if before == 0 or before // 1000 != self.dropped // 1000:
+            log.warning("KafkaSink dropped %d event(s) (%s); %d dropped so far", n, why, self.dropped)
 
     def _start(self) -> None:
         with self._start_lock:
@@ -328,84 +423,106 @@ class KafkaSink:
             log.exception("KafkaSink sender stopped unexpectedly; undelivered events stay in %s", self.spool_dir)
         finally:
             self._spool_queue()
+            if self._queue:
+                self._count_drop("closed with the spool full", len(self._queue))
+                self._queue.clear()
             self._spool.close()
             self._notify()
 
     def _spool_queue(self) -> int:
-        """Move queued events into the spool (one fsync per batch). Returns how many moved."""
+        """Move every queued event into the spool, as far as it has room. Returns how many moved."""
         moved = 0
         while self._queue:
-            # islice over the deque runs in C under the GIL: safe beside emit's appends.
-            batch = list(itertools.islice(self._queue, self.batch_records))
-            records = [(_spool_key(event), encode_event(event)) for event in batch]
-            with self._moving:
-                try:
-                    self._spool.append(records)
-                    self._spool_full = False
-                except SpoolFull:
-                    if self.when_full == "block":
-                        # Fail closed: the events wait in memory, the gate refuses new calls.
-                        self._spool_full = True
-                        return moved
-                    self._make_room(records)
-                for _ in batch:
-                    self._queue.popleft()
-            moved += len(batch)
+            step = self._spool_batch()
+            if step == 0:
+                break
+            moved += step
         return moved
 
-    def _make_room(self, records: list[tuple[bytes, bytes]]) -> None:
-        while True:
-            try:
-                self._spool.append(records)
-                return
-            except SpoolFull:
-                dropped = self._spool.drop_oldest(max(len(records), 1))
+    def _spool_batch(self) -> int:
+        """Move one batch of queued events into the spool (one fsync), split to the room the spool
+        has. Returns how many moved; 0 when the queue is empty or the spool has no room."""
+        if not self._queue:
+            return 0
+        # islice over the deque runs in C under the GIL: safe beside emit's appends.
+        batch = list(itertools.islice(self._queue, self.batch_records))
+        records = [(_spool_key(event), encode_event(event)) for event in batch]
+        with self._moving:
+            fits = self._fitting(records)
+            while fits == 0 and self.when_full == "drop_oldest" and self._spool.pending:
+                dropped = self._spool.drop_oldest(1)
                 self.dropped += dropped
                 log.warning("KafkaSink spool full: dropped the %d oldest events", dropped)
-                if dropped == 0:
-                    # The batch alone is larger than the whole spool: keep what fits, one by one.
-                    for record in records:
-                        try:
-                            self._spool.append([record])
-                        except SpoolFull:
-                            self.dropped += 1
-                    return
+                fits = self._fitting(records)
+            if fits == 0:
+                # Fail closed: the events wait in memory, the gate refuses new calls; the flag
+                # clears at the first append that finds room.
+                self._spool_full = True
+                return 0
+            try:
+                self._spool.append(records[:fits])
+            except SpoolFull:
+                self._spool_full = True
+                return 0
+            self._spool_full = False
+            for _ in range(fits):
+                self._queue.popleft()
+        return fits
+
+    def _fitting(self, records: list[tuple[bytes, bytes]]) -> int:
+        """How many of `records`, from the first, the spool takes now (an empty spool takes one
+        record of any size)."""
+        size = self._spool.size_bytes
+        room = self._spool.max_bytes - size
+        n = 0
+        for key, value in records:
+            room -= HEADER_SIZE + len(key) + len(value)
+            if room < 0:
+                break
+            n += 1
+        return 1 if n == 0 and size == 0 and records else n
 
     async def _run(self) -> None:
-        producer: Any = None
+        link: _Link | None = None
         backoff = 0.1
         next_attempt = 0.0
         try:
             while True:
-                moved = self._spool_queue()
-                progressed = moved > 0
-                if self._spool.pending:
-                    if producer is None and time.monotonic() >= next_attempt:
-                        producer = await self._connect()
-                        if producer is None:
+                stopping = self._stop.is_set()
+                # One batch into the spool, then one batch out: under a sustained load neither
+                # starves the other.
+                progressed = self._spool_batch() > 0
+                if self._spool.pending and not stopping:
+                    if link is None and time.monotonic() >= next_attempt:
+                        link = await self._connect()
+                        if link is None:
                             next_attempt = time.monotonic() + backoff
                             backoff = min(backoff * 2, 5.0)
                         else:
                             backoff = 0.1
-                    if producer is not None:
-                        ok, sent = await self._send_batch(producer)
-                        progressed = progressed or sent > 0
+                    if link is not None:
+                        ok, moved = await self._send_batch(link)
+                        if ok and self.confirm_group is not None and time.monotonic() >= self._next_confirm:
+                            ok, confirmed = await self._confirm(link)
+                            moved += confirmed
+                        progressed = progressed or moved > 0
                         if not ok:
-                            await self._disconnect(producer)
-                            producer = None
+                            await self._disconnect(link)
+                            link = None
                             next_attempt = time.monotonic() + backoff
                 if progressed:
                     self._notify()
-                if self._stop.is_set() and (self._drained() or producer is None):
+                if stopping and (not self._queue or not progressed):
                     return
                 if not progressed:
                     await asyncio.sleep(self.linger_s)
         finally:
-            if producer is not None:
-                await self._disconnect(producer)
+            if link is not None:
+                await self._disconnect(link)
 
-    async def _connect(self) -> Any:
+    async def _connect(self) -> _Link | None:
         from aiokafka import AIOKafkaProducer
+        from aiokafka.admin import AIOKafkaAdminClient
 
         options: dict[str, Any] = {
             "acks": "all",
@@ -418,59 +535,121 @@ class KafkaSink:
             **self.producer_options,
         }
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, **options)
+        refuse_topic_auto_creation(producer.client)
+        admin: Any = None
         try:
             await asyncio.wait_for(producer.start(), self.connect_timeout_s)
-            await self._ensure_topic()
+            await ensure_topic(
+                self.bootstrap_servers,
+                self.topic,
+                self.partitions,
+                replication_factor=self.replication_factor,
+                timeout_s=self.connect_timeout_s,
+                **_client_options(self.producer_options),
+            )
+            if self.confirm_group is not None:
+                admin = AIOKafkaAdminClient(
+                    bootstrap_servers=self.bootstrap_servers,
+                    request_timeout_ms=int(self.connect_timeout_s * 1000),
+                    **_client_options(self.producer_options),
+                )
+                await asyncio.wait_for(admin.start(), self.connect_timeout_s)
+            link = _Link(producer, admin)
+            described = await self._describe(link)
+            if described is None:
+                raise ConnectionError(f"no metadata for topic {self.topic}")
+            link.cluster_id = described[0]
         except Exception as exc:
             self.last_error = f"connect: {type(exc).__name__}: {exc}"
             log.debug("KafkaSink cannot reach %s: %s", self.bootstrap_servers, self.last_error)
             with contextlib.suppress(Exception):
                 await producer.stop()
+            if admin is not None:
+                with contextlib.suppress(Exception):
+                    await admin.close()
             self._connected = False
             return None
+        if self._known_cluster is not None and link.cluster_id != self._known_cluster:
+            self._resend_all(f"the broker is a new cluster ({link.cluster_id}, was {self._known_cluster})")
+        self._known_cluster = link.cluster_id
         self._connected = True
-        return producer
+        return link
 
-    async def _ensure_topic(self) -> None:
-        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-        from aiokafka.errors import TopicAlreadyExistsError
+    async def _describe(self, link: _Link) -> tuple[str, frozenset[int]] | None:
+        """(cluster id, partitions the broker lists for the topic), read from the broker now;
+        empty partitions when the topic is missing; None when the broker did not answer."""
+        from aiokafka.protocol.metadata import MetadataRequest
 
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.bootstrap_servers, request_timeout_ms=int(self.connect_timeout_s * 1000)
-        )
-        await admin.start()
+        client = link.producer.client
         try:
-            existing = await admin.list_topics()
-            if self.topic not in existing:
-                with contextlib.suppress(TopicAlreadyExistsError):
-                    await admin.create_topics(
-                        [
-                            NewTopic(
-                                self.topic, num_partitions=self.partitions, replication_factor=self.replication_factor
-                            )
-                        ]
-                    )
-        finally:
-            await admin.close()
-
-    async def _topic_present(self, producer: Any) -> bool:
-        try:
-            metadata = await asyncio.wait_for(producer.client.fetch_all_metadata(), self.connect_timeout_s)
+            node = client.get_random_node()
+            response = await asyncio.wait_for(
+                client.send(node, MetadataRequest([self.topic], allow_auto_topic_creation=False)),
+                self.connect_timeout_s,
+            )
         except Exception as exc:
             self._record_failure(exc)
-            return False
-        return self.topic in metadata.topics()
+            return None
+        answer = response.to_object()
+        listed: frozenset[int] = frozenset()
+        for entry in answer.get("topics", ()):
+            if entry["topic"] == self.topic and not entry["error_code"]:
+                listed = frozenset(part["partition"] for part in entry["partitions"])
+        return str(answer.get("cluster_id") or ""), listed
 
-    async def _disconnect(self, producer: Any) -> None:
+    async def _disconnect(self, link: _Link) -> None:
         self._connected = False
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(producer.stop(), self.connect_timeout_s)
+            await asyncio.wait_for(link.producer.stop(), self.connect_timeout_s)
+        if link.admin is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(link.admin.close(), self.connect_timeout_s)
 
-    async def _send_batch(self, producer: Any) -> tuple[bool, int]:
-        """Send the spool's oldest records; ack those the broker took. (healthy, records acked)."""
-        records = self._spool.peek(self.batch_records, max_bytes=16 * 2**20)
+    def _resend_all(self, why: str) -> None:
+        """Forget what was sent and not confirmed: it is all sent again (the store drops repeats)."""
+        unconfirmed = self.awaiting_confirmation
+        self._awaiting.clear()
+        self._last_offset.clear()
+        self._committed.clear()
+        self._sent_upto = None
+        if self.confirm_group is not None:
+            self.resent += 1
+            log.warning("KafkaSink: %s; sending again the %d events the group has not confirmed", why, unconfirmed)
+
+    def _partition(self, key: bytes, listed: frozenset[int]) -> int:
+        """The producer's pinned partition: where its chain went first, while the broker lists it."""
+        pinned = self._pins.get(key)
+        if pinned is not None and pinned in listed:
+            return pinned
+        chosen: int
+        from aiokafka.partitioner import murmur2
+
+        ordered = sorted(listed)
+        chosen = ordered[(murmur2(key) & 0x7FFFFFFF) % len(ordered)]
+        if pinned is not None:
+            log.warning(
+                "KafkaSink: partition %d of %s is gone; producer %s continues on partition %d",
+                pinned,
+                self.topic,
+                key.decode(errors="replace"),
+                chosen,
+            )
+        self._pins[key] = chosen
+        return chosen
+
+    async def _send_batch(self, link: _Link) -> tuple[bool, int]:
+        """Send the next spooled records; those the broker took to a listed partition are delivered
+        (acked now, or awaiting the group's confirmation). (healthy, records delivered)."""
+        confirm = self.confirm_group is not None
+        records = self._spool.peek(self.batch_records, max_bytes=16 * 2**20, after=self._sent_upto if confirm else None)
         if not records:
             return True, 0
+        if not link.listed:
+            described = await self._describe(link)
+            if described is None:
+                return False, 0
+            if not await self._check_broker(link, described):
+                return True, 0
         # Drops are reported on the first record of the next batch the broker acknowledges.
         self._unreported_drops += self._spool.take_dropped()
         report = self._unreported_drops
@@ -485,39 +664,153 @@ class KafkaSink:
             if carrier is None:
                 carrier = record
             try:
-                futures.append(await producer.send(self.topic, value=record.value, key=key, headers=headers))
+                future = await link.producer.send(
+                    self.topic,
+                    value=record.value,
+                    key=key,
+                    headers=headers,
+                    partition=self._partition(key, link.listed),
+                )
             except Exception as exc:
                 self._record_failure(exc)
                 break
+            futures.append(future)
             sendable.append(record)
         results = await asyncio.gather(*futures, return_exceptions=True)
-        acked = [
-            record.position
-            for record, result in zip(sendable, results, strict=False)
-            if not isinstance(result, BaseException)
-        ]
-        if acked and not await self._topic_present(producer):
-            # The broker answered, but the topic is gone (a broker that restarted empty, or a topic
-            # deleted by hand): some brokers acknowledge writes to a missing topic without storing
-            # them. Nothing of this batch counts as delivered; recreate the topic and send again.
+        oversize = [record.position for record in records if len(record.value) > self.max_event_bytes]
+        described = await self._describe(link)
+        if described is None:
+            return False, 0
+        if not await self._check_broker(link, described):
+            # A new broker or a vanished topic: nothing of this batch counts; everything
+            # unconfirmed is sent again to the topic as it is now.
+            return True, 0
+        delivered: list[tuple[SpoolRecord, Any]] = []
+        ghosts = 0
+        failures: list[BaseException] = []
+        for record, result in zip(sendable, results, strict=False):
+            if isinstance(result, BaseException):
+                failures.append(result)
+            elif result.partition not in link.listed:
+                ghosts += 1
+            else:
+                delivered.append((record, result))
+        if ghosts:
             log.warning(
-                "KafkaSink: topic %s vanished from %s; recreating it and resending", self.topic, self.bootstrap_servers
+                "KafkaSink: the broker acknowledged %d records to partitions of %s it does not list; resending",
+                ghosts,
+                self.topic,
             )
             with contextlib.suppress(Exception):
-                await self._ensure_topic()
-            return True, 0
-        if carrier is not None and carrier.position in acked:
+                await link.producer.client.force_metadata_update()
+        if carrier is not None and any(record is carrier for record, _ in delivered):
             self._unreported_drops -= report
-        failures = [result for result in results if isinstance(result, BaseException)]
-        oversize = [record.position for record in records if len(record.value) > self.max_event_bytes]
-        if acked or oversize:
-            self._spool.ack([*acked, *oversize])
-        self.sent += len(acked)
+        self.sent += len(delivered)
+        if confirm:
+            contiguous = not failures and not ghosts and len(sendable) + len(oversize) == len(records)
+            if not self._await_confirmation(delivered):
+                return True, 0
+            if oversize:
+                self._spool.ack(oversize)
+            if contiguous:
+                self._sent_upto = records[-1].position
+            else:
+                # Something of this batch did not arrive: send again from the oldest unconfirmed.
+                self._resend_all("a send failed")
+        elif delivered or oversize:
+            self._spool.ack([*(record.position for record, _ in delivered), *oversize])
         if failures or len(sendable) + len(oversize) < len(records):
             for failure in failures[:1]:
                 self._record_failure(failure)
-            return False, len(acked)
-        return True, len(acked)
+            return False, len(delivered)
+        return True, len(delivered) if not confirm else len(delivered) + len(oversize)
+
+    async def _check_broker(self, link: _Link, described: tuple[str, frozenset[int]]) -> bool:
+        """Compare what the broker says now with what this link knew; False (after arranging a
+        resend) when the broker is a new cluster or the topic is gone."""
+        cluster_id, listed = described
+        if link.cluster_id and cluster_id != link.cluster_id:
+            self._resend_all(f"the broker is a new cluster ({cluster_id}, was {link.cluster_id})")
+            link.cluster_id = self._known_cluster = cluster_id
+            link.listed = frozenset()
+            return False
+        if not listed:
+            # The broker answered, but the topic is gone (a broker that restarted empty, or a topic
+            # deleted by hand): some brokers acknowledge writes to a missing topic without storing
+            # them. Recreate it with the known partition count and send again.
+            log.warning(
+                "KafkaSink: topic %s vanished from %s; recreating it and resending", self.topic, self.bootstrap_servers
+            )
+            self._resend_all(f"topic {self.topic} vanished")
+            link.listed = frozenset()
+            with contextlib.suppress(Exception):
+                await ensure_topic(
+                    self.bootstrap_servers,
+                    self.topic,
+                    self.partitions,
+                    replication_factor=self.replication_factor,
+                    timeout_s=self.connect_timeout_s,
+                    **_client_options(self.producer_options),
+                )
+                await link.producer.client.force_metadata_update()
+            return False
+        if listed != link.listed:
+            if link.listed:
+                log.warning("KafkaSink: topic %s now lists partitions %s", self.topic, sorted(listed))
+            link.listed = listed
+            with contextlib.suppress(Exception):
+                await link.producer.client.force_metadata_update()
+        return True
+
+    def _await_confirmation(self, delivered: list[tuple[SpoolRecord, Any]]) -> bool:
+        """Queue delivered records for the group's confirmation; False (after arranging a resend)
+        when an offset went backwards: the partition's log was recreated under us."""
+        for record, metadata in delivered:
+            partition, offset = metadata.partition, metadata.offset
+            if offset <= self._last_offset.get(partition, -1):
+                self._resend_all(f"partition {partition} of {self.topic} started again at offset {offset}")
+                return False
+            self._last_offset[partition] = offset
+            self._awaiting.setdefault(partition, collections.deque()).append((offset, record.position))
+        return True
+
+    async def _confirm(self, link: _Link) -> tuple[bool, int]:
+        """Release the records the group committed past. (healthy, records released)."""
+        from aiokafka.structs import TopicPartition
+
+        self._next_confirm = time.monotonic() + self.confirm_interval_s
+        if not self._awaiting or link.admin is None:
+            return True, 0
+        try:
+            committed = await asyncio.wait_for(
+                link.admin.list_consumer_group_offsets(
+                    self.confirm_group, partitions=[TopicPartition(self.topic, p) for p in sorted(self._awaiting)]
+                ),
+                self.connect_timeout_s,
+            )
+        except Exception as exc:
+            self._record_failure(exc)
+            return False, 0
+        # Read after the offsets: if the cluster id is unchanged, the offsets came from this broker.
+        described = await self._describe(link)
+        if described is None:
+            return False, 0
+        if not await self._check_broker(link, described):
+            return True, 0
+        offsets = {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == self.topic}
+        released: list[tuple[int, int]] = []
+        for partition, queue in self._awaiting.items():
+            offset = offsets.get(partition, -1)
+            if offset < self._committed.get(partition, -1):
+                self._resend_all(f"the group {self.confirm_group}'s offset on partition {partition} went back")
+                return True, 0
+            self._committed[partition] = offset
+            while queue and queue[0][0] < offset:
+                released.append(queue.popleft()[1])
+        if released:
+            self._spool.ack(released)
+            self.confirmed += len(released)
+        return True, len(released)
 
     def _record_failure(self, exc: BaseException) -> None:
         self.send_failures += 1
@@ -539,6 +832,24 @@ class KafkaSink:
         )
 
 
+class _Link:
+    """One connection to the broker: the producer, the admin client that reads the group's
+    offsets, and what the broker said about itself and the topic."""
+
+    __slots__ = ("admin", "cluster_id", "listed", "producer")
+
+    def __init__(self, producer: Any, admin: Any) -> None:
+        self.producer = producer
+        self.admin = admin
+        self.cluster_id = ""
+        self.listed: frozenset[int] = frozenset()
+
+
+def _client_options(options: dict[str, Any]) -> dict[str, Any]:
+    # The admin clients share the producer's connection settings (TLS, SASL), nothing else.
+    return {k: v for k, v in options.items() if k.startswith(("security_", "ssl_", "sasl_"))}
+
+
 def _spool_on_exit(ref: weakref.ReferenceType[KafkaSink]) -> None:
     # Appends are fsynced and the spool locks itself, so this may run beside the sender thread;
     # the spool is left open for it (the process is ending either way).
@@ -554,4 +865,14 @@ def decode_headers(headers: Sequence[tuple[str, bytes]]) -> dict[str, str]:
     return {name: value.decode() for name, value in headers}
 
 
-__all__ = ["DROPPED_HEADER", "KafkaSink", "SpoolLocked", "decode_headers", "default_spool_dir"]
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_TOPIC",
+    "DROPPED_HEADER",
+    "KafkaSink",
+    "SpoolLocked",
+    "decode_headers",
+    "default_spool_dir",
+    "ensure_topic",
+    "refuse_topic_auto_creation",
+]

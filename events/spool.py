@@ -85,7 +85,7 @@ import threading
 import weakref
 import zlib
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,9 +306,10 @@ class Spool:
         was created) for the whole call. Returns the spooled records, positions included, in order.
 
         All or nothing: raises `SpoolFull` before writing anything when the batch would take the
-        spool past `max_bytes`; `TypeError`/`ValueError` for a key or value that is not bytes or
-        too long; `OSError` when the disk refuses (what this call wrote is then truncated away);
-        `ValueError` once closed. Blocks for the fsyncs."""
+        spool past `max_bytes` (an empty spool takes a single record of any size);
+        `TypeError`/`ValueError` for a key or value that is not bytes or too long; `OSError` when
+        the disk refuses (what this call wrote is then truncated away); `ValueError` once closed.
+        Blocks for the fsyncs."""
         with self._lock:
             self._check_open()
             write = self._segs[-1] if self._segs and self._segs[-1].number == self._writable else None
@@ -350,7 +351,9 @@ class Spool:
                 batch_bytes += length
             if not pairs:
                 return []
-            if self._size + batch_bytes > self.max_bytes:
+            # An empty spool takes one record of any size: a record larger than max_bytes waits
+            # for the spool to drain instead of being refused forever.
+            if self._size + batch_bytes > self.max_bytes and not (self._size == 0 and len(pairs) == 1):
                 raise SpoolFull(self._size, self.max_bytes, batch_bytes)
 
             self._write_chunks(write, chunks)
@@ -376,20 +379,24 @@ class Spool:
                 for position, (key_b, value_b) in zip(positions, pairs, strict=True)
             ]
 
-    def peek(self, max_records: int = 500, max_bytes: int = 1 << 20) -> list[SpoolRecord]:
+    def peek(
+        self, max_records: int = 500, max_bytes: int = 1 << 20, *, after: tuple[int, int] | None = None
+    ) -> list[SpoolRecord]:
         """The oldest records not yet acknowledged (nor dropped), in append order, left in place:
         at most `max_records`, and no more than `max_bytes` of keys and values, except that the
         first record is returned even if it alone is larger. Peeking again without acking returns
-        the same records. Reads only the bytes it returns (positioned reads on open files), and
-        checks their checksums: a record gone bad on disk is skipped, logged and counted in
-        `corrupt_records`. Raises `OSError` on a read error, `ValueError` once closed."""
+        the same records. With `after` (a position this spool returned), only records after it
+        are considered: a sender that has records in flight or awaiting confirmation reads on from
+        the last one it sent without acking them. Reads only the bytes it returns (positioned reads
+        on open files), and checks their checksums: a record gone bad on disk is skipped, logged and
+        counted in `corrupt_records`. Raises `OSError` on a read error, `ValueError` once closed."""
         with self._lock:
             self._check_open()
             out: list[SpoolRecord] = []
             used = 0
             full = False
             found_corrupt = False
-            unacked = self._iter_unacked()
+            unacked = self._iter_unacked(after)
             while not full and len(out) < max_records:
                 wanted: list[tuple[_Segment, int]] = []
                 for seg, i in unacked:
@@ -634,11 +641,22 @@ class Spool:
             return (seg.number, seg.starts[self._head])
         return (seg.number, seg.size)
 
-    def _iter_unacked(self) -> Iterator[tuple[_Segment, int]]:
-        done = self._done
-        for k, seg in enumerate(self._segs):
+    def _iter_unacked(self, after: Position | None = None) -> Iterator[tuple[_Segment, int]]:
+        done, segs = self._done, self._segs
+        first_seg, first_index = 0, self._head
+        if after is not None and after >= self._cursor():
+            # Segments are in number order; one wholly gone was wholly acknowledged.
+            first_seg = bisect_left([seg.number for seg in segs], after[0])
+            if first_seg < len(segs) and segs[first_seg].number == after[0]:
+                first_index = bisect_right(segs[first_seg].starts, after[1])
+            else:
+                first_index = 0
+            if first_seg == 0:
+                first_index = max(first_index, self._head)
+        for k in range(first_seg, len(segs)):
+            seg = segs[k]
             number, starts = seg.number, seg.starts
-            for i in range(self._head if k == 0 else 0, len(starts)):
+            for i in range(first_index if k == first_seg else 0, len(starts)):
                 if not done or (number, starts[i]) not in done:
                     yield seg, i
 

@@ -100,6 +100,23 @@ class TestAppendPeekAck:
             assert keys(spool.peek(max_bytes=1)) == names(1)
             assert spool.peek(max_records=0) == []
 
+    def test_peek_after_reads_on_from_a_position(self, tmp_path: Path) -> None:
+        """peek(after=p) returns the unacknowledged records after p, across segments, skipping acked ones."""
+        with Spool(tmp_path, segment_bytes=300, fsync=False) as spool:
+            records = spool.append(batch(12, size=60))
+            assert len({r.position[0] for r in records}) > 2
+            assert keys(spool.peek(after=records[4].position)) == names(7, start=5)
+            spool.ack([records[6].position, records[7].position])
+            assert keys(spool.peek(3, after=records[4].position)) == [b"k5", b"k8", b"k9"]
+            assert spool.peek(after=records[-1].position) == []
+
+    def test_peek_after_an_acknowledged_position_starts_at_the_oldest(self, tmp_path: Path) -> None:
+        """A position behind the committed cursor (or in a deleted segment) reads from the oldest record."""
+        with Spool(tmp_path, segment_bytes=300, fsync=False) as spool:
+            records = spool.append(batch(12, size=60))
+            spool.ack([r.position for r in records[:8]])
+            assert keys(spool.peek(after=records[2].position)) == names(4, start=8)
+
     def test_ack_removes_records_from_the_front(self, tmp_path: Path) -> None:
         """Acknowledged records are not returned again; the rest follow in order."""
         with Spool(tmp_path, fsync=False) as spool:
@@ -489,9 +506,18 @@ class TestSpoolFull:
             assert keys(spool.peek()) == [b"k4", b"k5"]
 
     def test_a_batch_larger_than_the_whole_spool_is_refused(self, tmp_path: Path) -> None:
-        """A batch that could never fit raises SpoolFull even into an empty spool."""
+        """A batch of several records that could never fit raises SpoolFull even into an empty spool."""
         with Spool(tmp_path, max_bytes=100, fsync=False) as spool, pytest.raises(SpoolFull):
-            spool.append([(b"k", b"v" * 100)])
+            spool.append([(b"k", b"v" * 40), (b"k", b"v" * 40)])
+
+    def test_an_empty_spool_takes_one_record_larger_than_itself(self, tmp_path: Path) -> None:
+        """A single record larger than max_bytes goes into an empty spool, and only into an empty one."""
+        with Spool(tmp_path, max_bytes=100, fsync=False) as spool:
+            (big,) = spool.append([(b"k", b"v" * 100)])
+            with pytest.raises(SpoolFull):
+                spool.append([(b"k", b"v" * 100)])
+            spool.ack([big.position])
+            assert keys(spool.append([(b"k2", b"v" * 100)])) == [b"k2"]
 
 
 class TestDropOldest:
