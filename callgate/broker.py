@@ -10,16 +10,19 @@ checked with a raw Kafka request over a socket, so importing this module imports
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, NoReturn, Self
@@ -136,6 +139,30 @@ def kafka_brokers(host: str, port: int, timeout: float = 2.0) -> list[tuple[int,
         return brokers
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel SIGKILL the child when the thread that forks it ends (Linux
+    `prctl(PR_SET_PDEATHSIG)`), or None where that does not exist. libc is loaded here, before the
+    fork, so the child only makes the two system calls."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     """Send `sig` to the process group the broker leads (it was started in its own session)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -173,8 +200,15 @@ class EmbeddedBroker:
         *,
         binary: str | os.PathLike[str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
-        """Describe a broker; nothing is started, resolved or bound until `start()`."""
+        """Describe a broker; nothing is started, resolved or bound until `start()`.
+
+        `die_with_parent=True` (Linux; ignored elsewhere) has the kernel SIGKILL the broker when the
+        thread that started it ends, however it ends (SIGKILL of this process included), so no broker
+        is left holding the port. The kernel ties the signal to the *thread* that forked: use it only
+        from a thread that lives as long as the broker should (a command's main thread), never from a
+        short-lived worker thread."""
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be 0..65535, got {port}")
         self.host = host
@@ -182,6 +216,7 @@ class EmbeddedBroker:
         self._binary = os.fspath(binary) if binary is not None else None
         self._log_path = Path(log_path) if log_path is not None else None
         self._owns_log = False
+        self._die_with_parent = die_with_parent
         self._process: subprocess.Popen[bytes] | None = None
         self._cluster_id = ""
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes], Path | None], EmbeddedBroker] | None = None
@@ -402,6 +437,9 @@ class EmbeddedBroker:
                     env=self._environment(),
                     start_new_session=True,
                     close_fds=True,
+                    # Runs between fork and exec; it makes only async-signal-safe system calls, so the
+                    # usual warning about preexec_fn and threads does not bite.
+                    preexec_fn=_parent_death_signal() if self._die_with_parent else None,
                 )
             except OSError as exc:
                 failure = BrokerError(f"cannot run broker {binary} at {_address(self.host, self._port)}: {exc}")

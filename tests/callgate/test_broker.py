@@ -298,3 +298,78 @@ class TestCli:
         lines = result.stderr.decode().strip().splitlines()
         assert len(lines) == 1
         assert "/nonexistent/tansu" in lines[0]
+
+    async def test_sigkill_takes_the_broker_with_it(self, cli_process: list[subprocess.Popen[bytes]]) -> None:
+        """SIGKILL of `callgate broker` ends its Tansu child: the port is free at once and a new one starts on it."""
+        port = free_port("127.0.0.1")
+        first = subprocess.Popen(
+            cli("broker", "--port", str(port)), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        cli_process.append(first)
+        read_until(first, b"broker ready at", 30)
+        assert not is_port_free("127.0.0.1", port)
+        first.kill()
+        first.communicate(timeout=15)
+        deadline = time.monotonic() + 5
+        while not is_port_free("127.0.0.1", port):
+            assert time.monotonic() < deadline, f"port {port} still taken 5 s after the command was killed"
+        second = subprocess.Popen(
+            cli("broker", "--port", str(port)), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        cli_process.append(second)
+        assert f"broker ready at 127.0.0.1:{port}".encode() in read_until(second, b"broker ready at", 30)
+
+    async def test_creates_the_events_topic_with_the_known_count(
+        self, cli_process: list[subprocess.Popen[bytes]]
+    ) -> None:
+        """Before it says ready, `callgate broker` has created the events topic with --partitions partitions."""
+        port = free_port("127.0.0.1")
+        process = subprocess.Popen(
+            cli("broker", "--port", str(port), "--topic", "t-known", "--partitions", "5"),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        cli_process.append(process)
+        assert b"topic t-known: 5 partitions" in read_until(process, b"broker ready at", 30)
+        admin = AIOKafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}")
+        await admin.start()
+        try:
+            described = await admin.describe_topics(["t-known"])
+        finally:
+            await admin.close()
+        assert len(described[0]["partitions"]) == 5
+
+
+class TestDieWithParent:
+    def test_broker_dies_with_the_process_that_started_it(self, tmp_path: Path) -> None:
+        """An `EmbeddedBroker(die_with_parent=True)` in a process that is SIGKILLed does not outlive it."""
+        script = (
+            "import sys\n"
+            "from callgate.broker import EmbeddedBroker\n"
+            "broker = EmbeddedBroker(die_with_parent=True).start()\n"
+            "print(broker.pid, broker.port, flush=True)\n"
+            "sys.stdin.readline()\n"
+        )
+        with subprocess.Popen(
+            [sys.executable, "-c", script], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        ) as parent:
+            assert parent.stdout is not None
+            pid, port = (int(word) for word in parent.stdout.readline().split())
+            os.kill(parent.pid, signal.SIGKILL)
+            parent.wait()
+        deadline = time.monotonic() + 5
+        while _alive(pid) or not is_port_free("127.0.0.1", port):
+            assert time.monotonic() < deadline, f"broker {pid} outlived its parent by 5 s"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (dead, not yet reaped by init) still answers kill(0); its state says it is gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
