@@ -495,6 +495,11 @@ class Spool:
             return self._pending
 
     @property
+    def pending_hint(self) -> int:
+        """`pending` read without the lock, for a hot path that needs an estimate; never blocks."""
+        return self._pending
+
+    @property
     def size_bytes(self) -> int:
         """Bytes on disk of the segment files still held (what `max_bytes` bounds)."""
         with self._lock:

@@ -7,9 +7,11 @@ built is logged and counted, and the call goes on.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -54,6 +56,8 @@ def digest(value: Any) -> str | None:
 
 
 MAX_TEXT = 8192
+PACE_LIMIT_S = 1.0
+"""The longest a new call waits for a congested sink before it runs anyway."""
 """Longest message, reason or error text an event carries; longer ones are cut (after redaction)."""
 
 
@@ -74,6 +78,8 @@ class Audit:
         self.tracers: tuple[CallTracer, ...] = tuple(s for s in sinks if isinstance(s, CallTracer))
         # Sinks that can refuse (a full spool that fails closed): checked before every call.
         self.gates = tuple(s for s in sinks if hasattr(type(s), "available"))
+        # Sinks that can fall behind (a store slower than the agents): new calls wait for them.
+        self.pacers = tuple(s for s in sinks if hasattr(type(s), "congested"))
         # A sink that cannot take large records (Kafka's message limit) shrinks the args budget;
         # args are cut after redaction, so the cut text never holds a secret.
         limits = [limit for s in sinks if isinstance(limit := getattr(s, "max_event_bytes", None), int)]
@@ -95,6 +101,16 @@ class Audit:
             if not sink.available:  # type: ignore[attr-defined]
                 return f"audit unavailable: {type(sink).__name__} cannot store events"
         return None
+
+    async def pace(self) -> None:
+        """Hold a new call back while a sink is congested, for at most `PACE_LIMIT_S`: the agents
+        slow down to the rate the audit store takes instead of the lag growing without bound."""
+        if not any(sink.congested for sink in self.pacers):  # type: ignore[attr-defined]
+            return
+        deadline = time.monotonic() + PACE_LIMIT_S
+        # The sinks drain in threads of their own: there is no event of this loop to await.
+        while time.monotonic() < deadline and any(sink.congested for sink in self.pacers):  # type: ignore[attr-defined]  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
 
     # -- fan-out ---------------------------------------------------------------------------------
 

@@ -430,6 +430,8 @@ class Gate:
         audit = self._audit
         if audit is None:
             return await self._run_call(state, args)
+        if audit.pacers:
+            await audit.pace()
         audit.begin(state)
         try:
             if audit.gates and (why := audit.unavailable()) is not None:

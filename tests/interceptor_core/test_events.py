@@ -279,3 +279,51 @@ class TestCoverageEvents:
         await outer.call("delegate", {}, call_id="outer-1")
         uses = [e for e in sink.events if e.type == "ToolUse"]  # type: ignore[attr-defined]
         assert [(e.tool, e.parent_call_id) for e in uses] == [("refund", "outer-1"), ("delegate", None)]
+
+
+class CongestedSink(MemorySink):
+    """A sink that says it is congested until told otherwise, counting how often it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.is_congested = True
+        self.asked = 0
+
+    @property
+    def congested(self) -> bool:
+        self.asked += 1
+        return self.is_congested
+
+
+class TestPacing:
+    async def test_a_call_waits_while_a_sink_is_congested(self) -> None:
+        """A new call does not start while a sink is congested, and runs once it no longer is."""
+        ran: list[str] = []
+
+        @tool
+        async def lookup(order_id: str) -> str:
+            ran.append(order_id)
+            return "ok"
+
+        sink = CongestedSink()
+        agent = Gate("shop", sinks=[sink]).agent("desk", tools=[lookup])
+        call = asyncio.create_task(agent.call("lookup", {"order_id": "A-1"}, run=ACME))
+        while sink.asked < 5:
+            await asyncio.sleep(0.001)  # sleep-ok: yields to the held call, which polls the sink
+        assert ran == []
+        sink.is_congested = False
+        result = await call
+        assert result.kind == "ok"
+        assert ran == ["A-1"]
+        assert [e.type for e in sink.events][-1] == "ToolUse"  # type: ignore[attr-defined]
+
+    async def test_a_call_waits_at_most_the_pace_limit(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A sink that stays congested holds each call back for PACE_LIMIT_S, then the call runs."""
+        import interceptor_core.audit as audit
+
+        monkeypatch.setattr(audit, "PACE_LIMIT_S", 0.02)
+        sink = CongestedSink()
+        agent = Gate("shop", sinks=[sink]).agent("desk", tools=[refund])
+        result = await agent.call("refund", ARGS, run=ACME)
+        assert result.kind == "ok"
+        assert sink.asked > 1
