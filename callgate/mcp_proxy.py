@@ -27,8 +27,10 @@ class ProxyConfigError(Exception):
     """The command line cannot be turned into a running proxy; the message says why."""
 
 
-def build_sinks(events: Path | None, kafka: str | None, topic: str, spool_dir: Path | None) -> list[Any]:
-    """The sinks `--events` and `--kafka` ask for (none when neither is given)."""
+def build_sinks(
+    events: Path | None, kafka: str | None, topic: str, spool_dir: Path | None, confirm_group: str | None = None
+) -> list[Any]:
+    """The sinks `--events` and `--kafka` (with `--confirm-group`) ask for (none when neither is given)."""
     sinks: list[Any] = []
     if events is not None:
         from events import JsonlSink
@@ -37,7 +39,7 @@ def build_sinks(events: Path | None, kafka: str | None, topic: str, spool_dir: P
     if kafka is not None:
         from events.kafka import KafkaSink
 
-        sinks.append(KafkaSink(kafka, topic, spool_dir))
+        sinks.append(KafkaSink(kafka, topic, spool_dir, confirm_group=confirm_group))
     return sinks
 
 

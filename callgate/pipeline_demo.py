@@ -123,7 +123,7 @@ def run_demo(options: DemoOptions, console: Console) -> int:
             _wait_until_serving(dashboard_url, dashboard, work / "dashboard.log", "dashboard")
             console.print(Text(f"dashboard at {dashboard_url}", style="bold green"))
         console.print(f"read API at {api_url}; audit store {db}")
-        code = asyncio.run(_drive(options, console, bootstrap, api_url, work))
+        code = asyncio.run(_drive(options, console, bootstrap, api_url, work, group))
         console.print(f"stopping; the audit store stays at {db}")
         return code
 
@@ -131,7 +131,7 @@ def run_demo(options: DemoOptions, console: Console) -> int:
 # -- the run ------------------------------------------------------------------------------------
 
 
-async def _drive(options: DemoOptions, console: Console, bootstrap: str, api_url: str, work: Path) -> int:
+async def _drive(options: DemoOptions, console: Console, bootstrap: str, api_url: str, work: Path, group: str) -> int:
     from consumers.coverage import run_checks
     from consumers.reader import ApiReader, SourceUnavailableError
     from events.kafka import KafkaSink
@@ -141,7 +141,9 @@ async def _drive(options: DemoOptions, console: Console, bootstrap: str, api_url
     # The check covers this run's events: a store reused from an earlier run (say, one with
     # --inject-bypass) keeps its history, which is not this run's verdict.
     started = datetime.now(UTC)
-    kafka = KafkaSink(bootstrap, options.topic, work / "spool")
+    # The embedded broker's memory storage can lose what it acknowledged: an event leaves the
+    # spool only once the materializer's group has stored it.
+    kafka = KafkaSink(bootstrap, options.topic, work / "spool", confirm_group=group)
     wired = build_support_desk([kafka, counter, *_otel_sinks()], seed=options.seed)
     stats = WorkloadStats()
     reader = ApiReader(api_url, timeout_s=10)
@@ -202,7 +204,11 @@ async def _workload_only(options: DemoOptions, console: Console) -> int:
     stop = _stop_on_signals()
     counter = EventCounter()
     with tempfile.TemporaryDirectory(prefix="callgate-workload-") as scratch:
-        kafka = KafkaSink(options.bootstrap or "", options.topic, Path(scratch) / "spool")
+        # The compose stack's single, unreplicated Kafka broker may lose what it acknowledged in a
+        # crash: events wait in the spool until the materializer's group (its default) stored them.
+        kafka = KafkaSink(
+            options.bootstrap or "", options.topic, Path(scratch) / "spool", confirm_group="callgate-materializer"
+        )
         wired = build_support_desk([kafka, counter, *_otel_sinks()], seed=options.seed)
         stats = WorkloadStats()
         console.print(f"sending the support-desk workload to {options.bootstrap} ({options.topic}) at {options.rate}/s")
