@@ -513,7 +513,9 @@ class KafkaSink:
                     return
                 if sender.done():
                     sender.result()  # re-raises what stopped it
-                await asyncio.sleep(0 if moved else self.linger_s)
+                # A full batch: more are waiting, go on at once; else let events gather for one
+                # linger (one fsync per batch, not per event).
+                await asyncio.sleep(0 if moved >= self.batch_records else self.linger_s)
         finally:
             # The sender ends its current step (each is bounded by connect_timeout_s) and stops.
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
