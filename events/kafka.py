@@ -212,11 +212,12 @@ class KafkaSink:
     - `spool_max_bytes` and `when_full` ("block" or "drop_oldest"): see the module docstring.
     - `max_queue`: events held in memory before the spool takes them; past it `emit` drops and
       counts (the producer's chain shows the gap), never blocks.
-    - `max_backlog`: undelivered events (with `confirm_group`: unconfirmed) past which the sink is
-      `congested` while deliveries still progress: the gate then holds each new call back (up to
-      a second) until the backlog is under the mark, so a store slower than the agents slows the
-      agents instead of letting the lag grow. A stalled delivery (broker or group away) holds
-      nothing back: the spool absorbs it up to its bound. None: never congested.
+    - `max_backlog`: undelivered events (with `confirm_group`: unconfirmed) past which, or past
+      half the spool, the sink is `congested` while deliveries still progress: the gate then holds
+      each new call back (up to a second) until the backlog is under the mark, so a store slower
+      than the agents slows the agents instead of letting the lag grow. A stalled delivery (broker
+      or group away) holds nothing back: the spool absorbs it up to its bound. None: never
+      congested.
     - `max_event_bytes`: the largest record sent; the gate cuts event arguments so events fit, and
       a record that is still too large is written to `oversize.jsonl` in the spool directory,
       counted in `oversize`, and never blocks the records behind it.
@@ -308,7 +309,7 @@ class KafkaSink:
         self.oversize = 0
         """Records too large to send, kept in `oversize.jsonl` instead."""
         self.last_error: str | None = None
-        """The last connection or send error, for operators."""
+        """The last connection or send error since the last successful connect, for operators."""
 
         # A normal interpreter exit without close() still moves queued events into the spool.
         atexit.register(_spool_on_exit, weakref.ref(self))
@@ -334,10 +335,13 @@ class KafkaSink:
 
     @property
     def congested(self) -> bool:
-        """True while more than `max_backlog` events wait for delivery and deliveries progressed
-        within the last second. Read on every call: no lock, no I/O."""
-        limit = self.max_backlog
-        if limit is None or len(self._queue) + self._spool.pending_hint <= limit:
+        """True while more than `max_backlog` events wait for delivery, or the spool is more than
+        half full, and deliveries progressed within the last second. Read on every call: no lock,
+        no I/O."""
+        limit, spool = self.max_backlog, self._spool
+        if limit is None:
+            return False
+        if len(self._queue) + spool.pending_hint <= limit and spool.size_hint * 2 <= spool.max_bytes:
             return False
         return time.monotonic() - self._progress_at < 1.0
 
@@ -368,13 +372,14 @@ class KafkaSink:
 
     async def close(self, timeout: float | None = 30.0) -> bool:
         """Flush (up to `timeout`), then stop the sender and close the spool, all within `timeout`.
-        What was not delivered stays in the spool for the next sink over the same directory; events
-        still in memory that the spool could not take (it was full) are lost, logged and counted in
-        `dropped`. Idempotent. Returns whether everything was delivered."""
+        What was not delivered stays in the spool for the next sink over the same directory, events
+        still in memory included (written past the spool's bound if it is full). Idempotent.
+        Returns whether everything was delivered."""
         if self._closed:
             return self.pending == 0
         deadline = None if timeout is None else time.monotonic() + timeout
-        delivered = await self.flush(timeout)
+        # Part of the time is kept for the sender to stop and spool what memory still holds.
+        delivered = await self.flush(None if timeout is None else max(0.0, timeout - min(1.0, timeout / 4)))
         self._closed = True
         # The sender stops sending at once; what it holds in memory it still tries to spool.
         self._stop.set()
@@ -440,32 +445,44 @@ class KafkaSink:
         except Exception:
             log.exception("KafkaSink sender stopped unexpectedly; undelivered events stay in %s", self.spool_dir)
         finally:
-            self._spool_queue()
+            try:
+                # The process may be ending: what memory holds goes to disk even past the
+                # spool's bound (at most max_queue events), rather than being lost.
+                self._spool_queue(past_limit=True)
+            except Exception:
+                log.exception("KafkaSink: cannot spool the events left in memory")
             if self._queue:
-                self._count_drop("closed with the spool full", len(self._queue))
+                self._count_drop("the spool could not be written at close", len(self._queue))
                 self._queue.clear()
             self._spool.close()
             self._notify()
 
-    def _spool_queue(self) -> int:
-        """Move every queued event into the spool, as far as it has room. Returns how many moved."""
+    def _spool_queue(self, *, past_limit: bool = False) -> int:
+        """Move every queued event into the spool, as far as it has room (or all of them, with
+        `past_limit`). Returns how many moved."""
         moved = 0
         while self._queue:
-            step = self._spool_batch()
+            step = self._spool_batch(past_limit=past_limit)
             if step == 0:
                 break
             moved += step
         return moved
 
-    def _spool_batch(self) -> int:
+    def _spool_batch(self, *, past_limit: bool = False) -> int:
         """Move one batch of queued events into the spool (one fsync), split to the room the spool
         has. Returns how many moved; 0 when the queue is empty or the spool has no room."""
         if not self._queue:
             return 0
-        # islice over the deque runs in C under the GIL: safe beside emit's appends.
-        batch = list(itertools.islice(self._queue, self.batch_records))
-        records = [(_spool_key(event), encode_event(event)) for event in batch]
         with self._moving:
+            # Taken under the lock: the exit hook may spool beside the sender thread. islice over
+            # the deque runs in C under the GIL: safe beside emit's appends.
+            batch = list(itertools.islice(self._queue, self.batch_records))
+            records = [(_spool_key(event), encode_event(event)) for event in batch]
+            if past_limit:
+                self._spool.append(records, past_limit=True)
+                for _ in records:
+                    self._queue.popleft()
+                return len(records)
             fits = self._fitting(records)
             while fits == 0 and self.when_full == "drop_oldest" and self._spool.pending:
                 dropped = self._spool.drop_oldest(1)
@@ -505,8 +522,15 @@ class KafkaSink:
         # while the sender's requests are on the wire, so a sustained load starves neither.
         sender = asyncio.create_task(self._send_loop())
         try:
+            pause = self.linger_s
             while True:
-                moved = self._spool_batch()
+                try:
+                    moved = self._spool_batch()
+                    pause = self.linger_s
+                except Exception:
+                    # A disk that refuses (full, read-only): the events wait in memory; retry.
+                    log.exception("KafkaSink: cannot write the spool in %s; retrying", self.spool_dir)
+                    moved, pause = 0, min(pause * 2, 1.0)
                 if moved:
                     self._notify()
                 if self._stop.is_set() and (not self._queue or not moved):
@@ -515,7 +539,7 @@ class KafkaSink:
                     sender.result()  # re-raises what stopped it
                 # A full batch: more are waiting, go on at once; else let events gather for one
                 # linger (one fsync per batch, not per event).
-                await asyncio.sleep(0 if moved >= self.batch_records else self.linger_s)
+                await asyncio.sleep(0 if moved >= self.batch_records else pause)
         finally:
             # The sender ends its current step (each is bounded by connect_timeout_s) and stops.
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
@@ -541,10 +565,18 @@ class KafkaSink:
                         else:
                             backoff = 0.1
                     if link is not None:
-                        ok, moved = await self._send_batch(link)
-                        if ok and self.confirm_group is not None and time.monotonic() >= self._next_confirm:
-                            ok, confirmed = await self._confirm(link)
-                            moved += confirmed
+                        try:
+                            ok, moved = await self._send_batch(link)
+                            if ok and self.confirm_group is not None and time.monotonic() >= self._next_confirm:
+                                ok, confirmed = await self._confirm(link)
+                                moved += confirmed
+                        except Exception as exc:
+                            # A bug, or a client error nobody foresaw: the sender must outlive it.
+                            # Everything unconfirmed is sent again over a new connection.
+                            log.exception("KafkaSink: unexpected error while sending; reconnecting")
+                            self._record_failure(exc)
+                            self._resend_all("an unexpected error while sending")
+                            ok, moved = False, 0
                         progressed = moved > 0
                         if not ok:
                             await self._disconnect(link)
@@ -619,6 +651,7 @@ class KafkaSink:
             self._resend_all(f"the broker is a new cluster ({link.cluster_id}, was {self._known_cluster})")
         self._known_cluster = link.cluster_id
         self._connected = True
+        self.last_error = None
         return link
 
     async def _describe(self, link: _Link) -> tuple[str, frozenset[int]] | None:
@@ -929,10 +962,10 @@ def _spool_on_exit(ref: weakref.ReferenceType[KafkaSink]) -> None:
     # Appends are fsynced and the spool locks itself, so this may run beside the sender thread;
     # the spool is left open for it (the process is ending either way).
     sink = ref()
-    if sink is None or sink._closed:
+    if sink is None or sink._spool.closed:
         return
     with contextlib.suppress(Exception):
-        sink._spool_queue()
+        sink._spool_queue(past_limit=True)
 
 
 def decode_headers(headers: Sequence[tuple[str, bytes]]) -> dict[str, str]:

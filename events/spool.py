@@ -300,13 +300,14 @@ class Spool:
 
     # -- the interface ----------------------------------------------------------------------------
 
-    def append(self, records: Sequence[tuple[bytes, bytes]]) -> list[SpoolRecord]:
+    def append(self, records: Sequence[tuple[bytes, bytes]], *, past_limit: bool = False) -> list[SpoolRecord]:
         """Write the (key, value) pairs after every record already spooled and make them durable:
         one write per segment touched and one fsync per file (plus the directory's when a segment
         was created) for the whole call. Returns the spooled records, positions included, in order.
 
         All or nothing: raises `SpoolFull` before writing anything when the batch would take the
-        spool past `max_bytes` (an empty spool takes a single record of any size);
+        spool past `max_bytes` (an empty spool takes a single record of any size; `past_limit`
+        takes the batch anyway, for an owner that would otherwise lose it, e.g. at shutdown);
         `TypeError`/`ValueError` for a key or value that is not bytes or too long; `OSError` when
         the disk refuses (what this call wrote is then truncated away); `ValueError` once closed.
         Blocks for the fsyncs."""
@@ -353,7 +354,11 @@ class Spool:
                 return []
             # An empty spool takes one record of any size: a record larger than max_bytes waits
             # for the spool to drain instead of being refused forever.
-            if self._size + batch_bytes > self.max_bytes and not (self._size == 0 and len(pairs) == 1):
+            if (
+                self._size + batch_bytes > self.max_bytes
+                and not past_limit
+                and not (self._size == 0 and len(pairs) == 1)
+            ):
                 raise SpoolFull(self._size, self.max_bytes, batch_bytes)
 
             self._write_chunks(write, chunks)
@@ -498,6 +503,11 @@ class Spool:
     def pending_hint(self) -> int:
         """`pending` read without the lock, for a hot path that needs an estimate; never blocks."""
         return self._pending
+
+    @property
+    def size_hint(self) -> int:
+        """`size_bytes` read without the lock, for a hot path that needs an estimate; never blocks."""
+        return self._size
 
     @property
     def size_bytes(self) -> int:
