@@ -150,13 +150,24 @@ def tour() -> None:
 def broker(
     host: Annotated[str, typer.Option(help="Address to listen on and advertise (keep it loopback).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")] = 9092,
+    topic: Annotated[str, typer.Option(help="The events topic, created at the start with --partitions.")] = (
+        "callgate.events"
+    ),
+    partitions: Annotated[int | None, typer.Option(min=1, help="Partitions of the topic (default 3).")] = None,
+    no_topic: Annotated[bool, typer.Option("--no-topic", help="Create no topic.")] = False,
 ) -> None:
-    """Run the embedded Kafka-compatible broker (Tansu, memory storage) until Ctrl-C or SIGTERM."""
+    """Run the embedded Kafka-compatible broker (Tansu, memory storage) until Ctrl-C or SIGTERM.
+
+    The events topic is created before the broker is announced ready, with the partition count every
+    sink and materializer uses, so whoever connects first finds it. The broker dies with this command,
+    whatever kills it (SIGKILL included), so a restart on the same port works at once."""
     import signal
 
     from callgate.broker import BrokerError, EmbeddedBroker
 
-    embedded = EmbeddedBroker(host, port)
+    # This thread starts the broker and lives as long as the command: the parent-death signal
+    # (sent when the forking thread ends) fires exactly when the command dies.
+    embedded = EmbeddedBroker(host, port, die_with_parent=True)
     previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
@@ -164,6 +175,15 @@ def broker(
         except BrokerError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+        if not no_topic:
+            from events.kafka import DEFAULT_PARTITIONS, ensure_topic
+
+            try:
+                listed = asyncio.run(ensure_topic(embedded.bootstrap, topic, partitions or DEFAULT_PARTITIONS))
+            except Exception as exc:
+                typer.echo(f"error: cannot create topic {topic} on {embedded.bootstrap}: {exc}", err=True)
+                raise typer.Exit(2) from None
+            typer.echo(f"topic {topic}: {listed} partitions")
         typer.echo(f"broker ready at {embedded.bootstrap}")
         typer.echo(f"memory storage; log: {embedded.log_path}; Ctrl-C to stop")
         code = embedded.wait()
@@ -203,6 +223,30 @@ def materialize(
     gap_grace: Annotated[
         float, typer.Option(help="Seconds a chain gap may stay open before it is recorded (continuous runs).")
     ] = 60.0,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Partition count to create the topic with when it is missing at the start (default 3)."
+        ),
+    ] = None,
+    assignment: Annotated[
+        str,
+        typer.Option(
+            help="all: read every partition the broker lists (one materializer; restarts read again at once); "
+            "group: read what the consumer group assigns (several materializers, one store each)."
+        ),
+    ] = "all",
+    instance_id: Annotated[
+        str | None,
+        typer.Option(help="Static group member id with --assignment group (default: derived from host and --db)."),
+    ] = None,
+    unread_grace: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a partition nobody reads, a missing topic or an unreachable broker may last before "
+            "/healthz says unavailable."
+        ),
+    ] = 10.0,
 ) -> None:
     """Consume decision events into the DuckDB audit store (until Ctrl-C / SIGTERM, or --drain)."""
     import signal
@@ -211,6 +255,9 @@ def materialize(
     from consumers.materializer import Materializer
     from consumers.store import StoreLockedError
 
+    if assignment not in ("all", "group"):
+        typer.echo(f"error: --assignment must be 'all' or 'group', got {assignment!r}", err=True)
+        raise typer.Exit(2)
     api_address = _host_port(api) if api else None
     # Checked before the store is opened or Kafka is reached: a refused bind leaves nothing behind.
     if api_address is not None and not is_loopback(api_address[0]):
@@ -230,7 +277,18 @@ def materialize(
         )
 
     try:
-        materializer = Materializer(bootstrap, topic, str(db), group=group, api=api_address, gap_grace_s=gap_grace)
+        materializer = Materializer(
+            bootstrap,
+            topic,
+            str(db),
+            group=group,
+            assignment="group" if assignment == "group" else "all",
+            instance_id=instance_id,
+            partitions=partitions,
+            api=api_address,
+            gap_grace_s=gap_grace,
+            unread_grace_s=unread_grace,
+        )
     except StoreLockedError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -304,6 +362,10 @@ def mcp_proxy(
     kafka: Annotated[str | None, typer.Option(help="Send decision events to Kafka at HOST:PORT.")] = None,
     topic: Annotated[str, typer.Option(help="The Kafka events topic.")] = "callgate.events",
     spool_dir: Annotated[Path | None, typer.Option(help="The Kafka sink's local spool directory.")] = None,
+    confirm_group: Annotated[
+        str | None,
+        typer.Option(help="Keep events spooled until this consumer group (the materializer's) stored them."),
+    ] = None,
     http: Annotated[str | None, typer.Option(help="Serve streamable HTTP on HOST:PORT instead of stdio.")] = None,
     agent: Annotated[str, typer.Option(help="The agent scope the upstream's tools are registered in.")] = "mcp-proxy",
     tenant: Annotated[str | None, typer.Option(help="The tenant every call is made for (in every event).")] = None,
@@ -314,7 +376,7 @@ def mcp_proxy(
 
     try:
         listen_on = _host_port(http) if http else None
-        built = gate_from_factory(gate, build_sinks(events, kafka, topic, spool_dir))
+        built = gate_from_factory(gate, build_sinks(events, kafka, topic, spool_dir, confirm_group))
         asyncio.run(run_proxy(built, list(ctx.args), http=listen_on, agent=agent, tenant=tenant, principal=principal))
     except ProxyConfigError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -6,7 +6,8 @@ a small Starlette app (`build_app`) served by uvicorn in a background thread (`A
 
 Routes (GET only; HEAD is answered as GET without a body; any other method is 405):
 
-- `GET /healthz`: 200 `{"status": "ok", ...}` or 503 `{"status": "unavailable", ...}` (`HealthStatus`).
+- `GET /healthz`: 200 `{"status": "ok", ...}` or 503 `{"status": "unavailable", ...}` (`HealthStatus`),
+  with one entry per partition the broker lists (`PartitionHealth`).
 - `GET /metrics`: the Prometheus text exposition of `MaterializerMetrics`.
 - `GET /v1/queries`: 200 `{"queries": [...]}`, what `QueryRunner.names()` lists.
 - `GET /v1/queries/{name}?param=value...`: 200 with the query's result; 404 for an unknown query,
@@ -39,7 +40,7 @@ from starlette.routing import Route
 
 from consumers.metrics import MaterializerMetrics
 
-__all__ = ["ApiServer", "HealthStatus", "QueryRunner", "build_app"]
+__all__ = ["ApiServer", "HealthStatus", "PartitionHealth", "QueryRunner", "build_app"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,36 @@ class QueryRunner(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionHealth:
+    """One partition the broker lists for the topic, as the materializer sees it."""
+
+    partition: int
+    owned: bool
+    """Whether this materializer reads the partition (it is assigned to it)."""
+    position: int | None = None
+    """The next offset this materializer reads (owned partitions, once known)."""
+    high_watermark: int | None = None
+    """The partition's end offset as last seen (None before it is known)."""
+    lag: int | None = None
+    """Records between what is read (the position; for a partition this materializer does not own, the
+    group's committed offset or the store's) and the high watermark."""
+    unread_s: float = 0.0
+    """How long the partition has gone without a reader, or with records waiting and its reading not
+    moving (0 while it is read)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The partition's entry in `GET /healthz`'s `partitions` list."""
+        return {
+            "partition": self.partition,
+            "owned": self.owned,
+            "position": self.position,
+            "high_watermark": self.high_watermark,
+            "lag": self.lag,
+            "unread_s": self.unread_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class HealthStatus:
     """What the materializer reports at `GET /healthz`.
 
@@ -83,7 +114,11 @@ class HealthStatus:
     last_event_at: datetime | None = None
     """The newest event time stored (UTC)."""
     lag_total: int | None = None
-    """Messages not yet consumed, summed over the assigned partitions."""
+    """Messages not yet consumed, summed over every partition the broker lists (see `PartitionHealth.lag`)."""
+    topic: str | None = None
+    """The topic consumed."""
+    partitions: tuple[PartitionHealth, ...] = ()
+    """Every partition the broker lists for `topic`, in partition order."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON body of `GET /healthz`: `status` is "ok" or "unavailable"; datetimes are ISO 8601."""
@@ -93,6 +128,8 @@ class HealthStatus:
             "last_batch_at": None if self.last_batch_at is None else self.last_batch_at.isoformat(),
             "last_event_at": None if self.last_event_at is None else self.last_event_at.isoformat(),
             "lag_total": self.lag_total,
+            "topic": self.topic,
+            "partitions": [partition.to_json() for partition in self.partitions],
         }
 
 

@@ -1,30 +1,69 @@
-"""The materializer: a Kafka consumer group that turns decision events into the DuckDB audit store.
+"""The materializer: a Kafka consumer that turns decision events into the DuckDB audit store.
 
 Per batch, one DuckDB transaction stores the rows and the partition offsets; the Kafka commit
-follows the DuckDB commit. The store's offsets are the truth: on assignment each partition seeks to
-them, so a crash between the two commits replays at most one batch, and the `event_id` key drops the
-duplicates. An offset the broker no longer has (it lost its log) restarts that partition from the
+follows the DuckDB commit. The store's offsets are the truth: whenever a partition is (re)assigned it
+seeks to them, and a partition the store has never read starts at the beginning, whatever the
+consumer group's committed offsets say. A crash between the two commits replays at most one batch,
+and the `event_id` key drops the duplicates. A log the broker no longer has (it restarted empty, the
+topic was recreated, or the record before the stored offset is another one) is read again from its
 earliest offset; deduplication absorbs the replay. Undecodable messages become dead letters and
 never stop a partition.
 
-`--drain` (what CI runs) reads every assigned partition to its end offset as of the start, records
-the chain gaps still open, commits and returns.
+Partitions: by default (`assignment="all"`) the materializer reads every partition the broker lists
+for the topic, assigning them itself (no group join, so a restart reads again at once), and still
+commits its offsets under `group` so that `KafkaSink(confirm_group=...)` sees what is stored. With
+`assignment="group"` it joins the group and reads what the group assigns it (several materializers,
+one store each) with a short session. Either way its consumers never create a
+topic by asking for it; a continuous run creates the topic with the known partition count when it is
+missing at the start, and waits for it when it vanishes later.
+
+`--drain` (what CI runs) reads every partition to its end offset as of the start, records the chain
+gaps still open, commits and returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import hashlib
 import logging
+import os
+import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from consumers.store import AuditStore, IngestResult, RawRecord
 
+if TYPE_CHECKING:
+    from consumers.api import HealthStatus
+
 log = logging.getLogger("callgate.materializer")
+
+Assignment = Literal["all", "group"]
+"""How the materializer gets its partitions: "all" reads every partition the broker lists (assigned by
+the materializer itself); "group" reads what the consumer group assigns it."""
+
+_GROUP_DEFAULTS: dict[str, int] = {
+    # A dead member (a SIGKILLed materializer without static membership) holds its partitions this
+    # long; the embedded broker's rejoin after a kill took 18 s with aiokafka's 10 s default.
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 1000,
+    # How soon a subscribed consumer sees a topic recreated, or grown, after it vanished.
+    "metadata_max_age_ms": 5000,
+}
+
+
+def default_instance_id(db_path: str) -> str:
+    """A static group member id for a materializer writing `db_path`: stable for one store on one
+    host (so a restarted materializer takes its own place in the group), different for two stores.
+    Never raises."""
+    real = os.path.realpath(db_path)
+    digest = hashlib.sha256(f"{socket.gethostname()}\0{real}".encode()).hexdigest()[:16]
+    return f"callgate-materializer-{digest}"
 
 
 @dataclass
@@ -44,22 +83,59 @@ class RunSummary:
 
 
 @dataclass
+class _Partition:
+    """What the materializer last knew of one partition the broker lists."""
+
+    owned: bool = False
+    position: int | None = None
+    high_watermark: int | None = None
+    read_up_to: int | None = None
+    """Owned: the position; not owned: the group's committed offset (group mode) or the store's."""
+    unread_since: float | None = None
+    """Monotonic time since which nobody has read this partition (None: it is being read)."""
+    stalled_since: float | None = None
+    """Monotonic time since which `read_up_to` has not moved although records wait (None: moving)."""
+
+
+@dataclass
 class _State:
-    last_batch_at: float | None = None
+    started_at: float = field(default_factory=time.monotonic)
     error: str | None = None
-    lag: dict[int, int] = field(default_factory=dict)
+    topic_listed: bool | None = None
+    topic_missing_since: float | None = None
+    broker_error: str | None = None
+    broker_error_since: float | None = None
+    partitions: dict[int, _Partition] = field(default_factory=dict)
+    cluster_id: str | None = None
+    """The cluster id the current assignment was made against."""
+    log_lost: bool = False
+    """The topic vanished (or the cluster changed) since the last assignment: every stored offset
+    points into a log that is gone."""
 
 
 class Materializer:
     """Consumes `topic` on `bootstrap` into the store at `db_path`.
 
-    - `group`: the consumer group (its committed offsets are advisory; the store's are the truth).
+    - `group`: the consumer group its offsets are committed to after every stored batch (the sink's
+      `confirm_group` reads them); they are advisory for reading, the store's are the truth.
+    - `assignment`: "all" (default) reads every listed partition, assigned by the materializer itself;
+      "group" joins `group` and reads what it assigns, with a 6 s session unless `consumer_options`
+      say otherwise; as static member `instance_id` when one is given (see `default_instance_id`).
+    - `partitions`: the count a continuous run creates the topic with when it is missing at the start
+      (default `events.kafka.DEFAULT_PARTITIONS`); a drain never creates it.
     - `api`: ("host", port) to serve `/healthz`, `/metrics` and `/v1/queries/...` while running.
     - `gap_grace_s`: in a continuous run, a chain gap is recorded once it has stayed open this long.
+    - `unread_grace_s`: a listed partition nobody reads (or whose reading does not move), a missing
+      topic or an unreachable broker makes `health()` not ok once it has lasted this long, so a
+      normal rebalance or a broker restart does not flap it.
+    - `metadata_interval_s`: how often the partitions the broker lists are checked.
+    - `commit_timeout_s`: how long one commit of offsets to the group may take before the loop goes on
+      (the store's offsets stand; the next batch commits again).
     - `consumer_options` go to `aiokafka.AIOKafkaConsumer`.
 
-    Opening the store raises `StoreLockedError` before anything touches Kafka when another process
-    holds the file. `run` blocks (async) until `stop()` or, with `drain=True`, the end of the topic.
+    Raises `ValueError` for an unknown `assignment`. Opening the store raises `StoreLockedError` before
+    anything touches Kafka when another process holds the file. `run` blocks (async) until `stop()`
+    or, with `drain=True`, the end of the topic.
     """
 
     def __init__(
@@ -69,25 +145,42 @@ class Materializer:
         db_path: str,
         *,
         group: str = "callgate-materializer",
+        assignment: Assignment = "all",
+        instance_id: str | None = None,
+        partitions: int | None = None,
         api: tuple[str, int] | None = None,
         batch_max: int = 5000,
         poll_ms: int = 500,
         gap_grace_s: float = 60.0,
         join_timeout_s: float = 60.0,
+        unread_grace_s: float = 10.0,
+        metadata_interval_s: float = 1.0,
+        commit_timeout_s: float = 5.0,
         **consumer_options: Any,
     ) -> None:
+        if assignment not in ("all", "group"):
+            raise ValueError(f"assignment must be 'all' or 'group', got {assignment!r}")
+        if partitions is not None and partitions < 1:
+            raise ValueError(f"partitions must be at least 1, got {partitions}")
         self.bootstrap = bootstrap
         self.topic = topic
         self.db_path = db_path
         self.group = group
+        self.assignment: Assignment = assignment
+        self.instance_id = instance_id
+        self.partitions = partitions
         self.batch_max = batch_max
         self.poll_ms = poll_ms
         self.gap_grace_s = gap_grace_s
         self.join_timeout_s = join_timeout_s
+        self.unread_grace_s = unread_grace_s
+        self.metadata_interval_s = metadata_interval_s
+        self.commit_timeout_s = commit_timeout_s
         self.consumer_options = consumer_options
         self.store = AuditStore(db_path)
         self._stop = asyncio.Event()
         self._state = _State()
+        self._watch: Any = None
         self._api_address = api
         self.api: Any = None
         self.metrics: Any = None
@@ -97,31 +190,90 @@ class Materializer:
         on the event loop's thread."""
         self._stop.set()
 
-    # -- the read API ----------------------------------------------------------------------------
+    # -- health and the read API -----------------------------------------------------------------
+
+    def health(self) -> HealthStatus:
+        """What `/healthz` answers: not ok when the run died, the broker has been unreachable, the topic
+        missing, or a listed partition unread (owned by nobody, or not moving with records waiting)
+        for longer than `unread_grace_s`; per partition the broker lists: owned by this materializer,
+        position, high watermark, lag. Safe from any thread (reads a snapshot); never blocks."""
+        from consumers.api import HealthStatus, PartitionHealth
+
+        state, now, grace = self._state, time.monotonic(), self.unread_grace_s
+        reports = []
+        problems: list[str] = []
+        lag_total = 0
+        for number, part in sorted(dict(state.partitions).items()):
+            lag = None
+            if part.high_watermark is not None:
+                lag = max(0, part.high_watermark - (part.read_up_to or 0))
+                lag_total += lag
+            unread_s = 0.0 if part.unread_since is None else now - part.unread_since
+            stalled_s = 0.0 if part.stalled_since is None else now - part.stalled_since
+            reports.append(
+                PartitionHealth(
+                    partition=number,
+                    owned=part.owned,
+                    position=part.position,
+                    high_watermark=part.high_watermark,
+                    lag=lag,
+                    unread_s=round(max(unread_s, stalled_s), 3),
+                )
+            )
+            if unread_s > grace:
+                problems.append(
+                    f"partition {number} of {self.topic} is read by nobody in group {self.group} "
+                    f"for {unread_s:.0f} s ({lag if lag is not None else 'unknown'} records waiting)"
+                )
+            elif stalled_s > grace:
+                problems.append(
+                    f"partition {number} of {self.topic}: reading has not moved for {stalled_s:.0f} s "
+                    f"with {lag} records waiting"
+                )
+        if state.error is not None:
+            problems.insert(0, f"the consumer loop died: {state.error}")
+        if state.broker_error_since is not None and now - state.broker_error_since > grace:
+            problems.append(
+                f"cannot reach the broker at {self.bootstrap} for {now - state.broker_error_since:.0f} s: "
+                f"{state.broker_error}"
+            )
+        if state.topic_missing_since is not None and now - state.topic_missing_since > grace:
+            problems.append(
+                f"topic {self.topic} is not on the broker for {now - state.topic_missing_since:.0f} s "
+                "(waiting for a producer or `callgate broker` to create it)"
+            )
+        if state.topic_listed is None and now - state.started_at > grace and state.error is None:
+            problems.append(f"no partition list from the broker at {self.bootstrap} yet")
+        owned = [r.partition for r in reports if r.owned]
+        if problems:
+            detail = "; ".join(problems)
+        elif owned:
+            detail = f"consuming {self.topic} partitions {owned}"
+        elif reports:
+            detail = f"reading none of {self.topic}'s partitions: the other members of group {self.group} do"
+        else:
+            detail = "starting"
+        metrics = self.metrics
+        return HealthStatus(
+            ok=not problems,
+            detail=detail,
+            last_batch_at=None if metrics is None else metrics.last_batch_at,
+            last_event_at=None if metrics is None else metrics.last_event_at,
+            lag_total=lag_total,
+            topic=self.topic,
+            partitions=tuple(reports),
+        )
 
     def start_api(self) -> None:
         """Serve the read API at the `api` address given (idempotent); `self.api.url` says where."""
         if self.api is not None:
             return
-        from consumers.api import ApiServer, HealthStatus, build_app
+        from consumers.api import ApiServer, build_app
         from consumers.metrics import MaterializerMetrics
         from consumers.runner import StoreQueryRunner
 
         self.metrics = MaterializerMetrics()
-        state = self._state
-
-        metrics = self.metrics
-
-        def health() -> HealthStatus:
-            return HealthStatus(
-                ok=state.error is None,
-                detail=state.error or "consuming",
-                last_batch_at=metrics.last_batch_at,
-                last_event_at=metrics.last_event_at,
-                lag_total=metrics.lag_total(),
-            )
-
-        app = build_app(StoreQueryRunner(self.store), self.metrics, health)
+        app = build_app(StoreQueryRunner(self.store), self.metrics, self.health)
         host, port = self._api_address or ("127.0.0.1", 0)
         self.api = ApiServer(app, host=host, port=port)
         self.api.start()
@@ -130,36 +282,41 @@ class Materializer:
 
     async def run(self, *, drain: bool = False) -> RunSummary:
         """Consume until `stop()` (or, with `drain`, the end offsets as of the start)."""
-        from aiokafka import AIOKafkaConsumer, TopicPartition
-        from aiokafka.structs import OffsetAndMetadata
-
         summary = RunSummary()
         if self._api_address is not None:
             self.start_api()
-        if drain and not await _topic_exists(self.bootstrap, self.topic, self.consumer_options):
-            # Nothing was ever published: an empty drain, not a consumer left waiting for a join.
-            log.warning("topic %s does not exist on %s; nothing to drain", self.topic, self.bootstrap)
-            return summary
+        if drain:
+            if not await _topic_exists(self.bootstrap, self.topic, self.consumer_options):
+                # Nothing was ever published: an empty drain, not a consumer left waiting for a join.
+                log.warning("topic %s does not exist on %s; nothing to drain", self.topic, self.bootstrap)
+                return summary
+        else:
+            await self._ensure_topic()
 
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=self.group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=self.batch_max,
-            **self.consumer_options,
-        )
+        consumer = self._consumer()
         store = self.store
-        listener = _listener(self, consumer)
-        consumer.subscribe([self.topic], listener=listener)
+        if self.assignment == "group":
+            consumer.subscribe([self.topic], listener=_listener(self, consumer))
         await consumer.start()
         try:
             ends: dict[Any, int] | None = None
             first_batch_at: float | None = None
             deadline = time.monotonic() + self.join_timeout_s
             last_gap_check = time.monotonic()
+            next_refresh = 0.0
             while not self._stop.is_set():
-                batch = await consumer.getmany(timeout_ms=self.poll_ms, max_records=self.batch_max)
+                if time.monotonic() >= next_refresh and (not drain or ends is None):
+                    next_refresh = time.monotonic() + self.metadata_interval_s
+                    await self._refresh(consumer)
+                fetched_from = self._watch.cluster_id
+                if consumer.assignment():
+                    batch = await consumer.getmany(timeout_ms=self.poll_ms, max_records=self.batch_max)
+                else:
+                    # getmany without an assignment waits for one, past its timeout: the topic may be
+                    # gone for a while, and the loop must go on listing it (and honour stop()).
+                    batch = {}
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), self.poll_ms / 1000)
                 assigned = consumer.assignment()
                 if drain and ends is None:
                     if not assigned:
@@ -179,19 +336,13 @@ class Materializer:
                     started = time.perf_counter()
                     result = await asyncio.get_running_loop().run_in_executor(None, store.ingest, raw, offsets)
                     # The store committed first: a failed Kafka commit only costs a replay.
-                    try:
-                        await consumer.commit(
-                            {TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in offsets.items()}
-                        )
-                    except Exception as exc:
-                        log.warning("Kafka offset commit failed (%s); the store's offsets stand", exc)
+                    await self._commit(consumer, offsets, fetched_from)
                     summary.batches += 1
                     summary.records += len(records)
                     summary.stored += result.stored
                     summary.duplicates += result.duplicates
                     summary.dead_letters += result.dead_letters
                     summary.chain_breaks += result.chain_breaks
-                    self._state.last_batch_at = time.time()
                     self._record_metrics(records, result, time.perf_counter() - started)
                 await self._update_lag(consumer, assigned)
                 if drain and ends is not None and await _reached(consumer, ends):
@@ -212,6 +363,183 @@ class Materializer:
         finally:
             await consumer.stop()
         return summary
+
+    async def _commit(self, consumer: Any, offsets: Mapping[tuple[str, int], int], fetched_from: Any) -> None:
+        """Commit what the store holds to the group (what the sink's `confirm_group` reads), unless the
+        broker is another cluster by now: those offsets would claim records of the new logs."""
+        from aiokafka import TopicPartition
+        from aiokafka.structs import OffsetAndMetadata
+
+        if self._watch.cluster_id != fetched_from:
+            log.warning("the broker restarted since this batch was read; its offsets are not committed")
+            return
+        try:
+            # aiokafka retries a commit for a topic that is gone until it is back (into a new log);
+            # the timeout ends that, and the next batch commits again.
+            await asyncio.wait_for(
+                consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in offsets.items()}),
+                self.commit_timeout_s,
+            )
+        except Exception as exc:
+            log.warning("Kafka offset commit failed (%r); the store's offsets stand", exc)
+
+    def _consumer(self) -> Any:
+        from aiokafka import AIOKafkaConsumer
+
+        from consumers._kafka import forbid_topic_creation
+
+        options = dict(self.consumer_options)
+        if self.assignment == "group":
+            for key, value in _GROUP_DEFAULTS.items():
+                options.setdefault(key, value)
+            if self.instance_id is not None:
+                options.setdefault("group_instance_id", self.instance_id)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.batch_max,
+            **options,
+        )
+        self._watch = forbid_topic_creation(consumer._client)
+        return consumer
+
+    async def _ensure_topic(self) -> None:
+        from events.kafka import DEFAULT_PARTITIONS, ensure_topic
+
+        count = self.partitions or DEFAULT_PARTITIONS
+        try:
+            listed = await ensure_topic(self.bootstrap, self.topic, count)
+        except Exception as exc:
+            # Reading needs no topic creation rights; the consumer reports an unreachable broker itself.
+            log.warning("could not make sure topic %s exists on %s: %s", self.topic, self.bootstrap, exc)
+            return
+        log.info("topic %s on %s: %d partitions", self.topic, self.bootstrap, listed)
+
+    async def _refresh(self, consumer: Any) -> None:
+        """List the topic's partitions; in "all" mode (re)assign them; update what health reports."""
+        from aiokafka import TopicPartition
+
+        state, now = self._state, time.monotonic()
+        try:
+            # The consumer's own client, whose metadata requests create no topic (forbid_topic_creation).
+            cluster = await asyncio.wait_for(consumer._client.fetch_all_metadata(), 5.0)
+        except Exception as exc:
+            state.broker_error = f"{type(exc).__name__}: {exc}"
+            if state.broker_error_since is None:
+                state.broker_error_since = now
+            return
+        state.broker_error = state.broker_error_since = None
+        listed = cluster.partitions_for_topic(self.topic) or set()
+        cluster_id = self._watch.cluster_id if self._watch is not None else None
+        if state.cluster_id is not None and cluster_id is not None and cluster_id != state.cluster_id:
+            log.warning("the broker at %s is a new cluster (%s): its logs start again", self.bootstrap, cluster_id)
+            state.log_lost = True
+            state.cluster_id = cluster_id
+        if not listed:
+            if state.topic_listed:
+                log.warning("topic %s vanished from %s; waiting for it to be recreated", self.topic, self.bootstrap)
+                state.log_lost = True
+            state.topic_listed = False
+            state.topic_missing_since = state.topic_missing_since or now
+        else:
+            state.topic_listed = True
+            state.topic_missing_since = None
+        if self.assignment == "all":
+            current = {tp.partition for tp in consumer.assignment()}
+            if listed != current or (state.log_lost and listed):
+                if listed:
+                    tps = [TopicPartition(self.topic, p) for p in sorted(listed)]
+                    consumer.assign(tps)
+                    with contextlib.suppress(Exception):  # the fetcher refreshes it on demand anyway
+                        await asyncio.wait_for(consumer._client.force_metadata_update(), 5.0)
+                    kept = set() if state.log_lost else current
+                    await seek_to_store(self, consumer, tps, known=kept, log_lost=state.log_lost)
+                    state.log_lost = False
+                    state.cluster_id = cluster_id
+                    log.info("reading %s partitions %s", self.topic, sorted(listed))
+                else:
+                    consumer.unsubscribe()
+        elif state.cluster_id is None:
+            state.cluster_id = cluster_id
+        await self._partition_health(consumer, listed)
+
+    async def _partition_health(self, consumer: Any, listed: set[int]) -> None:
+        from aiokafka import TopicPartition
+
+        state, now = self._state, time.monotonic()
+        owned = {tp.partition for tp in consumer.assignment() if tp.topic == self.topic}
+        for gone in set(state.partitions) - listed:
+            del state.partitions[gone]
+            if self.metrics is not None:
+                self.metrics.remove_partition(self.topic, gone)
+        others = [TopicPartition(self.topic, p) for p in sorted(listed - owned)]
+        ends: Mapping[Any, int] = {}
+        if others:
+            try:
+                ends = await asyncio.wait_for(consumer.end_offsets(others), 5.0)
+            except Exception as exc:
+                log.debug("no end offsets for %s: %s", others, exc)
+        stored = self.store.offsets(self.topic) if others else {}
+        for number in sorted(listed):
+            part = state.partitions.setdefault(number, _Partition())
+            before = part.read_up_to
+            part.owned = number in owned
+            if part.owned:
+                part.unread_since = None
+                tp = TopicPartition(self.topic, number)
+                part.high_watermark = consumer.highwater(tp)
+                # position() waits for an offset reset; the loop's lag update fills it in otherwise.
+                part.read_up_to = part.position
+            else:
+                part.position = None
+                tp = TopicPartition(self.topic, number)
+                part.high_watermark = ends.get(tp, part.high_watermark)
+                part.read_up_to = await self._read_by_others(consumer, tp, stored.get(number))
+                nothing_waits = (
+                    self.assignment == "group"
+                    and part.high_watermark is not None
+                    and part.read_up_to is not None
+                    and part.read_up_to >= part.high_watermark
+                )
+                moving = self.assignment == "group" and before is not None and part.read_up_to != before
+                # "group": another member may own it; only a committed offset that lags and stands
+                # still says nobody does. "all": every listed partition is this materializer's.
+                if nothing_waits or moving:
+                    part.unread_since = None
+                elif part.unread_since is None:
+                    part.unread_since = now
+            self._track_stall(part, before, now)
+            self._publish(number, part, now)
+
+    def _publish(self, number: int, part: _Partition, now: float) -> None:
+        if self.metrics is not None:
+            self.metrics.set_partition(
+                self.topic,
+                number,
+                owned=part.owned,
+                position=part.position,
+                high_watermark=part.high_watermark,
+                unread_s=0.0 if part.unread_since is None else now - part.unread_since,
+            )
+
+    def _track_stall(self, part: _Partition, before: int | None, now: float) -> None:
+        waiting = part.high_watermark is not None and (part.read_up_to or 0) < part.high_watermark
+        if not part.owned or not waiting or part.read_up_to != before:
+            part.stalled_since = None
+        elif part.stalled_since is None:
+            part.stalled_since = now
+
+    async def _read_by_others(self, consumer: Any, tp: Any, stored: int | None) -> int | None:
+        if self.assignment == "all":
+            return stored
+        try:
+            committed = await asyncio.wait_for(consumer.committed(tp), 5.0)
+        except Exception as exc:
+            log.debug("no committed offset for %s: %s", tp, exc)
+            return None
+        return int(committed) if committed is not None else 0
 
     def _record_metrics(self, records: list[Any], result: IngestResult, seconds: float) -> None:
         if self.metrics is None:
@@ -236,10 +564,15 @@ class Materializer:
             except Exception as exc:  # a partition revoked mid-way: its lag is no longer ours to report
                 log.debug("no position for %s: %s", tp, exc)
                 continue
-            lag = max(0, high - position)
-            self._state.lag[tp.partition] = lag
+            part = self._state.partitions.get(tp.partition)
+            if part is not None and part.owned:
+                before = part.read_up_to
+                part.position = part.read_up_to = position
+                part.high_watermark = high
+                self._track_stall(part, before, time.monotonic())
+                self._publish(tp.partition, part, time.monotonic())
             if self.metrics is not None:
-                self.metrics.set_lag(tp.topic, tp.partition, lag)
+                self.metrics.set_lag(tp.topic, tp.partition, high - position)
 
     def close(self) -> None:
         """Stop the read API and close the store (idempotent)."""
@@ -247,6 +580,34 @@ class Materializer:
             self.api.stop()
             self.api = None
         self.store.close()
+
+
+async def seek_to_store(
+    materializer: Materializer, consumer: Any, assigned: Iterable[Any], *, known: Iterable[int] = (), log_lost: bool
+) -> None:
+    """Seek each assigned partition to the offset the store holds for it (the truth), or to the
+    beginning when the store has none, whatever the group committed.
+
+    `log_lost`: the broker's logs are new (the topic vanished, the cluster changed): every partition
+    reads from the beginning. Partitions in `known` were read by this consumer on the same log until
+    now: they seek to the stored offset without checking the log. The others, when the store holds
+    an offset, are checked first (`_same_log`), since the broker may have lost its log while no
+    materializer was watching."""
+    stored: Mapping[int, int] = materializer.store.offsets(materializer.topic)
+    kept = set(known)
+    for tp in assigned:
+        offset = stored.get(tp.partition)
+        if offset is None or offset == 0 or log_lost:
+            await consumer.seek_to_beginning(tp)
+            continue
+        if tp.partition not in kept and not await _same_log(materializer, tp, offset):
+            # The broker lost its log and numbers new records from 0 again (the embedded broker
+            # does on a restart): the stored offset now points into other records. Read the
+            # partition from the start; the event_id key absorbs anything already stored.
+            log.warning("%s no longer holds the records the store read; reading it from the start", tp)
+            await consumer.seek_to_beginning(tp)
+            continue
+        consumer.seek(tp, offset)
 
 
 def _listener(materializer: Materializer, consumer: Any) -> Any:
@@ -259,7 +620,8 @@ def _listener(materializer: Materializer, consumer: Any) -> Any:
 
 
 class _SeekToStore:
-    """On assignment, each partition seeks to the offset the store committed (the truth)."""
+    """Group mode: on assignment, each partition seeks to the offset the store committed (the truth),
+    or to the beginning when the store has none."""
 
     def __init__(self, materializer: Materializer, consumer: Any) -> None:
         self.materializer = materializer
@@ -269,55 +631,56 @@ class _SeekToStore:
         return None
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        materializer = self.materializer
-        stored: Mapping[int, int] = materializer.store.offsets(materializer.topic)
-        for tp in assigned:
-            offset = stored.get(tp.partition)
-            if offset is None:
-                continue
-            if offset > 0 and not await self._same_log(tp, offset):
-                # The broker lost its log and numbers new records from 0 again (the embedded broker
-                # does on a restart): the stored offset now points into other records. Read the
-                # partition from the start; the event_id key absorbs anything already stored.
-                log.warning("%s no longer holds the records the store read; reading it from the start", tp)
-                await self.consumer.seek_to_beginning(tp)
-                continue
-            self.consumer.seek(tp, offset)
-
-    async def _same_log(self, tp: Any, offset: int) -> bool:
-        """Whether the record just before the stored offset is still the one the store read."""
-        from aiokafka import AIOKafkaConsumer
-
-        materializer = self.materializer
-        probe = AIOKafkaConsumer(
-            bootstrap_servers=materializer.bootstrap, enable_auto_commit=False, auto_offset_reset="none"
+        state = self.materializer._state
+        watch = self.materializer._watch
+        cluster_id = watch.cluster_id if watch is not None else None
+        lost = state.log_lost or (
+            state.cluster_id is not None and cluster_id is not None and cluster_id != state.cluster_id
         )
-        await probe.start()
-        try:
-            probe.assign([tp])
-            probe.seek(tp, offset - 1)
-            # A fetch may start at the beginning of a compressed batch: look for the exact offset.
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                try:
-                    batch = await probe.getmany(tp, timeout_ms=1000, max_records=500)
-                except Exception as exc:  # out of range: the log is shorter than what the store read
-                    log.debug("probe of %s at %d failed: %s", tp, offset - 1, exc)
+        await seek_to_store(self.materializer, self.consumer, assigned, log_lost=lost)
+        state.log_lost = False
+        state.cluster_id = cluster_id or state.cluster_id
+
+
+async def _same_log(materializer: Materializer, tp: Any, offset: int) -> bool:
+    """Whether the record just before the stored offset is still the one the store read."""
+    from aiokafka import AIOKafkaConsumer
+
+    from consumers._kafka import forbid_topic_creation
+
+    probe = AIOKafkaConsumer(
+        bootstrap_servers=materializer.bootstrap, enable_auto_commit=False, auto_offset_reset="none"
+    )
+    forbid_topic_creation(probe._client)
+    await probe.start()
+    try:
+        probe.assign([tp])
+        probe.seek(tp, offset - 1)
+        # A fetch may start at the beginning of a compressed batch: look for the exact offset.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                batch = await probe.getmany(tp, timeout_ms=1000, max_records=500)
+            except Exception as exc:  # out of range: the log is shorter than what the store read
+                log.debug("probe of %s at %d failed: %s", tp, offset - 1, exc)
+                return False
+            for record in batch.get(tp, []):
+                if record.offset == offset - 1:
+                    return materializer.store.holds(tp.topic, tp.partition, record.offset, record.value)
+                if record.offset >= offset:
                     return False
-                for record in batch.get(tp, []):
-                    if record.offset == offset - 1:
-                        return materializer.store.holds(tp.topic, tp.partition, record.offset, record.value)
-                    if record.offset >= offset:
-                        return False
-            return False
-        finally:
-            await probe.stop()
+        return False
+    finally:
+        await probe.stop()
 
 
 async def _topic_exists(bootstrap: str, topic: str, options: Mapping[str, Any]) -> bool:
     from aiokafka import AIOKafkaConsumer
 
+    from consumers._kafka import forbid_topic_creation
+
     probe = AIOKafkaConsumer(bootstrap_servers=bootstrap, **{k: v for k, v in options.items() if "timeout" in k})
+    forbid_topic_creation(probe._client)
     await probe.start()
     try:
         return topic in await probe.topics()

@@ -7,6 +7,7 @@ serves `render()` at `GET /metrics`.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping
@@ -38,7 +39,14 @@ class MaterializerMetrics:
     - `callgate_events_duplicate_total`: events dropped because their `event_id` was already stored.
     - `callgate_dead_letters_total{reason}`: undecodable messages sent to the dead-letter table.
     - `callgate_chain_breaks_total{kind}`: chain breaks found, `kind` one of `gap`, `tamper`, `conflict`.
-    - `callgate_consumer_lag{topic,partition}`: messages between the consumer's position and the end.
+    - `callgate_consumer_lag{topic,partition}`: messages between the consumer's position and the end,
+      for the partitions this materializer reads.
+    - `callgate_partition_owned{topic,partition}`: 1 for a partition the broker lists that this
+      materializer reads, 0 for one it lists that this materializer does not.
+    - `callgate_partition_position{topic,partition}` and `callgate_partition_high_watermark{topic,partition}`:
+      the next offset this materializer reads (owned partitions only) and the partition's end.
+    - `callgate_partition_unread_seconds{topic,partition}`: how long a listed partition has gone without
+      a reader (0 while it is read); alert when it exceeds the materializer's grace.
     - `callgate_batch_seconds`: histogram of the time one batch took, from poll to commit.
     - `callgate_batch_records`: histogram of the records in one batch.
     - `callgate_last_event_timestamp_seconds`: the newest event `time` stored so far (Unix seconds).
@@ -85,6 +93,31 @@ class MaterializerMetrics:
             ["topic", "partition"],
             registry=self.registry,
         )
+        self._owned = Gauge(
+            "callgate_partition_owned",
+            "1 if this materializer reads the listed partition, 0 if it does not.",
+            ["topic", "partition"],
+            registry=self.registry,
+        )
+        self._position = Gauge(
+            "callgate_partition_position",
+            "The next offset this materializer reads in the partition.",
+            ["topic", "partition"],
+            registry=self.registry,
+        )
+        self._high_watermark = Gauge(
+            "callgate_partition_high_watermark",
+            "The partition's end offset as last seen.",
+            ["topic", "partition"],
+            registry=self.registry,
+        )
+        self._unread = Gauge(
+            "callgate_partition_unread_seconds",
+            "Seconds a listed partition has gone without a reader (0 while it is read).",
+            ["topic", "partition"],
+            registry=self.registry,
+        )
+        self._partitions: set[tuple[str, int]] = set()
         self._batch_seconds = Histogram(
             "callgate_batch_seconds",
             "Time one batch took, from poll to commit.",
@@ -182,6 +215,40 @@ class MaterializerMetrics:
             if self._lags.pop((topic, partition), None) is not None:
                 self._lag.remove(topic, str(partition))
 
+    def set_partition(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        owned: bool,
+        position: int | None,
+        high_watermark: int | None,
+        unread_s: float,
+    ) -> None:
+        """Record what the materializer knows of one partition the broker lists. `position` None (not
+        owned, or not known yet) and `high_watermark` None (not known yet) leave those series out."""
+        labels = {"topic": topic, "partition": str(partition)}
+        with self._lock:
+            self._partitions.add((topic, partition))
+            self._owned.labels(**labels).set(1 if owned else 0)
+            self._unread.labels(**labels).set(max(unread_s, 0.0))
+            for gauge, value in ((self._position, position), (self._high_watermark, high_watermark)):
+                if value is None:
+                    _remove(gauge, topic, partition)
+                else:
+                    gauge.labels(**labels).set(value)
+            if not owned and self._lags.pop((topic, partition), None) is not None:
+                self._lag.remove(topic, str(partition))
+
+    def remove_partition(self, topic: str, partition: int) -> None:
+        """Forget a partition the broker no longer lists (every series of it). No-op if unknown."""
+        with self._lock:
+            self._partitions.discard((topic, partition))
+            for gauge in (self._owned, self._unread, self._position, self._high_watermark):
+                _remove(gauge, topic, partition)
+            if self._lags.pop((topic, partition), None) is not None:
+                self._lag.remove(topic, str(partition))
+
     def lag_total(self) -> int:
         """The sum of the lags last set for the partitions currently assigned."""
         with self._lock:
@@ -202,3 +269,9 @@ class MaterializerMetrics:
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition of this instance's registry and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _remove(gauge: Gauge, topic: str, partition: int) -> None:
+    # prometheus-client raises KeyError for a label set it never saw.
+    with contextlib.suppress(KeyError):
+        gauge.remove(topic, str(partition))

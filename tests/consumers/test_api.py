@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
-from consumers.api import ApiServer, HealthStatus, QueryRunner, build_app
+from consumers.api import ApiServer, HealthStatus, PartitionHealth, QueryRunner, build_app
 from consumers.metrics import CHAIN_BREAK_KINDS, DEAD_LETTER_REASONS, MaterializerMetrics
 
 # --- the test's QueryRunner: named queries over an in-memory DuckDB table ---------------------------
@@ -259,6 +259,25 @@ class TestMaterializerMetrics:
         assert value("callgate_consumer_lag", {"topic": "audit", "partition": "1"}) is None
         assert metrics.lag_total() == 5
 
+    def test_partition_series(self) -> None:
+        """set_partition publishes owned, position, high watermark and unread seconds; remove_partition drops them."""
+        metrics = MaterializerMetrics()
+        metrics.set_lag("audit", 1, 3)
+        metrics.set_partition("audit", 0, owned=True, position=5, high_watermark=9, unread_s=0.0)
+        metrics.set_partition("audit", 1, owned=False, position=None, high_watermark=4, unread_s=12.0)
+        value = metrics.registry.get_sample_value
+        zero, one = {"topic": "audit", "partition": "0"}, {"topic": "audit", "partition": "1"}
+        assert (value("callgate_partition_owned", zero), value("callgate_partition_owned", one)) == (1, 0)
+        assert value("callgate_partition_position", zero) == 5
+        assert value("callgate_partition_position", one) is None
+        assert value("callgate_partition_high_watermark", one) == 4
+        assert value("callgate_partition_unread_seconds", one) == 12
+        assert value("callgate_consumer_lag", one) is None  # not read here: no consumer position to lag
+        metrics.remove_partition("audit", 0)
+        metrics.remove_partition("audit", 9)
+        assert value("callgate_partition_owned", zero) is None
+        assert value("callgate_partition_high_watermark", zero) is None
+
     def test_render_is_prometheus_text(self) -> None:
         """render returns the text exposition, parseable, with its content type."""
         metrics = MaterializerMetrics()
@@ -298,8 +317,27 @@ class TestHealthStatus:
             "last_batch_at": "2024-05-01T12:00:00+00:00",
             "last_event_at": None,
             "lag_total": 3,
+            "topic": None,
+            "partitions": [],
         }
         assert HealthStatus(ok=False, detail="consumer loop died").to_json()["status"] == "unavailable"
+
+    def test_json_lists_every_partition(self) -> None:
+        """Each partition the broker lists appears with ownership, position, high watermark, lag and unread time."""
+        status = HealthStatus(
+            ok=False,
+            topic="audit",
+            partitions=(
+                PartitionHealth(0, owned=True, position=7, high_watermark=7, lag=0),
+                PartitionHealth(1, owned=False, high_watermark=4, lag=4, unread_s=12.5),
+            ),
+        )
+        body = status.to_json()
+        assert body["topic"] == "audit"
+        assert body["partitions"] == [
+            {"partition": 0, "owned": True, "position": 7, "high_watermark": 7, "lag": 0, "unread_s": 0.0},
+            {"partition": 1, "owned": False, "position": None, "high_watermark": 4, "lag": 4, "unread_s": 12.5},
+        ]
 
 
 # --- the routes ---------------------------------------------------------------------------------------

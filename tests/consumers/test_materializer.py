@@ -10,14 +10,18 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from callgate.broker import EmbeddedBroker, free_port
 from consumers.materializer import Materializer
@@ -90,8 +94,9 @@ def sealed_events(n: int) -> list[Any]:
     ]
 
 
-def materialize_cmd(bootstrap: str, topic: str, db: Path, port: int) -> list[str]:
-    """`callgate materialize` as a child process with its read API on `port` and a group of its own."""
+def materialize_cmd(bootstrap: str, topic: str, db: Path, port: int, *extra: str) -> list[str]:
+    """`callgate materialize` as a child process with its read API on `port` and a group of its own
+    (unless `extra` names one)."""
     return [
         sys.executable,
         "-c",
@@ -103,10 +108,10 @@ def materialize_cmd(bootstrap: str, topic: str, db: Path, port: int) -> list[str
         topic,
         "--db",
         str(db),
-        "--group",
-        f"g-{uuid.uuid4().hex[:8]}",
+        *([] if "--group" in extra else ["--group", f"g-{uuid.uuid4().hex[:8]}"]),
         "--api",
         f"127.0.0.1:{port}",
+        *extra,
     ]
 
 
@@ -275,6 +280,35 @@ class TestFaults:
         assert len(stored) == len(set(stored))
         assert set(stored) == set(first) | set(second)
 
+    async def test_a_killed_materializer_restarted_stores_again_within_seconds(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """SIGKILL of `callgate materialize`, then the same command again: a new record is stored within 5 s."""
+        from events.kafka import ensure_topic
+
+        await ensure_topic(kafka_broker.bootstrap, topic, 3)
+        db, port = tmp_path / "audit.duckdb", free_port("127.0.0.1")
+        cmd = materialize_cmd(kafka_broker.bootstrap, topic, db, port, "--group", f"g-{uuid.uuid4().hex[:8]}")
+        first, second = sealed_events(3), sealed_events(3)
+        await produce_to(kafka_broker.bootstrap, topic, first, 3)
+        with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+            try:
+                await _until(lambda: _stored_via_api(port) == len(first), 60)
+            finally:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        await produce_to(kafka_broker.bootstrap, topic, second, 3)
+        restarted = time.monotonic()
+        with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+            try:
+                await _until(lambda: _stored_via_api(port) == len(first) + len(second), 60)
+                took = time.monotonic() - restarted
+            finally:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(60)
+        assert took < 5.0, f"the restarted materializer stored the new records after {took:.1f} s"
+        assert sorted(stored_ids(db)) == sorted(e.event_id for e in first + second)
+
     async def test_store_held_by_another_process(
         self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
     ) -> None:
@@ -354,3 +388,221 @@ async def _until(condition: Any, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met before the deadline")
         await asyncio.sleep(0.05)  # sleep-ok: polling with a deadline
+
+
+def health_via_api(port: int) -> tuple[int, dict[str, Any]]:
+    """(status code, body) of the read API's /healthz; (0, {}) while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+    except OSError:
+        return 0, {}
+
+
+def metrics_via_api(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+async def topic_partitions(bootstrap: str) -> dict[str, int]:
+    """Every topic on the broker with its partition count (asked without creating anything)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = list(await admin.list_topics())
+        described = await admin.describe_topics(names) if names else []
+    finally:
+        await admin.close()
+    return {entry["topic"]: len(entry["partitions"]) for entry in described}
+
+
+async def produce_to(bootstrap: str, topic: str, events: list[Any], partitions: int) -> None:
+    """Each event to partition (index % partitions), keyed by its producer."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        for i, event in enumerate(events):
+            await producer.send_and_wait(topic, encode_event(event), key=b"k", partition=i % partitions)
+    finally:
+        await producer.stop()
+
+
+@asynccontextmanager
+async def running(materializer: Materializer) -> AsyncIterator[asyncio.Task[Any]]:
+    """The materializer's continuous run as a task, stopped (and its store closed) on exit."""
+    task = asyncio.create_task(materializer.run())
+    try:
+        yield task
+    finally:
+        materializer.stop()
+        try:
+            await asyncio.wait_for(task, 30)
+        finally:
+            materializer.close()
+
+
+async def until_async(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        await asyncio.sleep(0.05)  # sleep-ok: polling with a deadline
+
+
+class TestEmptyStore:
+    @pytest.mark.parametrize("assignment", ["all", "group"])
+    async def test_a_new_store_on_a_committed_group_reads_everything(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path, assignment: str
+    ) -> None:
+        """A second, empty store on a group that committed to the end still stores every record (read by
+        the materializer assigning itself every partition, or by the group's assignment)."""
+        events = sealed_events(12)
+        await produce_to(kafka_broker.bootstrap, topic, events, 1)
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        # The first store commits the group without joining it, so the second one's join waits for no one.
+        for name, mode in (("a.duckdb", "all"), ("b.duckdb", assignment)):
+            materializer = Materializer(
+                kafka_broker.bootstrap, topic, str(tmp_path / name), group=group, assignment=mode, **FAST_GROUP
+            )
+            try:
+                summary = await materializer.run(drain=True)
+            finally:
+                materializer.close()
+            assert summary.stored == len(events), name
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=group)
+        await consumer.start()
+        try:
+            assert await consumer.committed(TopicPartition(topic, 0)) == len(events)  # the group did commit
+        finally:
+            await consumer.stop()
+        assert sorted(stored_ids(tmp_path / "b.duckdb")) == sorted(e.event_id for e in events)
+
+
+class TestTopicLifecycle:
+    @pytest.mark.parametrize("assignment", ["all", "group"])
+    async def test_no_ghost_topic_after_an_empty_restart(
+        self, fresh_broker: EmbeddedBroker, topic: str, tmp_path: Path, assignment: str
+    ) -> None:
+        """The materializer creates the topic with the known count at its start, never re-creates it by
+        asking for it after the broker restarted empty, and reads it from the start once a producer has."""
+        db = tmp_path / "audit.duckdb"
+        materializer = Materializer(
+            fresh_broker.bootstrap,
+            topic,
+            str(db),
+            assignment=assignment,
+            partitions=3,
+            unread_grace_s=0.5,
+            metadata_interval_s=0.2,
+            **FAST_GROUP,
+            metadata_max_age_ms=500,
+        )
+        before, after = sealed_events(6), sealed_events(6)
+        async with running(materializer):
+            await until_async(
+                lambda: _true(topic_partitions(fresh_broker.bootstrap), {topic: 3}), 30, "the topic created"
+            )
+            await produce_to(fresh_broker.bootstrap, topic, before, 3)
+            await _until(lambda: _count(materializer) == len(before), 60)
+            fresh_broker.restart()
+            # Long enough for the unread grace to pass, so its consumers asked about the topic many times.
+            await _until(lambda: "is not on the broker" in materializer.health().detail, 30)
+            assert not materializer.health().ok
+            assert topic not in await topic_partitions(fresh_broker.bootstrap)
+            from events.kafka import ensure_topic
+
+            assert await ensure_topic(fresh_broker.bootstrap, topic, 3) == 3  # what a sink does
+            await produce_to(fresh_broker.bootstrap, topic, after, 3)
+            await _until(lambda: _count(materializer) == len(before) + len(after), 60)
+            await _until(
+                lambda: materializer.health().ok and all(p.lag == 0 for p in materializer.health().partitions), 30
+            )
+            health = materializer.health()
+            assert [(p.partition, p.owned, p.lag) for p in health.partitions] == [
+                (0, True, 0),
+                (1, True, 0),
+                (2, True, 0),
+            ]
+        assert sorted(stored_ids(db)) == sorted(e.event_id for e in before + after)
+
+
+async def _true(awaitable: Any, expected: Any) -> bool:
+    return (await awaitable) == expected
+
+
+def _healthy_and_read(materializer: Materializer) -> bool:
+    health = materializer.health()
+    return health.ok and all(p.lag == 0 for p in health.partitions)
+
+
+class TestHealth:
+    async def test_healthz_and_metrics_report_every_listed_partition(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """/healthz lists each partition the broker has: owned, position at the high watermark, lag 0; /metrics too."""
+        from events.kafka import ensure_topic
+
+        await ensure_topic(kafka_broker.bootstrap, topic, 3)
+        await produce_to(kafka_broker.bootstrap, topic, sealed_events(6), 3)
+        port = free_port("127.0.0.1")
+        materializer = Materializer(
+            kafka_broker.bootstrap, topic, str(tmp_path / "audit.duckdb"), api=("127.0.0.1", port), **FAST_GROUP
+        )
+        expected = [
+            {"partition": n, "owned": True, "position": 2, "high_watermark": 2, "lag": 0, "unread_s": 0.0}
+            for n in range(3)
+        ]
+        async with running(materializer):
+            await _until(lambda: health_via_api(port)[1].get("partitions") == expected, 30)
+            status, body = health_via_api(port)
+            assert (status, body["status"], body["lag_total"], body["topic"]) == (200, "ok", 0, topic)
+            text = metrics_via_api(port)
+        for n in range(3):
+            assert f'callgate_partition_owned{{partition="{n}",topic="{topic}"}} 1.0' in text
+            assert f'callgate_partition_high_watermark{{partition="{n}",topic="{topic}"}} 2.0' in text
+
+    async def test_a_partition_nobody_reads_is_not_ok(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """A listed partition whose records nobody in the group reads makes /healthz answer 503 naming it, once
+        the grace has passed; it is ok again when the materializer reads it."""
+        from events.kafka import ensure_topic
+
+        await ensure_topic(kafka_broker.bootstrap, topic, 2)
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        port = free_port("127.0.0.1")
+        materializer = Materializer(
+            kafka_broker.bootstrap,
+            topic,
+            str(tmp_path / "audit.duckdb"),
+            group=group,
+            assignment="group",
+            api=("127.0.0.1", port),
+            unread_grace_s=1.0,
+            metadata_interval_s=0.2,
+            **FAST_GROUP,
+        )
+        # Another member of the group that takes a partition and never reads or commits it.
+        idle = AIOKafkaConsumer(
+            bootstrap_servers=kafka_broker.bootstrap, group_id=group, enable_auto_commit=False, **FAST_GROUP
+        )
+        async with running(materializer):
+            await _until(lambda: len(materializer.health().partitions) == 2 and materializer.health().ok, 30)
+            idle.subscribe([topic])
+            await idle.start()
+            try:
+                await _until(lambda: bool(idle.assignment()), 30)
+                (taken,) = [tp.partition for tp in idle.assignment()]
+                await produce_to(kafka_broker.bootstrap, topic, sealed_events(4), 2)
+                await _until(lambda: health_via_api(port)[0] == 503, 30)
+                body = health_via_api(port)[1]
+                assert f"partition {taken} of {topic} is read by nobody in group {group}" in body["detail"]
+                entry = body["partitions"][taken]
+                assert (entry["owned"], entry["lag"]) == (False, 2)
+                assert entry["unread_s"] > 1.0
+            finally:
+                await idle.stop()
+            # The idle member gone, the group gives the partition back to the materializer.
+            await _until(lambda: health_via_api(port)[0] == 200 and _count(materializer) == 4, 60)
