@@ -336,7 +336,8 @@ class KafkaSink:
     @property
     def congested(self) -> bool:
         """True while more than `max_backlog` events wait for delivery, or the spool is more than
-        half full, and deliveries progressed within the last second. Read on every call: no lock,
+        half full, and events left the spool (acknowledged, or with `confirm_group` confirmed)
+        within the last second. Read on every call: no lock,
         no I/O."""
         limit, spool = self.max_backlog, self._spool
         if limit is None:
@@ -583,7 +584,6 @@ class KafkaSink:
                             link = None
                             next_attempt = time.monotonic() + backoff
                 if progressed:
-                    self._progress_at = time.monotonic()
                     self._notify()
                 else:
                     await asyncio.sleep(self.linger_s)
@@ -820,6 +820,7 @@ class KafkaSink:
                 self._resend_all("a send failed")
         elif delivered or oversize:
             self._spool.ack([*(record.position for record, _ in delivered), *oversize])
+            self._progress_at = time.monotonic()
         if failures or len(sendable) + len(oversize) < len(records):
             for failure in failures[:1]:
                 self._record_failure(failure)
@@ -911,6 +912,7 @@ class KafkaSink:
         if released:
             self._spool.ack(released)
             self.confirmed += len(released)
+            self._progress_at = time.monotonic()
         return True, len(released)
 
     def _record_failure(self, exc: BaseException) -> None:
