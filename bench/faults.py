@@ -575,6 +575,7 @@ class Scenario:
                 self._window(first.ready_at + at * self.scale)
                 self.act(action)
             self._finish_producer(self.producers[-1])
+            self._restart_if_undelivered(self.producers[-1])
             self.result.health_at_end = self.materializer.health()
             self.materializer.stop()
             if self.broker.proc is None:
@@ -615,6 +616,21 @@ class Scenario:
         self.children.kill(run.proc)
         if run.proc.returncode == 3:
             self.result.notes.append(f"KafkaSink.close(timeout={self.close_timeout:g}) did not return in time")
+
+    def _restart_if_undelivered(self, run: ProducerRun) -> None:
+        """A producer whose close left events in its spool is restarted, as its service would be:
+        a new sink over the same directory (no calls) must deliver every one of them."""
+        try:
+            report = json.loads(run.report.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if report.get("close_delivered", True):
+            return
+        self.result.notes.append(
+            f"producer {len(self.producers)} closed with {report.get('pending')} events spooled: restarted"
+            " (a new sink over the spool, no calls) to deliver them"
+        )
+        self._finish_producer(self.producer(0))
 
     def _drain(self) -> None:
         expected = self._expected()

@@ -318,8 +318,12 @@ class KafkaSink:
 
     @property
     def available(self) -> bool:
-        """False while the spool is full and `when_full="block"`: the gate then refuses new calls."""
-        return not (self._spool_full and self.when_full == "block")
+        """False while the spool is full, `when_full="block"` and nothing leaves it (the broker or,
+        with `confirm_group`, the group is away): the gate then refuses new calls. A full spool
+        that is draining stays available and `congested`: the gate paces calls instead."""
+        if not (self._spool_full and self.when_full == "block"):
+            return True
+        return self.max_backlog is not None and time.monotonic() - self._progress_at < 1.0
 
     @property
     def connected(self) -> bool:
@@ -342,7 +346,11 @@ class KafkaSink:
         limit, spool = self.max_backlog, self._spool
         if limit is None:
             return False
-        if len(self._queue) + spool.pending_hint <= limit and spool.size_hint * 2 <= spool.max_bytes:
+        if (
+            len(self._queue) + spool.pending_hint <= limit
+            and spool.size_hint * 2 <= spool.max_bytes
+            and not self._spool_full
+        ):
             return False
         return time.monotonic() - self._progress_at < 1.0
 
@@ -398,6 +406,12 @@ class KafkaSink:
         else:
             self._spool.close()
         self._release()
+        if not delivered:
+            log.warning(
+                "KafkaSink closed with %d events undelivered; they stay in %s for the next sink there",
+                self._spool.pending_hint + len(self._queue),
+                self.spool_dir,
+            )
         return delivered
 
     # -- internals ------------------------------------------------------------------------------
@@ -562,7 +576,7 @@ class KafkaSink:
                         link = await self._connect()
                         if link is None:
                             next_attempt = time.monotonic() + backoff
-                            backoff = min(backoff * 2, 5.0)
+                            backoff = min(backoff * 2, 2.0)
                         else:
                             backoff = 0.1
                     if link is not None:
