@@ -560,7 +560,8 @@ class Materializer:
             if high is None:
                 continue
             try:
-                position = await consumer.position(tp)
+                # position() waits for a pending offset reset; the next poll tries again.
+                position = await asyncio.wait_for(consumer.position(tp), 1.0)
             except Exception as exc:  # a partition revoked mid-way: its lag is no longer ours to report
                 log.debug("no position for %s: %s", tp, exc)
                 continue
@@ -598,14 +599,17 @@ async def seek_to_store(
     for tp in assigned:
         offset = stored.get(tp.partition)
         if offset is None or offset == 0 or log_lost:
-            await consumer.seek_to_beginning(tp)
+            # Offset 0 rather than seek_to_beginning, which waits (up to the request timeout, inside
+            # a rebalance) for an offset lookup: a log whose start was deleted answers "out of
+            # range", and auto_offset_reset="earliest" moves to its first record.
+            consumer.seek(tp, 0)
             continue
         if tp.partition not in kept and not await _same_log(materializer, tp, offset):
             # The broker lost its log and numbers new records from 0 again (the embedded broker
             # does on a restart): the stored offset now points into other records. Read the
             # partition from the start; the event_id key absorbs anything already stored.
             log.warning("%s no longer holds the records the store read; reading it from the start", tp)
-            await consumer.seek_to_beginning(tp)
+            consumer.seek(tp, 0)
             continue
         consumer.seek(tp, offset)
 
