@@ -18,8 +18,10 @@ kind of fault while the producer runs, then:
    made: both must be 0), and `callgate coverage --db` is run.
 
 A lost event is *reported* when coverage fails its chain check and the event is a hole in its
-producer's chain (a seq below the highest stored one); a lost tail of a chain, or a producer lost
-whole, is invisible to that check: an *unreported* loss. The drill exits 1 when any row has an
+producer's chain (a seq below the highest stored one) or in a range a sink reported lost (a
+`LossReport`: the next sink over a dead process's spool found events it had been handed and never
+spooled); a lost tail nobody reported, or a producer lost whole, is invisible to that check: an
+*unreported* loss. The drill exits 1 when any row has an
 unreported loss, duplicates, or a coverage check that could not run (`--strict`: on any loss too).
 
 Rows (`--only` picks them; `--quick` halves every window):
@@ -677,7 +679,12 @@ class Scenario:
         for event_id in stored_ids:
             producer, seq, _ = truth[event_id]
             top[producer] = max(top.get(producer, 0), seq)
-        holes = sum(1 for event_id in lost if truth[event_id][1] < top.get(truth[event_id][0], 0))
+
+        def seen(producer: str, seq: int) -> bool:
+            # A hole below the highest stored seq, or inside a range a sink reported lost.
+            return seq < top.get(producer, 0) or any(a <= seq <= b for a, b in store.reported.get(producer, ()))
+
+        holes = sum(1 for event_id in lost if seen(truth[event_id][0], truth[event_id][1]))
         r.lost_reported = holes if r.coverage_exit == 1 and chains_failed else 0
         r.lost_unreported = r.lost - r.lost_reported
         lags = [store.events[event_id] for event_id in stored_ids]
@@ -723,6 +730,7 @@ class StoreView:
     events: dict[str, float]  # event_id -> seconds from decision to visible in the store
     duplicate_rows: int
     gaps: int
+    reported: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # producer -> loss report ranges
 
 
 def read_store(db: Path) -> StoreView:
@@ -736,9 +744,17 @@ def read_store(db: Path) -> StoreView:
         rows = con.execute("SELECT event_id, epoch(ingested_at) - epoch(time) FROM events").fetchall()
         (total, distinct) = con.execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchone() or (0, 0)
         (gaps,) = con.execute("SELECT count(*) FROM chain_breaks WHERE kind = 'gap'").fetchone() or (0,)
+        # Gaps a sink reported (events.loss): the seqs a dead process took with it.
+        ranges = con.execute(
+            "SELECT producer_id, evidence->>'first_seq', evidence->>'last_seq' FROM chain_breaks"
+            " WHERE kind = 'gap' AND evidence->>'type' = 'LossReport'"
+        ).fetchall()
     finally:
         con.close()
-    return StoreView({event_id: float(lag) for event_id, lag in rows}, int(total) - int(distinct), int(gaps))
+    reported: dict[str, list[tuple[int, int]]] = {}
+    for producer, first, last in ranges:
+        reported.setdefault(str(producer), []).append((int(first), int(last)))
+    return StoreView({event_id: float(lag) for event_id, lag in rows}, int(total) - int(distinct), int(gaps), reported)
 
 
 def run_coverage(db: Path, report: Path) -> tuple[int | None, str, bool]:

@@ -233,7 +233,8 @@ def _chains(reader: AuditReader, facts: Mapping[str, Any], listing: Mapping[str,
     return _failed(
         "chains",
         f"{broken} of {facts['producers']} producer chain(s) broken: {facts['missing_seqs']} missing seq(s), "
-        f"{facts['tampered']} tampered, {facts['conflicts']} conflicting",
+        f"{facts.get('gaps_recorded', 0)} gap(s) recorded, {facts['tampered']} tampered, "
+        f"{facts['conflicts']} conflicting",
         rows,
         broken,
     )

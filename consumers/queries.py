@@ -516,9 +516,9 @@ status AS (
     FROM produced p LEFT JOIN breaks b USING (producer_id)
 )
 SELECT producer_id, gate, max_seq, events, missing, gaps_recorded, tampered, conflicts,
-       missing = 0 AND tampered = 0 AND conflicts = 0 AS ok, first_time, last_time
+       missing = 0 AND gaps_recorded = 0 AND tampered = 0 AND conflicts = 0 AS ok, first_time, last_time
 FROM status
-WHERE NOT $only_broken OR missing > 0 OR tampered > 0 OR conflicts > 0
+WHERE NOT $only_broken OR missing > 0 OR gaps_recorded > 0 OR tampered > 0 OR conflicts > 0
 ORDER BY ok, last_time DESC, producer_id
 LIMIT $limit OFFSET $offset
 """
@@ -750,8 +750,10 @@ breaks AS (
 SELECT (SELECT count(*) FROM window_events) AS events,
        (SELECT count(*) FROM active) AS producers,
        (SELECT count(*) FROM status s LEFT JOIN breaks b USING (producer_id)
-         WHERE s.missing > 0 OR coalesce(b.tampered, 0) > 0 OR coalesce(b.conflicts, 0) > 0) AS broken_producers,
+         WHERE s.missing > 0 OR coalesce(b.gaps, 0) > 0 OR coalesce(b.tampered, 0) > 0
+            OR coalesce(b.conflicts, 0) > 0) AS broken_producers,
        (SELECT coalesce(sum(missing), 0) FROM status) AS missing_seqs,
+       (SELECT coalesce(sum(gaps), 0) FROM breaks) AS gaps_recorded,
        (SELECT coalesce(sum(tampered), 0) FROM breaks) AS tampered,
        (SELECT coalesce(sum(conflicts), 0) FROM breaks) AS conflicts,
        (SELECT count(*) FROM window_events WHERE type = 'Unmediated') AS unmediated,

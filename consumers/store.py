@@ -43,6 +43,7 @@ from events import (
     ToolUseEvent,
 )
 from events.codec import ReadEvent, read_event
+from events.loss import LossReport, encode_loss_report, parse_loss_report
 from events.models import ZERO_HASH
 
 __all__ = [
@@ -166,7 +167,8 @@ class IngestResult:
     - `duplicates`: records already in the store (an event or a dead letter) or repeated in the batch.
     - `dead_letters`: records newly stored as dead letters.
     - `chain_breaks`: chain-break rows newly recorded ('tamper' and 'conflict'; a conflicting event
-      is not stored as an event, its JSON is kept in the break's `evidence`).
+      is not stored as an event, its JSON is kept in the break's `evidence`; a 'gap' for each new
+      loss report, `events.loss`, the report kept as `evidence`).
 
     The breakdowns (for metrics) split the same counts: stored events by type, new dead letters by
     reason kind, new chain breaks by kind; `last_event_time` is the newest stored event's `time`.
@@ -533,6 +535,14 @@ WHERE kafka_offsets.next_offset <> excluded.next_offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 # A gap closes when its event arrives.
+# A loss report (events.loss) is a gap its sink saw: recorded at once, no grace, unless stored.
+_INSERT_REPORTED_GAP = """
+INSERT INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
+SELECT $producer_id, $seq, 'gap', $detail, NULL, $evidence::JSON, now()
+WHERE NOT EXISTS (SELECT 1 FROM events WHERE producer_id = $producer_id AND seq = $seq)
+ON CONFLICT (producer_id, seq, kind) DO NOTHING
+"""
+
 _DELETE_FILLED_GAPS = """
 DELETE FROM chain_breaks AS b
 WHERE b.kind = 'gap'
@@ -768,7 +778,9 @@ class AuditStore:
         (producer, seq), or with a stored event id or that of an event earlier in the batch: the
         first stays, the later one is recorded in `chain_breaks` with its JSON as `evidence`, and
         not stored). Gaps are not recorded here (another partition may still fill them; see
-        `close_open_gaps`), but a recorded gap that this batch fills is removed.
+        `close_open_gaps`), but a recorded gap that this batch fills is removed. A loss report
+        (`events.loss`: a sink found events a dead process never spooled) records a gap at its
+        first seq at once, unless that event is stored.
 
         Idempotent: the same records again change nothing. Raises `StoreError` on a read-only store,
         and re-raises whatever went wrong inside the transaction (a negative offset, a closed store)
@@ -776,7 +788,7 @@ class AuditStore:
         serialized with the store's other writes.
         """
         self._require_writable("ingest")
-        staged, dead = self._stage(records)
+        staged, dead, losses = self._stage(records)
         with self._write_lock:
             con = self._con
             con.begin()
@@ -795,6 +807,20 @@ class AuditStore:
                 con.register(_STAGED_OFFSETS, _offsets_table(offsets))
                 con.execute(_UPSERT_OFFSETS)
                 con.execute(_DELETE_FILLED_GAPS)
+                reported = 0
+                for report in losses:
+                    # A gap at the first lost seq, unless that event is stored after all.
+                    reported += _count(
+                        con.execute(
+                            _INSERT_REPORTED_GAP,
+                            {
+                                "producer_id": report.producer_id,
+                                "seq": report.first_seq,
+                                "detail": report.detail(),
+                                "evidence": encode_loss_report(report).decode(),
+                            },
+                        )
+                    )
                 new_breaks: dict[str, int] = {}
                 if _count(con.execute(_FIND_BREAKS)):
                     new_breaks = {str(kind): int(n) for kind, n in con.execute(_COUNT_NEW_BREAKS).fetchall()}
@@ -813,9 +839,11 @@ class AuditStore:
         conflicts = sum(int(n) for verdict, _, n, _ in summary if verdict == "conflict")
         new_by_type = [(str(kind), int(n), last) for verdict, kind, n, last in summary if verdict == "new"]
         dead_letters = sum(dead_reasons.values())
+        if reported:
+            new_breaks["gap"] = new_breaks.get("gap", 0) + reported
         return IngestResult(
             stored=stored,
-            duplicates=len(records) - stored - dead_letters - conflicts,
+            duplicates=len(records) - stored - dead_letters - conflicts - reported,
             dead_letters=dead_letters,
             chain_breaks=sum(new_breaks.values()),
             stored_by_type={kind: n for kind, n, _ in new_by_type},
@@ -824,10 +852,12 @@ class AuditStore:
             last_event_time=max((last for _, _, last in new_by_type), default=None),
         )
 
-    def _stage(self, records: Sequence[RawRecord]) -> tuple[pa.Table, pa.Table]:
-        """Parse the records into the Arrow tables of events and dead letters (pure Python, no lock)."""
+    def _stage(self, records: Sequence[RawRecord]) -> tuple[pa.Table, pa.Table, list[LossReport]]:
+        """Parse the records into the Arrow tables of events and dead letters, and the loss reports
+        (pure Python, no lock)."""
         rows: list[tuple[Any, ...]] = []
         dead: dict[str, list[Any]] = {name: [] for name in _STAGED_DEAD_SCHEMA.names}
+        losses: list[LossReport] = []
         for ord_, record in enumerate(records):
             value = record.value
             if value is None:
@@ -842,12 +872,15 @@ class AuditStore:
                 )
                 continue
             try:
+                if (report := parse_loss_report(value)) is not None:
+                    losses.append(report)
+                    continue
                 rows.append(_event_row(read_event(value), ord_, record.topic, record.partition, record.offset))
             except EventParseError as exc:
                 _add_dead(dead, record, _reason_kind(exc.reason), exc.reason)
             except Exception as exc:  # a record must never block its partition: dead-letter it
                 _add_dead(dead, record, "error", f"{type(exc).__name__}: {exc}")
-        return _events_table(rows), pa.Table.from_pydict(dead, schema=_STAGED_DEAD_SCHEMA)
+        return _events_table(rows), pa.Table.from_pydict(dead, schema=_STAGED_DEAD_SCHEMA), losses
 
     def offsets(self, topic: str) -> dict[int, int]:
         """Partition -> the next offset to read, as last committed by `ingest` (empty for a topic

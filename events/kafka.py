@@ -49,7 +49,9 @@ import contextvars
 import hashlib
 import itertools
 import logging
+import mmap
 import os
+import struct
 import threading
 import time
 import weakref
@@ -58,6 +60,7 @@ from pathlib import Path
 from typing import IO, Any, Literal, NamedTuple
 
 from events.codec import encode_event
+from events.loss import LOSS_REPORT_TYPE, LossReport, encode_loss_report
 from events.models import EventBase
 from events.spool import HEADER_SIZE, Spool, SpoolFull, SpoolLocked, SpoolRecord
 
@@ -308,8 +311,14 @@ class KafkaSink:
         """Sends that failed (their records stayed spooled and were retried)."""
         self.oversize = 0
         """Records too large to send, kept in `oversize.jsonl` instead."""
+        self.lost_in_crash = 0
+        """Events a previous process over this spool was handed and died with (reported at start)."""
         self.last_error: str | None = None
         """The last connection or send error since the last successful connect, for operators."""
+
+        # What a previous process over this spool took with it when it died is reported first.
+        self._marks = _Watermarks(self.spool_dir / "watermarks")
+        self._report_losses()
 
         # A normal interpreter exit without close() still moves queued events into the spool.
         atexit.register(_spool_on_exit, weakref.ref(self))
@@ -362,6 +371,7 @@ class KafkaSink:
     def emit(self, event: EventBase) -> None:
         """Queue the event for the sender thread. Never blocks, never raises; drops and counts only
         when the memory queue is full or the sink is closed."""
+        self._marks.emitted(event)
         if self._closed or len(self._queue) >= self.max_queue:
             self._count_drop("sink is closed" if self._closed else "memory queue is full")
             return
@@ -415,6 +425,31 @@ class KafkaSink:
         return delivered
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _report_losses(self) -> None:
+        """Spool a `LossReport` for every producer whose events the previous sink here was handed
+        but never spooled; then start the watermarks afresh."""
+        reports = [
+            LossReport(
+                report_id=os.urandom(16).hex(),
+                producer_id=producer_id,
+                gate=gate,
+                first_seq=spooled + 1,
+                last_seq=emitted,
+                spool=str(self.spool_dir),
+            )
+            for producer_id, gate, emitted, spooled in self._marks.left_behind
+        ]
+        if reports:
+            records = []
+            for report in reports:
+                log.error("KafkaSink: producer %s (gate %s): %s", report.producer_id, report.gate, report.detail())
+                when = report.time.isoformat().replace("+00:00", "Z")
+                parts = (report.producer_id, report.report_id, LOSS_REPORT_TYPE, when, report.gate)
+                records.append((_SEP.join(part.encode() for part in parts), encode_loss_report(report)))
+            self._spool.append(records, past_limit=True)
+            self.lost_in_crash = sum(r.last_seq - r.first_seq + 1 for r in reports)
+        self._marks.reset()
 
     def _release(self) -> None:
         if self._oversize_file is not None:
@@ -495,6 +530,7 @@ class KafkaSink:
             records = [(_spool_key(event), encode_event(event)) for event in batch]
             if past_limit:
                 self._spool.append(records, past_limit=True)
+                self._marks.spooled(batch)
                 for _ in records:
                     self._queue.popleft()
                 return len(records)
@@ -514,6 +550,7 @@ class KafkaSink:
             except SpoolFull:
                 self._spool_full = True
                 return 0
+            self._marks.spooled(batch[:fits])
             self._spool_full = False
             for _ in range(fits):
                 self._queue.popleft()
@@ -947,6 +984,89 @@ class KafkaSink:
             self.max_event_bytes,
             self.spool_dir / "oversize.jsonl",
         )
+
+
+class _Watermarks:
+    """Per producer, the highest seq handed to `emit` and the highest seq spooled, in a small
+    memory-mapped file of the spool directory. A store into a shared mapping is in the kernel's page
+    cache as soon as it is made, so it outlives a SIGKILL of the process (not a crash of the
+    machine): the next sink over the directory compares the two (`left_behind`). Costs one dict
+    lookup and one 8-byte store per event; `emit` may run in many threads (a lost race only
+    understates a mark by an event or two). Tracks up to `_MARK_SLOTS` producers per sink."""
+
+    def __init__(self, path: Path) -> None:
+        size = _MARK.size * _MARK_SLOTS
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.left_behind: list[tuple[str, str, int, int]] = []
+        """(producer id, gate, highest seq emitted, highest seq spooled) where the first is ahead."""
+        for slot in range(_MARK_SLOTS):
+            raw_id, raw_gate, emitted, spooled = _MARK.unpack_from(self._map, slot * _MARK.size)
+            if raw_id.strip(b"\0") and emitted > spooled:
+                gate = raw_gate.rstrip(b"\0").decode(errors="replace")
+                self.left_behind.append((raw_id.rstrip(b"\0").decode(errors="replace"), gate, emitted, spooled))
+        self._slots: dict[str, int] = {}
+        self._emitted: list[int] = []
+        self._spooled: list[int] = []
+        self._claim = threading.Lock()
+        self._warned = False
+
+    def reset(self) -> None:
+        self._map[:] = bytes(len(self._map))
+
+    def _slot(self, event: EventBase) -> int | None:
+        with self._claim:
+            slot = self._slots.get(event.producer_id)
+            if slot is not None:
+                return slot
+            if len(self._slots) >= _MARK_SLOTS:
+                if not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "KafkaSink: more than %d producers; crash losses of the rest go unreported", _MARK_SLOTS
+                    )
+                return None
+            slot = len(self._slots)
+            _MARK.pack_into(
+                self._map, slot * _MARK.size, event.producer_id.encode()[:32], event.gate.encode()[:32], 0, 0
+            )
+            self._emitted.append(0)
+            self._spooled.append(0)
+            self._slots[event.producer_id] = slot
+            return slot
+
+    def emitted(self, event: EventBase) -> None:
+        slot = self._slots.get(event.producer_id)
+        if slot is None and (slot := self._slot(event)) is None:
+            return
+        seq = event.seq
+        if seq > self._emitted[slot]:
+            self._emitted[slot] = seq
+            _SEQ.pack_into(self._map, slot * _MARK.size + _EMITTED_AT, seq)
+
+    def spooled(self, events: Sequence[EventBase]) -> None:
+        highest: dict[int, int] = {}
+        for event in events:
+            slot = self._slots.get(event.producer_id)
+            if slot is not None and event.seq > highest.get(slot, 0):
+                highest[slot] = event.seq
+        for slot, seq in highest.items():
+            if seq > self._spooled[slot]:
+                self._spooled[slot] = seq
+                _SEQ.pack_into(self._map, slot * _MARK.size + _SPOOLED_AT, seq)
+
+
+# A slot: producer id and gate (NUL padded), the highest seq emitted, the highest seq spooled.
+_MARK = struct.Struct("<32s32sQQ")
+_SEQ = struct.Struct("<Q")
+_EMITTED_AT = 64
+_SPOOLED_AT = 72
+_MARK_SLOTS = 128
 
 
 class _Ack(NamedTuple):

@@ -5,8 +5,12 @@ materialize` processes, real DuckDB files; the store is compared with what the g
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -248,3 +252,71 @@ class TestBurst:
         assert set(ids) == {e.event_id for e in memory.events}
         assert gaps(db) == 0
         await sink.close()
+
+
+class TestCrashWindow:
+    async def test_events_a_killed_process_held_in_memory_are_reported_as_a_gap(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """Events handed to the sink but not yet spooled when the process is SIGKILLed cannot be sent;
+        the next sink over the spool reports them, and the store and `callgate coverage` show the gap."""
+        port = free_port("127.0.0.1")
+        spool = tmp_path / "spool"
+        child = textwrap.dedent(
+            f"""
+            import asyncio, json, sys, time
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_zero_loss import desk, calls
+            from events import MemorySink
+            from events.kafka import KafkaSink
+            from interceptor_core import ToolBlockedError
+            sink = KafkaSink("127.0.0.1:{port}", {topic!r}, {str(spool)!r}, spool_max_bytes=2048, connect_timeout_s=1)
+            memory = MemorySink()
+            agent = desk(sink, memory)
+            async def main():
+                n, deadline = 0, time.monotonic() + 30
+                while len(sink._queue) < 5 and time.monotonic() < deadline:  # the spool is full: in memory
+                    try:
+                        await calls(agent, 1, start=n, note="m" * 300)
+                    except ToolBlockedError:
+                        pass
+                    n += 1
+                    await asyncio.sleep(0.01)  # sleep-ok: polling with a deadline; the sender thread spools
+            asyncio.run(main())
+            last = memory.events[-1]
+            print(json.dumps({{"producer": last.producer_id, "last_seq": last.seq}}), flush=True)
+            time.sleep(60)  # sleep-ok: stays alive until the parent kills it
+            """
+        )
+        with subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True) as proc:
+            try:
+                assert proc.stdout is not None
+                made = json.loads(proc.stdout.readline())
+            finally:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        sink = KafkaSink(kafka_broker.bootstrap, topic, spool)
+        assert sink.lost_in_crash >= 5
+        assert await sink.flush(timeout=30)
+        await sink.close()
+        db = tmp_path / "store.duckdb"
+        drain(kafka_broker.bootstrap, topic, db, f"g-{uuid.uuid4().hex[:8]}")
+        with duckdb.connect(str(db), read_only=True) as con:
+            top = con.execute("select max(seq) from events where producer_id = ?", [made["producer"]]).fetchone()
+            breaks = con.execute(
+                "select seq, kind, detail, evidence from chain_breaks where producer_id = ?", [made["producer"]]
+            ).fetchall()
+        assert top is not None
+        assert len(breaks) == 1
+        seq, kind, detail, evidence = breaks[0]
+        assert (seq, kind) == (top[0] + 1, "gap")
+        assert "process died" in detail
+        assert json.loads(evidence)["last_seq"] == made["last_seq"]
+        coverage = subprocess.run(
+            [sys.executable, "-c", "from callgate.cli import main; main()", "coverage", "--db", str(db)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert coverage.returncode == 1, coverage.stdout + coverage.stderr
