@@ -904,6 +904,12 @@ class AuditStore:
             if isinstance(event_id, str):
                 row = con.execute("SELECT 1 FROM events WHERE event_id = $id", {"id": event_id}).fetchone()
                 return row is not None
+            with contextlib.suppress(ValueError):
+                if (report := parse_loss_report(value)) is not None:
+                    row = con.execute(
+                        "SELECT 1 FROM chain_breaks WHERE evidence->>'report_id' = $id", {"id": report.report_id}
+                    ).fetchone()
+                    return row is not None
             row = con.execute(
                 'SELECT 1 FROM dead_letters WHERE topic = $t AND partition = $p AND "offset" = $o AND value = $v',
                 {"t": topic, "p": partition, "o": offset, "v": value},

@@ -26,6 +26,7 @@ from consumers import (
     StoreLockedError,
 )
 from events import EventBase, MemorySink, encode_event, event_hash, parse_event
+from events.loss import LossReport, encode_loss_report
 from events.models import ZERO_HASH
 from interceptor_core import Deny, Gate, RunContext, Substitute, ToolCall, before_tool_call, tool
 
@@ -407,6 +408,44 @@ class TestGaps:
         ingest(store, records(events[2:]))
         assert store.close_open_gaps() == 2
         assert [seq for _, seq, _ in breaks(store)] == [1, 2]
+
+
+class TestLossReports:
+    @staticmethod
+    def report(producer: str, first: int, last: int) -> RawRecord:
+        value = encode_loss_report(
+            LossReport(report_id=f"r-{first}", producer_id=producer, first_seq=first, last_seq=last, spool="/s")
+        )
+        return RawRecord(TOPIC, 0, 100 + first, producer.encode(), value, 1_700_000_000_000)
+
+    def test_a_reported_loss_at_the_tail_is_a_gap_at_once(self, store: AuditStore) -> None:
+        """A loss report past a chain's last stored event records a gap at its first seq, keeps the report."""
+        events = gate_events(3)
+        producer = events[0].producer_id
+        result = store.ingest(batch := [*records(events), self.report(producer, 5, 7)], next_offsets(batch))
+        assert result.chain_breaks_by_kind == {"gap": 1}
+        assert result.stored + result.duplicates + result.chain_breaks == len(batch)
+        assert breaks(store) == [(producer, 5, "gap")]
+        (detail, evidence) = store.cursor().execute("SELECT detail, evidence FROM chain_breaks").fetchone() or ("", "")
+        assert "seqs 5..7 lost before reaching the spool" in detail
+        assert json.loads(evidence)["last_seq"] == 7
+
+    def test_a_repeated_report_or_one_for_a_stored_event_adds_nothing(self, store: AuditStore) -> None:
+        """The same report again is a duplicate; a report whose first seq is stored records nothing."""
+        events = gate_events(3)
+        producer = events[0].producer_id
+        ingest(store, [*records(events), self.report(producer, 5, 5)])
+        result = store.ingest([again := self.report(producer, 5, 5)], next_offsets([again]))
+        assert (result.duplicates, result.chain_breaks) == (1, 0)
+        ingest(store, [self.report(producer, 2, 3)])
+        assert breaks(store) == [(producer, 5, "gap")]
+
+    def test_a_malformed_report_is_a_dead_letter(self, store: AuditStore) -> None:
+        """A value that starts like a loss report but is not one is kept as a dead letter."""
+        bad = RawRecord(TOPIC, 0, 1, b"k", b'{"type":"LossReport","first_seq":0}', 1_700_000_000_000)
+        result = store.ingest([bad], next_offsets([bad]))
+        assert result.dead_letters == 1
+        assert breaks(store) == []
 
 
 class TestOffsets:
