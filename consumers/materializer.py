@@ -386,7 +386,7 @@ class Materializer:
     def _consumer(self) -> Any:
         from aiokafka import AIOKafkaConsumer
 
-        from consumers._kafka import forbid_topic_creation
+        from events.kafka import forbid_topic_creation
 
         options = dict(self.consumer_options)
         if self.assignment == "group":
@@ -650,7 +650,7 @@ async def _same_log(materializer: Materializer, tp: Any, offset: int) -> bool:
     """Whether the record just before the stored offset is still the one the store read."""
     from aiokafka import AIOKafkaConsumer
 
-    from consumers._kafka import forbid_topic_creation
+    from events.kafka import forbid_topic_creation
 
     probe = AIOKafkaConsumer(
         bootstrap_servers=materializer.bootstrap, enable_auto_commit=False, auto_offset_reset="none"
@@ -681,7 +681,7 @@ async def _same_log(materializer: Materializer, tp: Any, offset: int) -> bool:
 async def _topic_exists(bootstrap: str, topic: str, options: Mapping[str, Any]) -> bool:
     from aiokafka import AIOKafkaConsumer
 
-    from consumers._kafka import forbid_topic_creation
+    from events.kafka import forbid_topic_creation
 
     probe = AIOKafkaConsumer(bootstrap_servers=bootstrap, **{k: v for k, v in options.items() if "timeout" in k})
     forbid_topic_creation(probe._client)

@@ -45,22 +45,22 @@ import asyncio
 import atexit
 import collections
 import contextlib
-import contextvars
 import hashlib
 import itertools
 import logging
-import mmap
 import os
-import struct
+import random
 import threading
 import time
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import MethodType
 from typing import IO, Any, Literal, NamedTuple
 
 from events.codec import encode_event
-from events.loss import LOSS_REPORT_TYPE, LossReport, encode_loss_report
+from events.loss import LOSS_REPORT_TYPE, LossReport, Watermarks, encode_loss_report
 from events.models import EventBase
 from events.spool import HEADER_SIZE, Spool, SpoolFull, SpoolLocked, SpoolRecord
 
@@ -158,42 +158,68 @@ def _headers(key: bytes, dropped: int) -> tuple[bytes, list[tuple[str, bytes]]]:
     return producer_id, headers
 
 
-_AUTO_CREATE: contextvars.ContextVar[bool] = contextvars.ContextVar("callgate_topic_auto_create", default=True)
-_metadata_request_patched = False
+@dataclass
+class MetadataWatch:
+    """What the last metadata answer of one client said about the cluster."""
+
+    cluster_id: str | None = None
+    """The cluster id the broker answered with (None before the first answer, or from a broker whose
+    metadata version carries none). The embedded broker starts a new cluster, with a new id, every
+    time it starts, so a changed id means every log this client read is gone."""
 
 
-def refuse_topic_auto_creation(client: Any) -> None:
-    """Make every metadata request of this aiokafka client (`producer.client`, `consumer._client`)
-    ask the broker not to create missing topics. A Kafka client creates a missing topic with the
-    broker's default partition count whenever it asks for its metadata; after a broker restarted
-    empty that races with `ensure_topic` and may give the topic another count than its producers'
-    keys were spread over. aiokafka has no option for it (its metadata requests always allow
-    creation), so its request class is wrapped once to honour a per-task flag, and this client's
-    metadata refresh sets the flag. Other aiokafka clients in the process are unaffected."""
-    global _metadata_request_patched
-    import aiokafka.client as client_module
+def forbid_topic_creation(client: Any) -> MetadataWatch:
+    """Make this aiokafka client (`producer.client`, `consumer._client`) ask for metadata without
+    creating the topics it names, and return the `MetadataWatch` its answers update from now on.
 
-    if not _metadata_request_patched:
-        base: Any = client_module.MetadataRequest
+    aiokafka 0.14 builds its metadata requests as `MetadataRequest(topics)`, whose version 4 and
+    later default `allow_auto_topic_creation` to True, and offers no option to change it. A client
+    would then create the topic with the broker's default partition count whenever it is missing
+    (the embedded broker after an empty restart, before anyone recreated it with the known count),
+    and keys would land on partitions nobody reads. This replaces the one method that builds the
+    request, on this client only (other clients in the process keep aiokafka's behaviour); the body
+    is aiokafka's own `_metadata_update` with the flag turned off. Revisit when aiokafka is upgraded
+    (pinned <0.15)."""
+    watch = MetadataWatch()
+    client._metadata_update = MethodType(_metadata_update_factory(watch), client)
+    return watch
 
-        class _MetadataRequest(base):  # type: ignore[misc]
-            def __init__(self, topics: Any = None, allow_auto_topic_creation: bool | None = None) -> None:
-                if allow_auto_topic_creation is None and not _AUTO_CREATE.get():
-                    allow_auto_topic_creation = False
-                super().__init__(topics, allow_auto_topic_creation)
 
-        client_module.MetadataRequest = _MetadataRequest
-        _metadata_request_patched = True
-    original = client._metadata_update
+def _metadata_update_factory(watch: MetadataWatch) -> Any:
+    from aiokafka.client import ConnectionGroup
+    from aiokafka.errors import KafkaError
+    from aiokafka.protocol.metadata import MetadataRequest
 
-    async def metadata_update(cluster_metadata: Any, topics: Any) -> Any:
-        token = _AUTO_CREATE.set(False)
-        try:
-            return await original(cluster_metadata, topics)
-        finally:
-            _AUTO_CREATE.reset(token)
+    async def _metadata_update(self: Any, cluster_metadata: Any, topics: Any) -> bool:
+        metadata_request = MetadataRequest(list(topics) if topics else None, allow_auto_topic_creation=False)
+        nodeids: list[Any] = [b.nodeId for b in self.cluster.brokers()]
+        bootstrap_id = ("bootstrap", ConnectionGroup.DEFAULT)
+        if bootstrap_id in self._conns:
+            nodeids.append("bootstrap")
+        random.shuffle(nodeids)
+        for node_id in nodeids:
+            conn = await self._get_conn(node_id)
+            if conn is None:
+                continue
+            try:
+                metadata = await conn.send(metadata_request)
+            except (KafkaError, TimeoutError) as err:
+                log.debug("metadata request to node %s failed: %r", node_id, err)
+                continue
+            if not metadata.brokers:
+                return False
+            cluster_metadata.update_metadata(metadata)
+            watch.cluster_id = getattr(metadata, "cluster_id", None) or watch.cluster_id
+            if bootstrap_id in self._conns and len(self.cluster.brokers()):
+                self._conns.pop(bootstrap_id).close()
+            break
+        else:
+            log.debug("no broker answered a metadata request (%s)", nodeids)
+            cluster_metadata.failed_update(None)
+            return False
+        return True
 
-    client._metadata_update = metadata_update
+    return _metadata_update
 
 
 class KafkaSink:
@@ -317,7 +343,7 @@ class KafkaSink:
         """The last connection or send error since the last successful connect, for operators."""
 
         # What a previous process over this spool took with it when it died is reported first.
-        self._marks = _Watermarks(self.spool_dir / "watermarks")
+        self._marks = Watermarks(self.spool_dir / "watermarks")
         self._report_losses()
 
         # A normal interpreter exit without close() still moves queued events into the spool.
@@ -661,7 +687,7 @@ class KafkaSink:
             **self.producer_options,
         }
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers, **options)
-        refuse_topic_auto_creation(producer.client)
+        forbid_topic_creation(producer.client)
         admin: Any = None
         try:
             await asyncio.wait_for(producer.start(), self.connect_timeout_s)
@@ -986,89 +1012,6 @@ class KafkaSink:
         )
 
 
-class _Watermarks:
-    """Per producer, the highest seq handed to `emit` and the highest seq spooled, in a small
-    memory-mapped file of the spool directory. A store into a shared mapping is in the kernel's page
-    cache as soon as it is made, so it outlives a SIGKILL of the process (not a crash of the
-    machine): the next sink over the directory compares the two (`left_behind`). Costs one dict
-    lookup and one 8-byte store per event; `emit` may run in many threads (a lost race only
-    understates a mark by an event or two). Tracks up to `_MARK_SLOTS` producers per sink."""
-
-    def __init__(self, path: Path) -> None:
-        size = _MARK.size * _MARK_SLOTS
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size != size:
-                os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.left_behind: list[tuple[str, str, int, int]] = []
-        """(producer id, gate, highest seq emitted, highest seq spooled) where the first is ahead."""
-        for slot in range(_MARK_SLOTS):
-            raw_id, raw_gate, emitted, spooled = _MARK.unpack_from(self._map, slot * _MARK.size)
-            if raw_id.strip(b"\0") and emitted > spooled:
-                gate = raw_gate.rstrip(b"\0").decode(errors="replace")
-                self.left_behind.append((raw_id.rstrip(b"\0").decode(errors="replace"), gate, emitted, spooled))
-        self._slots: dict[str, int] = {}
-        self._emitted: list[int] = []
-        self._spooled: list[int] = []
-        self._claim = threading.Lock()
-        self._warned = False
-
-    def reset(self) -> None:
-        self._map[:] = bytes(len(self._map))
-
-    def _slot(self, event: EventBase) -> int | None:
-        with self._claim:
-            slot = self._slots.get(event.producer_id)
-            if slot is not None:
-                return slot
-            if len(self._slots) >= _MARK_SLOTS:
-                if not self._warned:
-                    self._warned = True
-                    log.warning(
-                        "KafkaSink: more than %d producers; crash losses of the rest go unreported", _MARK_SLOTS
-                    )
-                return None
-            slot = len(self._slots)
-            _MARK.pack_into(
-                self._map, slot * _MARK.size, event.producer_id.encode()[:32], event.gate.encode()[:32], 0, 0
-            )
-            self._emitted.append(0)
-            self._spooled.append(0)
-            self._slots[event.producer_id] = slot
-            return slot
-
-    def emitted(self, event: EventBase) -> None:
-        slot = self._slots.get(event.producer_id)
-        if slot is None and (slot := self._slot(event)) is None:
-            return
-        seq = event.seq
-        if seq > self._emitted[slot]:
-            self._emitted[slot] = seq
-            _SEQ.pack_into(self._map, slot * _MARK.size + _EMITTED_AT, seq)
-
-    def spooled(self, events: Sequence[EventBase]) -> None:
-        highest: dict[int, int] = {}
-        for event in events:
-            slot = self._slots.get(event.producer_id)
-            if slot is not None and event.seq > highest.get(slot, 0):
-                highest[slot] = event.seq
-        for slot, seq in highest.items():
-            if seq > self._spooled[slot]:
-                self._spooled[slot] = seq
-                _SEQ.pack_into(self._map, slot * _MARK.size + _SPOOLED_AT, seq)
-
-
-# A slot: producer id and gate (NUL padded), the highest seq emitted, the highest seq spooled.
-_MARK = struct.Struct("<32s32sQQ")
-_SEQ = struct.Struct("<Q")
-_EMITTED_AT = 64
-_SPOOLED_AT = 72
-_MARK_SLOTS = 128
-
-
 class _Ack(NamedTuple):
     """Where the broker stored one record."""
 
@@ -1114,9 +1057,10 @@ __all__ = [
     "DEFAULT_TOPIC",
     "DROPPED_HEADER",
     "KafkaSink",
+    "MetadataWatch",
     "SpoolLocked",
     "decode_headers",
     "default_spool_dir",
     "ensure_topic",
-    "refuse_topic_auto_creation",
+    "forbid_topic_creation",
 ]

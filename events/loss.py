@@ -15,9 +15,20 @@ never arrived. Wire form: one JSON object whose first key is `"type": "LossRepor
 from __future__ import annotations
 
 import json
+import logging
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from events.models import EventBase
+
+log = logging.getLogger("callgate.events.loss")
 
 LOSS_REPORT_TYPE = "LossReport"
 _PREFIX = b'{"type":"LossReport"'
@@ -66,4 +77,87 @@ def parse_loss_report(value: bytes) -> LossReport | None:
     return report
 
 
-__all__ = ["LOSS_REPORT_TYPE", "LossReport", "encode_loss_report", "parse_loss_report"]
+class Watermarks:
+    """Per producer, the highest seq handed to a sink's `emit` and the highest seq it spooled, in a small
+    memory-mapped file of the spool directory. A store into a shared mapping is in the kernel's page
+    cache as soon as it is made, so it outlives a SIGKILL of the process (not a crash of the
+    machine): the next sink over the directory compares the two (`left_behind`). Costs one dict
+    lookup and one 8-byte store per event; `emit` may run in many threads (a lost race only
+    understates a mark by an event or two). Tracks up to `_MARK_SLOTS` producers per sink."""
+
+    def __init__(self, path: Path) -> None:
+        size = _MARK.size * _MARK_SLOTS
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.left_behind: list[tuple[str, str, int, int]] = []
+        """(producer id, gate, highest seq emitted, highest seq spooled) where the first is ahead."""
+        for slot in range(_MARK_SLOTS):
+            raw_id, raw_gate, emitted, spooled = _MARK.unpack_from(self._map, slot * _MARK.size)
+            if raw_id.strip(b"\0") and emitted > spooled:
+                gate = raw_gate.rstrip(b"\0").decode(errors="replace")
+                self.left_behind.append((raw_id.rstrip(b"\0").decode(errors="replace"), gate, emitted, spooled))
+        self._slots: dict[str, int] = {}
+        self._emitted: list[int] = []
+        self._spooled: list[int] = []
+        self._claim = threading.Lock()
+        self._warned = False
+
+    def reset(self) -> None:
+        self._map[:] = bytes(len(self._map))
+
+    def _slot(self, event: EventBase) -> int | None:
+        with self._claim:
+            slot = self._slots.get(event.producer_id)
+            if slot is not None:
+                return slot
+            if len(self._slots) >= _MARK_SLOTS:
+                if not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "KafkaSink: more than %d producers; crash losses of the rest go unreported", _MARK_SLOTS
+                    )
+                return None
+            slot = len(self._slots)
+            _MARK.pack_into(
+                self._map, slot * _MARK.size, event.producer_id.encode()[:32], event.gate.encode()[:32], 0, 0
+            )
+            self._emitted.append(0)
+            self._spooled.append(0)
+            self._slots[event.producer_id] = slot
+            return slot
+
+    def emitted(self, event: EventBase) -> None:
+        slot = self._slots.get(event.producer_id)
+        if slot is None and (slot := self._slot(event)) is None:
+            return
+        seq = event.seq
+        if seq > self._emitted[slot]:
+            self._emitted[slot] = seq
+            _SEQ.pack_into(self._map, slot * _MARK.size + _EMITTED_AT, seq)
+
+    def spooled(self, events: Sequence[EventBase]) -> None:
+        highest: dict[int, int] = {}
+        for event in events:
+            slot = self._slots.get(event.producer_id)
+            if slot is not None and event.seq > highest.get(slot, 0):
+                highest[slot] = event.seq
+        for slot, seq in highest.items():
+            if seq > self._spooled[slot]:
+                self._spooled[slot] = seq
+                _SEQ.pack_into(self._map, slot * _MARK.size + _SPOOLED_AT, seq)
+
+
+# A slot: producer id and gate (NUL padded), the highest seq emitted, the highest seq spooled.
+_MARK = struct.Struct("<32s32sQQ")
+_SEQ = struct.Struct("<Q")
+_EMITTED_AT = 64
+_SPOOLED_AT = 72
+_MARK_SLOTS = 128
+
+
+__all__ = ["LOSS_REPORT_TYPE", "LossReport", "Watermarks", "encode_loss_report", "parse_loss_report"]
