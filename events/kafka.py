@@ -76,6 +76,9 @@ DEFAULT_PARTITIONS = 3
 """The partition count of the events topic. Whoever reaches the broker first (a sink, the
 materializer, `callgate broker`) creates the topic with it, so a key's partition never moves."""
 _SEP = b"\x1f"
+STALLED_AFTER_S = 5.0
+"""A sink from whose spool nothing left for this long is stalled (broker or group away): it no
+longer paces calls, and a full spool then blocks them."""
 
 
 def default_spool_dir(bootstrap_servers: str, topic: str) -> Path:
@@ -244,9 +247,9 @@ class KafkaSink:
     - `max_backlog`: undelivered events (with `confirm_group`: unconfirmed) past which, or past
       half the spool, the sink is `congested` while deliveries still progress: the gate then holds
       each new call back (up to a second) until the backlog is under the mark, so a store slower
-      than the agents slows the agents instead of letting the lag grow. A stalled delivery (broker
-      or group away) holds nothing back: the spool absorbs it up to its bound. None: never
-      congested.
+      than the agents slows the agents instead of letting the lag grow. A stalled delivery (nothing
+      left the spool for `STALLED_AFTER_S`: broker or group away) holds nothing back: the spool
+      absorbs it up to its bound. None: never congested.
     - `max_event_bytes`: the largest record sent; the gate cuts event arguments so events fit, and
       a record that is still too large is written to `oversize.jsonl` in the spool directory,
       counted in `oversize`, and never blocks the records behind it.
@@ -269,7 +272,7 @@ class KafkaSink:
         when_full: WhenFull = "block",
         spool_max_bytes: int = 256 * 2**20,
         max_queue: int = 100_000,
-        max_backlog: int | None = 10_000,
+        max_backlog: int | None = 6_000,
         max_event_bytes: int = 900_000,
         linger_ms: int = 5,
         batch_records: int = 2000,
@@ -323,7 +326,9 @@ class KafkaSink:
         self._committed: dict[int, int] = {}
         self._next_confirm = 0.0
         self._known_cluster: str | None = None
-        self._progress_at = 0.0
+        # A sink starts (and reconnects) as if it had just delivered: pacing holds from the first
+        # call, before the first confirmation, and only a real stall switches it off.
+        self._progress_at = time.monotonic()
 
         self.dropped = 0
         """Events lost on purpose: the memory queue was full, or `drop_oldest` made room."""
@@ -358,7 +363,7 @@ class KafkaSink:
         that is draining stays available and `congested`: the gate paces calls instead."""
         if not (self._spool_full and self.when_full == "block"):
             return True
-        return self.max_backlog is not None and time.monotonic() - self._progress_at < 1.0
+        return self.max_backlog is not None and time.monotonic() - self._progress_at < STALLED_AFTER_S
 
     @property
     def connected(self) -> bool:
@@ -376,7 +381,7 @@ class KafkaSink:
     def congested(self) -> bool:
         """True while more than `max_backlog` events wait for delivery, or the spool is more than
         half full, and events left the spool (acknowledged, or with `confirm_group` confirmed)
-        within the last second. Read on every call: no lock,
+        within `STALLED_AFTER_S`. Read on every call: no lock,
         no I/O."""
         limit, spool = self.max_backlog, self._spool
         if limit is None:
@@ -387,7 +392,7 @@ class KafkaSink:
             and not self._spool_full
         ):
             return False
-        return time.monotonic() - self._progress_at < 1.0
+        return time.monotonic() - self._progress_at < STALLED_AFTER_S
 
     @property
     def awaiting_confirmation(self) -> int:
@@ -729,6 +734,7 @@ class KafkaSink:
         self._known_cluster = link.cluster_id
         self._connected = True
         self.last_error = None
+        self._progress_at = time.monotonic()
         return link
 
     async def _describe(self, link: _Link) -> tuple[str, frozenset[int]] | None:
