@@ -381,8 +381,7 @@ class KafkaSink:
     def congested(self) -> bool:
         """True while more than `max_backlog` events wait for delivery, or the spool is more than
         half full, and events left the spool (acknowledged, or with `confirm_group` confirmed)
-        within `STALLED_AFTER_S`. Read on every call: no lock,
-        no I/O."""
+        within `STALLED_AFTER_S`. Read before every call: no lock, no I/O."""
         limit, spool = self.max_backlog, self._spool
         if limit is None:
             return False

@@ -102,14 +102,16 @@ class Audit:
                 return f"audit unavailable: {type(sink).__name__} cannot store events"
         return None
 
+    def congested(self) -> bool:
+        """Whether a sink is congested now (cheap: read before every call)."""
+        return any(sink.congested for sink in self.pacers)  # type: ignore[attr-defined]
+
     async def pace(self) -> None:
         """Hold a new call back while a sink is congested, for at most `PACE_LIMIT_S`: the agents
         slow down to the rate the audit store takes instead of the lag growing without bound."""
-        if not any(sink.congested for sink in self.pacers):  # type: ignore[attr-defined]
-            return
         deadline = time.monotonic() + PACE_LIMIT_S
         # The sinks drain in threads of their own: there is no event of this loop to await.
-        while time.monotonic() < deadline and any(sink.congested for sink in self.pacers):  # type: ignore[attr-defined]  # noqa: ASYNC110
+        while time.monotonic() < deadline and self.congested():  # noqa: ASYNC110
             await asyncio.sleep(0.005)
 
     # -- fan-out ---------------------------------------------------------------------------------

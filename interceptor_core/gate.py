@@ -430,7 +430,7 @@ class Gate:
         audit = self._audit
         if audit is None:
             return await self._run_call(state, args)
-        if audit.pacers:
+        if audit.pacers and audit.congested():
             await audit.pace()
         audit.begin(state)
         try:
