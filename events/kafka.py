@@ -230,7 +230,9 @@ class KafkaSink:
 
     - `spool_dir`: where undelivered events wait (default: `default_spool_dir(...)`); one sink at a
       time per directory (a lock file; a second one raises `SpoolLocked`). Events a previous sink
-      left there are sent first.
+      left there are sent first, at once (the sender starts with the sink when the spool holds
+      any). After a `close` that timed out, the sender may hold the directory until it ends the
+      step it was in (bounded by `connect_timeout_s`).
     - `confirm_group`: the consumer group that stores the events (the materializer's, by default
       "callgate-materializer"). When set, an event leaves the spool only once that group has
       committed an offset past it, not when the broker acknowledged it; `flush` then waits for the
@@ -353,6 +355,9 @@ class KafkaSink:
 
         # A normal interpreter exit without close() still moves queued events into the spool.
         atexit.register(_spool_on_exit, weakref.ref(self))
+        # What a previous sink left here (and any loss report) goes out without waiting for a call.
+        if self._spool.pending:
+            self._start()
 
     # -- the sink interface ---------------------------------------------------------------------
 

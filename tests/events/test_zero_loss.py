@@ -210,6 +210,37 @@ class TestTinySpool:
             assert set(stored(db)) == {e.event_id for e in memory.events}
             await again.close()
 
+    async def test_close_returns_in_time_with_a_hung_broker(
+        self, fresh_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """A broker that stops answering (SIGSTOP) does not hold close(timeout) past its timeout; once
+        it answers again, the next sink over the spool delivers every event."""
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        sink = KafkaSink(fresh_broker.bootstrap, topic, tmp_path / "spool", confirm_group=group, connect_timeout_s=2)
+        memory = MemorySink()
+        await calls(desk(sink, memory), 20)
+        await until(lambda: sink.sent >= len(memory.events), 30, "the first acknowledgements")
+        assert fresh_broker.pid is not None
+        os.kill(fresh_broker.pid, signal.SIGSTOP)
+        try:
+            await calls(desk(sink, memory), 20, start=20)
+            started = time.monotonic()
+            assert not await sink.close(timeout=3)
+            assert time.monotonic() - started < 3.5
+        finally:
+            os.kill(fresh_broker.pid, signal.SIGCONT)
+        # The sender finishes the step it was in (bounded by the client timeouts) and frees the spool.
+        thread = sink._thread
+        await until(lambda: thread is None or not thread.is_alive(), 30, "the old sender to stop")
+        again = KafkaSink(fresh_broker.bootstrap, topic, tmp_path / "spool", confirm_group=group)
+        # It sends what the first left without being asked (no emit, no flush).
+        await until(lambda: again.sent >= len(memory.events), 60, "the resend after the broker woke up")
+        db = tmp_path / "store.duckdb"
+        drain(fresh_broker.bootstrap, topic, db, group)
+        assert await again.flush(timeout=30)
+        assert set(stored(db)) == {e.event_id for e in memory.events}
+        await again.close()
+
     async def test_the_sender_outlives_an_unexpected_error(
         self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
     ) -> None:
