@@ -24,6 +24,7 @@ from aiokafka.partitioner import murmur2
 from callgate.broker import EmbeddedBroker, free_port
 from events import MemorySink, verify_chain
 from events.kafka import KafkaSink
+from events.spool import Spool
 from interceptor_core import Gate, RunContext, ToolBlockedError, tool
 
 pytestmark = pytest.mark.integration
@@ -202,8 +203,9 @@ class TestTinySpool:
         assert time.monotonic() - started < 2.5
         assert sink.dropped == 0
         with EmbeddedBroker(port=port) as broker:
+            with Spool(tmp_path / "segments") as left:  # everything memory held went to disk
+                assert left.pending == len(memory.events)
             again = KafkaSink(broker.bootstrap, topic, tmp_path, spool_max_bytes=2048)
-            assert again.pending == len(memory.events)
             assert await again.flush(timeout=30)
             db = tmp_path / "store.duckdb"
             drain(broker.bootstrap, topic, db, f"g-{uuid.uuid4().hex[:8]}")
