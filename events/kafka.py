@@ -700,14 +700,7 @@ class KafkaSink:
         admin: Any = None
         try:
             await asyncio.wait_for(producer.start(), self.connect_timeout_s)
-            await ensure_topic(
-                self.bootstrap_servers,
-                self.topic,
-                self.partitions,
-                replication_factor=self.replication_factor,
-                timeout_s=self.connect_timeout_s,
-                **_client_options(self.producer_options),
-            )
+            await self._ensure_topic()
             if self.confirm_group is not None:
                 admin = AIOKafkaAdminClient(
                     bootstrap_servers=self.bootstrap_servers,
@@ -740,6 +733,16 @@ class KafkaSink:
         self.last_error = None
         self._progress_at = time.monotonic()
         return link
+
+    async def _ensure_topic(self) -> int:
+        return await ensure_topic(
+            self.bootstrap_servers,
+            self.topic,
+            self.partitions,
+            replication_factor=self.replication_factor,
+            timeout_s=self.connect_timeout_s,
+            **_client_options(self.producer_options),
+        )
 
     async def _describe(self, link: _Link) -> tuple[str, frozenset[int]] | None:
         """(cluster id, partitions the broker lists for the topic), read from the broker now;
@@ -933,14 +936,7 @@ class KafkaSink:
             self._resend_all(f"topic {self.topic} vanished")
             link.listed = frozenset()
             with contextlib.suppress(Exception):
-                await ensure_topic(
-                    self.bootstrap_servers,
-                    self.topic,
-                    self.partitions,
-                    replication_factor=self.replication_factor,
-                    timeout_s=self.connect_timeout_s,
-                    **_client_options(self.producer_options),
-                )
+                await self._ensure_topic()
                 await link.producer.client.force_metadata_update()
             return False
         if listed != link.listed:

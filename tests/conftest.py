@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -24,3 +25,9 @@ def fresh_broker() -> Iterator[EmbeddedBroker]:
     (and killed with the test process, however that ends)."""
     with EmbeddedBroker(die_with_parent=True) as broker:
         yield broker
+
+
+@pytest.fixture
+def topic() -> str:
+    """A topic name of the test's own, so tests sharing the session's broker never meet."""
+    return f"events-{uuid.uuid4().hex[:8]}"

@@ -133,11 +133,6 @@ def scalar(db: Path, sql: str) -> Any:
             con.close()
 
 
-@pytest.fixture
-def topic() -> str:
-    return f"audit-{uuid.uuid4().hex[:8]}"
-
-
 class TestExactlyOnce:
     async def test_drain_stores_every_event_once_and_replays_change_nothing(
         self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path

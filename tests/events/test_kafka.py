@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +82,6 @@ async def spooled(sink: KafkaSink, timeout: float = 10.0) -> None:
 
 def ids(records: list[Any]) -> set[str]:
     return {parse_event(r.value).event_id for r in records}
-
-
-@pytest.fixture
-def topic() -> str:
-    return f"events-{uuid.uuid4().hex[:8]}"
 
 
 class TestDelivery:

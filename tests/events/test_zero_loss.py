@@ -83,11 +83,6 @@ async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
         await admin.close()
 
 
-@pytest.fixture
-def topic() -> str:
-    return f"events-{uuid.uuid4().hex[:8]}"
-
-
 class TestConfirmGroup:
     async def test_records_a_restarted_broker_forgot_are_sent_again(
         self, fresh_broker: EmbeddedBroker, topic: str, tmp_path: Path
