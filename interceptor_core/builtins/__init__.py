@@ -1,0 +1,38 @@
+"""Built-in checks: each a plain function (what a policy file calls) and an interceptor class.
+
+- `within(path, roots, *, base=None)` / `PathsWithin`: paths stay inside allowed directories,
+  after `..`, symlinks and relative forms are resolved.
+- `host_in(url, hosts)` / `HostAllowList`: a URL's real host (as a browser reads it) is on an
+  allow-list.
+- `sql_writes(query, *, dialect=None)` / `ReadOnlySQL`: SQL text that may write, parsed with sqlglot.
+- `has_secrets(value, *, redactor=None)` / `NoSecrets`: a value holds what the audit redactor
+  would redact.
+- `CallCounter`, `InProcessCounter`, `RedisCounter`, `RateLimit`: call counts per window
+  (`interceptor_core.builtins.counters`).
+
+Each function never raises for the model's value (a value it cannot judge is judged unsafe) and
+raises `TypeError` or `ValueError` for a bad argument of the policy author's; each interceptor
+checks its configuration when built (`ConfigurationError`) and denies with a `Deny` that says
+what to do instead.
+"""
+
+from interceptor_core.builtins.counters import CallCounter, InProcessCounter, RateLimit, RedisCounter
+from interceptor_core.builtins.paths import PathsWithin, within
+from interceptor_core.builtins.secrets import NoSecrets, has_secrets
+from interceptor_core.builtins.sql import ReadOnlySQL, sql_writes
+from interceptor_core.builtins.urls import HostAllowList, host_in
+
+__all__ = [
+    "CallCounter",
+    "HostAllowList",
+    "InProcessCounter",
+    "NoSecrets",
+    "PathsWithin",
+    "RateLimit",
+    "ReadOnlySQL",
+    "RedisCounter",
+    "has_secrets",
+    "host_in",
+    "sql_writes",
+    "within",
+]

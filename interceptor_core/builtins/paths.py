@@ -1,0 +1,176 @@
+"""Does a path stay inside allowed directories? `within` answers; `PathsWithin` denies calls that leave.
+
+A path is judged where the operating system would take it: joined to a base directory when
+relative, then resolved by `os.path.realpath`, which follows every symlink that exists and
+normalizes `.`, `..` and repeated separators. A root is resolved the same way, so a root that is
+itself a symlink is compared by its target.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+from interceptor_core.builtins._config import check_identity, each_value, field_names, shown, tool_matcher
+from interceptor_core.context import ToolCall
+from interceptor_core.decisions import Deny
+from interceptor_core.exceptions import ConfigurationError
+
+__all__ = ["PathsWithin", "within"]
+
+Roots: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+"""One root directory, or a sequence of them."""
+
+
+def within(path: Any, roots: Roots, *, base: str | os.PathLike[str] | None = None) -> bool:
+    """True when `path` (a str, or every path of a list or tuple) stays inside one of `roots`.
+
+    Inside means the resolved path equals a resolved root or lies below it: root `/data` holds
+    `/data` and `/data/x`, never `/database`. A relative path or root is joined to `base` (default:
+    the current directory when called), so the empty string stands for `base` itself. Resolving
+    follows the symlinks that exist (a link inside a root that points outside is outside) and is
+    lexical past the first component that does not exist. `~` is not expanded: it is an ordinary
+    directory name, as it is to `open()`. An empty list is inside (it names no path).
+
+    Never raises for `path`, which is the model's: anything but a str or `os.PathLike` of str (bytes,
+    None, a number, a nested list), or a path with a NUL byte, is False. Raises `TypeError` or
+    `ValueError` for a bad `roots` or `base`: no roots, a root that is not a str or path, an empty
+    root, a NUL byte. Calls `os.path.realpath` (file-system metadata reads); blocks on them.
+
+    The answer holds when it is given: a symlink created between the check and the tool's own use of
+    the path is not seen. A tool working in a tree others can write should open with `O_NOFOLLOW`
+    or resolve again.
+    """
+    checked = _checked_roots(roots)
+    start = _checked_base(base)
+    resolved = _resolved_roots(checked, start)
+    if resolved is None:
+        return False
+    if isinstance(path, list | tuple):
+        return all(_one_within(item, resolved, start) for item in path)
+    return _one_within(path, resolved, start)
+
+
+class PathsWithin:
+    """Denies a call whose path arguments leave the allowed directories (see `within`).
+
+    `fields` names the arguments holding paths (one name or several); an argument the tool does not
+    have is skipped, and so is one whose value is None (no path given). A list or tuple value is
+    checked path by path. `tools` restricts the check to the tools matching one of its globs
+    (`fnmatch.fnmatchcase`; None: every tool). Roots and `base` are checked here and resolved again
+    on each call, so a root's symlink is followed as it is then. The denial names the tool, the
+    argument, the offending value and the allowed roots.
+
+    Sync; blocks on `os.path.realpath`. Safe from several threads (it holds no mutable state).
+    `ConfigurationError` names a bad argument.
+    """
+
+    def __init__(
+        self,
+        fields: str | Sequence[str],
+        roots: Roots,
+        *,
+        tools: str | Sequence[str] | None = None,
+        name: str = "paths-within",
+        mandatory: bool = False,
+        base: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.name = check_identity(name, mandatory)
+        self.mandatory = mandatory
+        self.fields = field_names(fields, interceptor=name)
+        try:
+            self.roots = _checked_roots(roots)
+            self._base = _checked_base(base)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(str(exc), interceptor=name) from None
+        self._applies = tool_matcher(tools, interceptor=name)
+
+    def before_tool_call(self, call: ToolCall) -> Deny | None:
+        """Deny the call when a named argument holds a path outside every root; None (allow) otherwise."""
+        tool = call.tool_name
+        if not self._applies(tool):
+            return None
+        args = call.args
+        present = [field for field in self.fields if field in args]
+        if not present:
+            return None
+        roots = _resolved_roots(self.roots, self._base)
+        for field in present:
+            for value in each_value(args[field]):
+                if roots is None or not _one_within(value, roots, self._base):
+                    return Deny(
+                        f"{tool}: argument {field!r} is {shown(value)}, which is outside the directories "
+                        f"this tool may use ({', '.join(map(repr, self.roots))}). Use a path inside one of them."
+                    )
+        return None
+
+    def __repr__(self) -> str:
+        return f"PathsWithin({self.fields!r}, {self.roots!r}, name={self.name!r})"
+
+
+def _checked_roots(roots: Roots) -> tuple[str, ...]:
+    given = (roots,) if isinstance(roots, str | os.PathLike) else roots
+    if not isinstance(given, Sequence):
+        raise TypeError(f"roots must be a directory or a sequence of directories, got {roots!r}")
+    if not given:
+        raise ValueError("roots is empty: no path could be inside")
+    checked = []
+    for root in given:
+        text = os.fspath(root) if isinstance(root, os.PathLike) else root
+        if not isinstance(text, str):
+            raise TypeError(f"a root must be a str or an os.PathLike of str, got {root!r}")
+        if not text:
+            raise ValueError("a root is the empty string; write the directory (for the base, '.')")
+        if "\0" in text:
+            raise ValueError(f"root {text!r} holds a NUL byte")
+        checked.append(text)
+    return tuple(checked)
+
+
+def _checked_base(base: str | os.PathLike[str] | None) -> str | None:
+    if base is None:
+        return None
+    text = os.fspath(base) if isinstance(base, os.PathLike) else base
+    if not isinstance(text, str):
+        raise TypeError(f"base must be a str or an os.PathLike of str, got {base!r}")
+    if "\0" in text:
+        raise ValueError(f"base {text!r} holds a NUL byte")
+    return text
+
+
+def _resolved_roots(roots: tuple[str, ...], base: str | None) -> tuple[str, ...] | None:
+    """Each root resolved against `base`; None when one cannot be (the current directory is gone)."""
+    resolved = []
+    for root in roots:
+        path = _resolve(root, base)
+        if path is None:
+            return None
+        resolved.append(path)
+    return tuple(resolved)
+
+
+def _resolve(path: str, base: str | None) -> str | None:
+    try:
+        # os.path.join drops the base before an absolute path; realpath makes a relative base absolute.
+        joined = os.path.join(os.getcwd() if base is None else base, path)
+        return os.path.normcase(os.path.realpath(joined))
+    except (OSError, ValueError):
+        return None
+
+
+def _one_within(path: object, roots: tuple[str, ...], base: str | None) -> bool:
+    if isinstance(path, os.PathLike):
+        try:
+            path = os.fspath(path)
+        except Exception:
+            return False  # a broken __fspath__ names no path
+    if not isinstance(path, str) or "\0" in path:
+        return False
+    resolved = _resolve(path, base)
+    if resolved is None:
+        return False
+    for root in roots:
+        if resolved == root or resolved.startswith(root if root.endswith(os.sep) else root + os.sep):
+            return True
+    return False
