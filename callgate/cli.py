@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.tree import Tree
 
 app = typer.Typer(
@@ -77,6 +78,17 @@ def describe(
                 for c in entry["chain"]
             )
             tool_node.add(f"chain: {chain or '[dim](none)[/dim]'}")
+            for link in entry["chain"]:
+                policy = link.get("policy")
+                if policy is None:
+                    continue
+                policy_node = tool_node.add(
+                    f"policy {link['interceptor']} [dim]{policy['source']} version {policy['version'][:12]}, "
+                    f"default {policy['default']}[/dim]"
+                )
+                for rule in policy["rules"]:
+                    when = f" when {rule['when']}" if rule["when"] else ""
+                    policy_node.add(escape(f"{rule['id']}: {rule['decision']}{when}"))
             for ex in entry["excluded"]:
                 tool_node.add(f"[yellow]excluded[/yellow] {ex['interceptor']} ({ex['scope']}) by {ex['excluded_by']}")
     console.print(root)
@@ -414,6 +426,16 @@ def dashboard(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+def _policy_commands() -> None:
+    # Imported here, so `callgate policy` shares the app without loading policy code before it is used.
+    from callgate.policy import app as policy_app
+
+    app.add_typer(policy_app, name="policy")
+
+
+_policy_commands()
 
 
 def main() -> None:

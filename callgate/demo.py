@@ -2,14 +2,16 @@
 README's tour and `callgate describe callgate.demo:build_gate`.
 
 Tenants' orders carry the tenant as prefix ("ACME-42"); refunds go through a guarded payments
-client; SQL that drops or deletes stops the run; lookups of archived orders are answered from a
-cache; refunds above 100.00 need a reviewer.
+client; lookups of archived orders are answered from a cache. The tenant, refund, SQL and URL
+rules come from a policy file next to this module (`support_desk.policy.yaml`): another tenant's
+order is refused, refunds above 200.00 need a reviewer, SQL that writes stops the run, pages come
+only from the shop's own hosts.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -18,16 +20,14 @@ from interceptor_core import (
     AgentScope,
     Approval,
     ApprovalRequest,
-    Block,
-    Deny,
     Gate,
-    RequireApproval,
     Rewrite,
     Substitute,
     ToolCall,
     ToolContext,
     tool,
 )
+from interceptor_core.policy import Policy, load_policy
 
 
 class OrderQuery(BaseModel):
@@ -67,19 +67,20 @@ ORDERS = {
 ARCHIVED = {"ACME-1": "Order ACME-1 is archived; it was delivered in 2019 and cannot be changed."}
 
 
-class TenantOrders:
-    """Orders belong to one tenant; any other tenant's order ID is refused, and internal notes
-    never leave the tool."""
+POLICY_FILE = Path(__file__).with_name("support_desk.policy.yaml")
+"""The desk's tenant, refund, SQL and URL rules, as a policy file shipped with the package."""
 
-    name = "tenant-orders"
+
+def desk_policy(**options: Any) -> Policy:
+    """The desk's policy file, loaded (options as for `load_policy`)."""
+    return load_policy(POLICY_FILE, **options)
+
+
+class InternalNotes:
+    """Internal notes never leave the tool: a rule on the output, kept in Python."""
+
+    name = "internal-notes"
     mandatory = True
-
-    def before_tool_call(self, call: ToolCall) -> Deny | None:
-        order_id = call.args.get("order_id")
-        tenant = (call.run.tenant or "").upper()
-        if order_id is not None and not str(order_id).startswith(tenant + "-"):
-            return Deny(f"Order {order_id} does not belong to tenant {call.run.tenant}. Ask the customer to check it.")
-        return None
 
     def after_tool_call(self, call: ToolCall, output: Any) -> Any:
         if isinstance(output, OrderRecord):
@@ -109,32 +110,6 @@ class ArchivedOrders:
         return Substitute(note) if note else None
 
 
-class RefundLimit:
-    """Refunds above 100.00 need a human."""
-
-    name = "refund-limit"
-
-    def __init__(self, limit_cents: int = 10_000) -> None:
-        self.limit_cents = limit_cents
-
-    def before_tool_call(self, call: ToolCall) -> RequireApproval | None:
-        if call.args["amount_cents"] > self.limit_cents:
-            return RequireApproval(f"refund of {call.args['amount_cents'] / 100:.2f} is above the limit")
-        return None
-
-
-class NoDestructiveSql:
-    """DROP, DELETE and TRUNCATE stop the whole run: an agent asking for them is off the rails."""
-
-    name = "no-destructive-sql"
-    pattern = re.compile(r"\b(drop|delete|truncate)\b", re.IGNORECASE)
-
-    def before_tool_call(self, call: ToolCall) -> Block | None:
-        if self.pattern.search(call.args["query"]):
-            return Block(f"destructive SQL requested: {call.args['query']!r}")
-        return None
-
-
 async def reviewer(request: ApprovalRequest) -> Approval:
     """A simulated reviewer: approves refunds up to 500.00, refuses above."""
     amount = int(request.args["amount_cents"])
@@ -159,7 +134,7 @@ def build_desk(**gate_options: Any) -> SupportDesk:
     payments = PaymentsClient()
     gate = Gate(
         "shop",
-        interceptors=[NormalizeOrderId(), TenantOrders()],
+        interceptors=[NormalizeOrderId(), desk_policy(), InternalNotes()],
         approval_handler=reviewer,
         **gate_options,
     )
@@ -171,17 +146,21 @@ def build_desk(**gate_options: Any) -> SupportDesk:
             raise LookupError(f"no order {args.order_id}")
         return ORDERS[args.order_id]
 
-    @tool(description="Refunds part or all of an order", interceptors=[RefundLimit()])
+    @tool(description="Refunds part or all of an order")
     def refund(args: RefundRequest, ctx: ToolContext) -> str:
         refund_id: str = guarded.refund(args.order_id, args.amount_cents, idempotency_key=ctx.call_id)
         return f"Refunded {args.amount_cents / 100:.2f} on {args.order_id} ({refund_id})."
 
-    @tool(description="Runs a read-only SQL query against the orders database", interceptors=[NoDestructiveSql()])
+    @tool(description="Runs a read-only SQL query against the orders database")
     async def run_sql(query: str) -> list[dict[str, Any]]:
         return [{"order_id": o.order_id, "status": o.status} for o in ORDERS.values()]
 
+    @tool(description="Fetches a page of the shop's documentation", timeout_s=5)
+    async def fetch_url(url: str) -> str:
+        return "Return policy: 30 days from delivery; refunds go back to the original payment method."
+
     workflow = gate.workflow("support")
-    desk = workflow.agent("desk", tools=[get_order, refund, run_sql])
+    desk = workflow.agent("desk", tools=[get_order, refund, run_sql, fetch_url])
     return SupportDesk(gate=gate, desk=desk, payments=payments, guarded_payments=guarded)
 
 

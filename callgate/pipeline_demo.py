@@ -35,6 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from callgate.broker import BrokerError, EmbeddedBroker, free_port
+from callgate.demo import POLICY_FILE
 from callgate.processes import wait_until_serving
 from callgate.workload import EventCounter, SupportDesk, WorkloadStats, build_support_desk, run_workload
 
@@ -145,6 +146,7 @@ async def _drive(options: DemoOptions, console: Console, bootstrap: str, api_url
     # spool only once the materializer's group has stored it.
     kafka = KafkaSink(bootstrap, options.topic, work / "spool", confirm_group=group)
     wired = build_support_desk([kafka, counter, *_otel_sinks()], seed=options.seed)
+    console.print(f"the desk's policy file: {POLICY_FILE}", markup=False)
     stats = WorkloadStats()
     reader = ApiReader(api_url, timeout_s=10)
     producer_id = wired.gate.producer_id
@@ -210,6 +212,7 @@ async def _workload_only(options: DemoOptions, console: Console) -> int:
             options.bootstrap or "", options.topic, Path(scratch) / "spool", confirm_group="callgate-materializer"
         )
         wired = build_support_desk([kafka, counter, *_otel_sinks()], seed=options.seed)
+        console.print(f"the desk's policy file: {POLICY_FILE}", markup=False)
         stats = WorkloadStats()
         console.print(f"sending the support-desk workload to {options.bootstrap} ({options.topic}) at {options.rate}/s")
         await run_workload(

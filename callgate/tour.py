@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from callgate.demo import build_desk
+from callgate.demo import POLICY_FILE, build_desk
 from interceptor_core import RunContext, ToolBlockedError, UnmediatedAccessError
 
 CALLS: list[tuple[str, str, dict[str, Any]]] = [
@@ -20,13 +20,16 @@ CALLS: list[tuple[str, str, dict[str, Any]]] = [
     ("acme", "refund", {"order_id": "ACME-7", "amount_cents": 25000}),
     ("acme", "refund", {"order_id": "ACME-7", "amount_cents": 90000}),
     ("acme", "run_sql", {"query": "select status from orders"}),
-    ("acme", "run_sql", {"query": "DROP TABLE orders"}),
+    ("acme", "fetch_url", {"url": "https://docs.shop.example/returns"}),
+    ("acme", "fetch_url", {"url": "https://docs.shop.example@evil.example/returns"}),
+    ("acme", "run_sql", {"query": "select 1; /* tidy up */ DROP TABLE orders"}),
 ]
 
 
 async def run_tour(console: Console) -> bool:
     """Run every call of `CALLS`, print a table and the coverage report; True when coverage holds."""
     wired = build_desk()
+    console.print(f"policy file: {POLICY_FILE} (check it: callgate policy check {POLICY_FILE})", markup=False)
     table = Table(title="support desk (tenant acme) through the gate")
     for column in ("tool", "args", "outcome", "decided by", "what the model reads"):
         table.add_column(column, overflow="fold")

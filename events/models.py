@@ -24,6 +24,21 @@ ZERO_HASH = "0" * 64
 """`prev_hash` of a producer's first event."""
 
 
+def _absent(value: object) -> bool:
+    # Fields added after events were first written are left out while unset, so an event that
+    # never had them keeps its canonical JSON, and its hash, byte for byte.
+    return value is None or value == () or value == {}
+
+
+class RuleMatch(BaseModel):
+    """A rule of a policy file that matched a call, and the decision it stands for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(description="The rule's id in its policy file.")
+    decision: str = Field(description="allow, rewrite, deny, block, require_approval or substitute.")
+
+
 class DecisionStep(BaseModel):
     """One step of the decision trail: an interceptor (or the gate's own validation/approval step)."""
 
@@ -31,10 +46,21 @@ class DecisionStep(BaseModel):
 
     interceptor: str = Field(description="Interceptor name, or validation / approval / output / registry.")
     scope: str = Field(description="application, workflow, agent, tool, or gate for the gate's own steps.")
-    kind: str = Field(description="allow, rewrite, deny, substitute, block, require_approval, or error.")
+    kind: str = Field(
+        description="allow, rewrite, deny, substitute, block, require_approval, error, or skipped (an "
+        "after-interceptor the call never reached: the tool or an earlier one failed)."
+    )
     phase: Literal["before", "after", "approval", "validation"] = "before"
     duration_ms: float = Field(description="How long the step took, in milliseconds.")
     error: str | None = Field(default=None, description="Why the step failed (it then failed closed).")
+    policy_version: str | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="For a policy file: the SHA-256 hex of the file's bytes that decided.",
+    )
+    rules: tuple[RuleMatch, ...] = Field(
+        default=(), exclude_if=_absent, description="For a policy file: the rules that matched."
+    )
 
 
 class EventBase(BaseModel):
@@ -168,6 +194,11 @@ class RegisteredTool(BaseModel):
     input_schema_sha256: str
     interceptors: tuple[str, ...] = Field(description="Effective chain, outer scope first.")
     excluded: tuple[str, ...] = Field(default=(), description="Outer interceptors an inner scope excluded.")
+    policies: dict[str, str] = Field(
+        default_factory=dict,
+        exclude_if=_absent,
+        description="The policy files on the chain: interceptor name -> policy version (SHA-256 of the file).",
+    )
 
 
 class ToolsRegisteredEvent(EventBase):

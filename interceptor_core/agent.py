@@ -119,7 +119,7 @@ class Agent:
             messages.append(Message("user", prompt))
         else:
             messages.extend(prompt)
-        tools = self.scope.tool_definitions()
+        tools = self.scope.definitions(run)
         records: list[ToolCallRecord] = []
         usage = Usage()
         cost = 0.0

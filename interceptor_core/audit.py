@@ -38,6 +38,7 @@ from events.sinks import CallStart, CallTracer, SinkStats, TracedCall
 from interceptor_core.approvals import Approval
 from interceptor_core.context import RunContext, new_id
 from interceptor_core.guard import UnmediatedAccess, current_call
+from interceptor_core.interceptors import policy_version
 from interceptor_core.results import DecisionRecord, ToolResult
 
 if TYPE_CHECKING:
@@ -174,8 +175,9 @@ class Audit:
 
     def _trail(self, trail: Sequence[DecisionRecord]) -> list[dict[str, Any]]:
         redact = self.redactor.redact_text
-        return [
-            {
+        steps = []
+        for step in trail:
+            fields = {
                 "interceptor": step.interceptor,
                 "scope": step.scope,
                 "kind": step.kind,
@@ -183,8 +185,11 @@ class Audit:
                 "duration_ms": _ms(step.duration_s),
                 "error": _cap(redact(step.error)) if step.error else None,
             }
-            for step in trail
-        ]
+            if step.policy_version is not None:
+                fields["policy_version"] = step.policy_version
+                fields["rules"] = [{"id": rule, "decision": kind} for rule, kind in step.rules]
+            steps.append(fields)
+        return steps
 
     def _args(self, state: _CallState) -> dict[str, Any]:
         source = self._current_args(state)
@@ -412,6 +417,7 @@ class Audit:
                 ).hexdigest(),
                 interceptors=tuple(b.name for b in chain.interceptors),
                 excluded=tuple(e.interceptor for e in chain.excluded),
+                policies={b.name: v for b in chain.interceptors if (v := policy_version(b.obj)) is not None},
             )
             for chain in chains
         ]

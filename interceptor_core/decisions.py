@@ -69,3 +69,30 @@ class RequireApproval:
 
 Decision = Allow | Rewrite | Deny | Substitute | Block | RequireApproval
 """Everything a before-interceptor may return (or `None`, meaning `Allow()`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyDecision:
+    """What a policy (`interceptor_core.policy.Policy`) returns: a decision with its provenance.
+
+    - `decision`: what the policy decided (never a `Rewrite`: rewritten arguments go in `args`).
+    - `args`: the arguments after the policy's rewrites, an instance of the tool's input model
+      (validated), or None when no rewrite applied. The gate puts them in place before acting on
+      `decision`, so an approval or a later interceptor sees them.
+    - `policy_version`, `rules` (the ids of the rules that matched, each with its decision) and
+      `error` (conditions that failed, counted as the issue's fail-closed rule says) go into the
+      call's decision record.
+    """
+
+    decision: Decision
+    args: Any = None
+    policy_version: str = ""
+    rules: tuple[tuple[str, str], ...] = ()
+    error: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """The trail's kind: "rewrite" for arguments rewritten and then allowed, else the decision's."""
+        if self.args is not None and type(self.decision) is Allow:
+            return "rewrite"
+        return self.decision.kind

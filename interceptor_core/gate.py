@@ -21,7 +21,7 @@ from interceptor_core._eager import InContext, finish, start
 from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest
 from interceptor_core.audit import Audit
 from interceptor_core.context import RunContext, ScopePath, ToolCall, ToolContext, new_id
-from interceptor_core.decisions import Allow, Block, Deny, RequireApproval, Rewrite, Substitute
+from interceptor_core.decisions import Allow, Block, Deny, PolicyDecision, RequireApproval, Rewrite, Substitute
 from interceptor_core.exceptions import (
     ConfigurationError,
     CoverageError,
@@ -29,7 +29,7 @@ from interceptor_core.exceptions import (
     ToolBlockedError,
 )
 from interceptor_core.guard import CoverageLedger, CoverageReport, Guarded, current_call
-from interceptor_core.interceptors import BoundInterceptor, ScopeLevel, bind_interceptor
+from interceptor_core.interceptors import BoundInterceptor, ScopeLevel, bind_interceptor, policy_version
 from interceptor_core.results import TRUNCATION_MARK, DecisionRecord, ToolResult
 from interceptor_core.tools import Tool
 
@@ -285,6 +285,26 @@ class Gate:
         for scope in agents:
             self._announce(scope)
 
+    def _adopt(self, chain: CompiledChain) -> None:
+        """Let the policies of a new chain check the tool, and hear of their reloads.
+
+        Raises `ConfigurationError` (a `PolicyError`) for a policy that does not fit the tool.
+        """
+        tool = chain.tool
+        for bound in chain.interceptors:
+            check = getattr(bound.obj, "check_tool", None)
+            if check is None or policy_version(bound.obj) is None:
+                continue
+            check(tool.name, tool.input_model)
+            bound.obj.on_change(self._policy_reloaded)  # type: ignore[attr-defined]
+
+    def _policy_reloaded(self) -> None:
+        # A policy of some chain reloaded: chains recompile (direct tools announce on their next
+        # call) and every scope announces them, so the store knows which version decided a call.
+        with self._lock:
+            self._generation += 1
+        self._announce_chains()
+
     def _announce(self, scope: AgentScope) -> None:
         """One ToolsRegistered event with `scope`'s tools and their current chains (none without sinks)."""
         if self._audit is not None:
@@ -314,6 +334,7 @@ class Gate:
             _check_excludes(tool.exclude_interceptors, levels[:1], f"tool {tool.name!r}")
             levels = (levels[0], _Level("tool", tool.name, levels[1].interceptors, tool.exclude_interceptors))
             compiled = _compile(levels, tool, ScopePath(self.name, None, None, tool.name), self._generation)
+            self._adopt(compiled)
             with self._lock:
                 known = self._direct.get(tool.name)
                 self._direct[tool.name] = compiled
@@ -490,11 +511,41 @@ class Gate:
             if decision is None or type(decision) is Allow:
                 trail.append(DecisionRecord(bound.name, bound.scope, "allow", elapsed))
                 continue
-            if not isinstance(decision, _DECISIONS):
+            if type(decision) is PolicyDecision:
+                ruling = decision
+                decision = ruling.decision
+                if ruling.args is not None:
+                    try:
+                        call._replace_args(
+                            ruling.args
+                            if isinstance(ruling.args, tool.input_model)
+                            else tool.input_model.model_validate(ruling.args)
+                        )
+                    except ValidationError as exc:
+                        failure = f"rewrote the arguments into invalid ones: {_validation_text(exc)}"
+                        trail.append(DecisionRecord(bound.name, bound.scope, "error", elapsed, "before", failure))
+                        return self._fail_closed(state, bound, failure)
+                    state.rewritten = True
+                trail.append(
+                    DecisionRecord(
+                        bound.name,
+                        bound.scope,
+                        ruling.kind,
+                        elapsed,
+                        "before",
+                        ruling.error,
+                        ruling.policy_version,
+                        ruling.rules,
+                    )
+                )
+                if type(decision) is Allow:
+                    continue
+            elif isinstance(decision, _DECISIONS):
+                trail.append(DecisionRecord(bound.name, bound.scope, decision.kind, elapsed))
+            else:
                 failure = f"returned {type(decision).__name__}, not a decision"
                 trail.append(DecisionRecord(bound.name, bound.scope, "error", elapsed, "before", failure))
                 return self._fail_closed(state, bound, failure)
-            trail.append(DecisionRecord(bound.name, bound.scope, decision.kind, elapsed))
             match decision:
                 case Allow():
                     continue
@@ -534,10 +585,11 @@ class Gate:
             failed, output = await self._run_tool(tool, call.args_model, ctx, state)
             state.tool_s = _perf() - state.tool_started
             if failed:
+                _skip(trail, compiled.after)
                 return self._result(state, "error", message=output, cost=ctx.cost_usd, cause="tool")
 
         # 5. After-interceptors, inner scope to outer; then validate and cut.
-        for bound in compiled.after:
+        for index, bound in enumerate(compiled.after):
             started = _perf()
             try:
                 output = bound.after(call, output)  # type: ignore[misc]
@@ -549,6 +601,7 @@ class Gate:
             except Exception as exc:
                 failure = _failure_text(exc, timeout)
                 trail.append(DecisionRecord(bound.name, bound.scope, "error", _perf() - started, "after", failure))
+                _skip(trail, compiled.after[index + 1 :])
                 return self._result(
                     state,
                     "error",
@@ -752,10 +805,25 @@ class Gate:
             return True, f"{type(exc).__name__}: {exc}"
 
 
+def _skip(trail: list[DecisionRecord], after: Sequence[BoundInterceptor]) -> None:
+    # After-interceptors the call never reached (the tool failed, or an earlier one did) are on
+    # the trail as "skipped": the trail names every interceptor of the chain, so a reader checking
+    # it against the registered chain sees they were on the path.
+    for bound in after:
+        trail.append(DecisionRecord(bound.name, bound.scope, "skipped", 0.0, "after"))
+
+
 def _failure_text(exc: BaseException, timeout: float) -> str:
     if isinstance(exc, TimeoutError) and not str(exc):
         return f"no decision within interceptor_timeout_s={timeout}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _describe_link(bound: BoundInterceptor, tool: str) -> dict[str, Any]:
+    link: dict[str, Any] = {"interceptor": bound.name, "scope": bound.scope, "mandatory": bound.mandatory}
+    if policy_version(bound.obj) is not None:
+        link["policy"] = bound.obj.describe(tool)  # type: ignore[attr-defined]
+    return link
 
 
 def _describe_chain(chain: CompiledChain) -> dict[str, Any]:
@@ -770,7 +838,7 @@ def _describe_chain(chain: CompiledChain) -> dict[str, Any]:
         "tool": tool.name,
         "description": tool.description,
         "inputs": fields,
-        "chain": [{"interceptor": b.name, "scope": b.scope, "mandatory": b.mandatory} for b in chain.interceptors],
+        "chain": [_describe_link(b, tool.name) for b in chain.interceptors],
         "excluded": [
             {"interceptor": e.interceptor, "scope": e.scope, "excluded_by": e.excluded_by} for e in chain.excluded
         ],
@@ -891,8 +959,29 @@ class AgentScope:
         return dict(self._tools)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
-        """`Tool.definition()` of every tool, in registration order: what a model is shown."""
+        """`Tool.definition()` of every tool, in registration order, whatever the run."""
         return [t.definition() for t in self._tools.values()]
+
+    def definitions(self, run: RunContext | None = None) -> list[dict[str, Any]]:
+        """`Tool.definition()` of the tools some path of the chain can allow for `run`, in
+        registration order: what a model is shown. A tool that a mandatory policy denies or blocks
+        for this run whatever the arguments is left out. Hiding is only for the model: the gate
+        still mediates every call, of a hidden tool too."""
+        tools = self._tools
+        return [tools[name].definition() for name in self.shown_tools(run)]
+
+    def shown_tools(self, run: RunContext | None = None) -> list[str]:
+        """The names of the tools `definitions(run)` lists, in registration order."""
+        run = run if run is not None else RunContext()
+        shown = []
+        for name in self._tools:
+            chain = self._chain(name)
+            if not any(
+                policy_version(b.obj) is not None and b.obj.hides(name, run, chain.path)  # type: ignore[attr-defined]
+                for b in chain.interceptors
+            ):
+                shown.append(name)
+        return shown
 
     def _chain(self, tool_name: str) -> CompiledChain:
         chain = self._chains.get(tool_name)
@@ -904,6 +993,7 @@ class AgentScope:
             levels += [self._level, self._tool_levels[tool_name]]
             path = ScopePath(gate.name, self.workflow_name, self.name, tool_name)
             chain = _compile(levels, self._tools[tool_name], path, gate._generation)
+            gate._adopt(chain)
             self._chains[tool_name] = chain
         return chain
 

@@ -46,6 +46,17 @@ class BoundInterceptor:
     mandatory: bool
 
 
+def policy_version(obj: object) -> str | None:
+    """The version of a policy file (`interceptor_core.policy.Policy`), None for any other interceptor.
+
+    Read when asked, never cached: a policy's version changes when it reloads.
+    """
+    version = getattr(obj, "version", None)
+    if isinstance(version, str) and getattr(obj, "is_policy", False) is True:
+        return version
+    return None
+
+
 def bind_interceptor(obj: object, scope: ScopeLevel) -> BoundInterceptor:
     """Check `obj` is an interceptor and look its handlers up; `ConfigurationError` if not."""
     name = getattr(obj, "name", None)

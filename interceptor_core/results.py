@@ -16,8 +16,11 @@ class DecisionRecord(NamedTuple):
     `interceptor` is the interceptor's name (or "validation", "approval", "output" for the gate's
     own steps), `scope` the level it was registered at ("application", "workflow", "agent",
     "tool", or "gate" for the gate's own steps), `kind` the decision ("allow", "rewrite", "deny",
-    "substitute", "block", "require_approval", or "error" for an interceptor that failed),
-    `duration_s` how long it took, `error` why it failed.
+    "substitute", "block", "require_approval", "error" for an interceptor that failed, or "skipped"
+    for an after-interceptor the call never reached because the tool or an earlier one failed),
+    `duration_s` how long it took, `error` why it failed (or, for a policy, which conditions
+    failed and were counted fail-closed). A policy's record also carries `policy_version` (the
+    SHA-256 of its file) and `rules`: the ids of the rules that matched, each with its decision.
     """
 
     interceptor: str
@@ -26,6 +29,8 @@ class DecisionRecord(NamedTuple):
     duration_s: float
     phase: Literal["before", "after", "approval", "validation"] = "before"
     error: str | None = None
+    policy_version: str | None = None
+    rules: tuple[tuple[str, str], ...] = ()
 
 
 class ToolResult(NamedTuple):

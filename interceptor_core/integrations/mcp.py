@@ -386,7 +386,10 @@ class McpProxy:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         self._remember(ctx)
-        registered = self.scope.tools
+        # Only the tools some path of the chain can allow for this client's run; calls of the
+        # others are still mediated (and refused) if a client asks for them by name.
+        run = self._run if isinstance(self._run, RunContext) else self._run(ctx)
+        registered = set(self.scope.shown_tools(run))
         tools = []
         for definition in self.toolset.definitions:
             if self.toolset.tool_name(definition.name) in registered:

@@ -22,9 +22,13 @@ class TestDescribe:
         assert result.exit_code == 0, result.output
         assert "agent shop/support/desk" in result.output
         assert "refund(order_id: string, amount_cents: integer)" in result.output
-        assert "normalize-order-id (application) -> tenant-orders (application, mandatory) -> refund-limit" in (
-            result.output
+        assert (
+            "normalize-order-id (application) -> desk-policy (application, mandatory) -> internal-notes"
+            in result.output
         )
+        # A policy's rules are listed under its place in each chain, those of that tool only.
+        assert "big-refunds: require_approval when args.amount_cents > 20000" in result.output
+        assert "support_desk.policy.yaml" in result.output
 
     def test_describe_shows_excludes(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """An exclude that applied is listed under the tool with the scope that made it."""

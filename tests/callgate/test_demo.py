@@ -54,7 +54,17 @@ class TestWorkload:
         causes = {e.cause for e in sink.events if e.type == "ToolDenied"}
         assert {"deny", "approval_refused", "validation", "unknown_tool"} <= causes
         deciders = {e.decided_by for e in sink.events if e.type in ("ToolDenied", "Blocked")}
-        assert {"tenant-orders", "host-allow-list", "no-destructive-sql", "approval"} <= deciders
+        assert {"desk-policy", "approval"} <= deciders
+        # The policy file's rules decided them: its trail steps name the rule and the file's version.
+        rules = {
+            rule.id
+            for e in sink.events
+            if e.type in ("ToolDenied", "Blocked")
+            for step in e.decisions
+            if step.policy_version is not None
+            for rule in step.rules
+        }
+        assert {"tenant-orders", "docs-hosts", "sql-writes"} <= rules
         assert stats.blocked_runs == stats.by_scenario["sql-destructive"] >= len(TENANTS)
         assert wired.gate.coverage().ok
 
