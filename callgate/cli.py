@@ -369,7 +369,13 @@ def coverage(
 )
 def mcp_proxy(
     ctx: typer.Context,
-    gate: Annotated[str, typer.Option(help="MODULE:FACTORY building the Gate (interceptors, approval handler).")],
+    gate: Annotated[
+        str | None, typer.Option(help="MODULE:FACTORY building the Gate (interceptors, approval handler).")
+    ] = None,
+    policy: Annotated[
+        list[Path] | None,
+        typer.Option(help="A policy file to enforce (repeatable; reloaded when it changes). With --gate: added to it."),
+    ] = None,
     events: Annotated[Path | None, typer.Option(help="Append decision events to this JSONL file.")] = None,
     kafka: Annotated[str | None, typer.Option(help="Send decision events to Kafka at HOST:PORT.")] = None,
     topic: Annotated[str, typer.Option(help="The Kafka events topic.")] = "callgate.events",
@@ -383,12 +389,12 @@ def mcp_proxy(
     tenant: Annotated[str | None, typer.Option(help="The tenant every call is made for (in every event).")] = None,
     principal: Annotated[str, typer.Option(help="Who every call is made for (in every event).")] = "mcp-client",
 ) -> None:
-    """Serve an MCP server's tools through the gate: mcp-proxy --gate MODULE:FACTORY -- COMMAND ARGS..."""
-    from callgate.mcp_proxy import ProxyConfigError, build_sinks, gate_from_factory, run_proxy
+    """Serve an MCP server's tools through the gate: mcp-proxy --gate MODULE:FACTORY | --policy FILE -- COMMAND ARGS..."""
+    from callgate.mcp_proxy import ProxyConfigError, build_proxy_gate, build_sinks, run_proxy
 
     try:
         listen_on = _host_port(http) if http else None
-        built = gate_from_factory(gate, build_sinks(events, kafka, topic, spool_dir, confirm_group))
+        built = build_proxy_gate(gate, policy or [], build_sinks(events, kafka, topic, spool_dir, confirm_group))
         asyncio.run(run_proxy(built, list(ctx.args), http=listen_on, agent=agent, tenant=tenant, principal=principal))
     except ProxyConfigError as exc:
         typer.echo(f"error: {exc}", err=True)

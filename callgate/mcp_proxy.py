@@ -72,6 +72,29 @@ def gate_from_factory(spec: str, sinks: Sequence[Any]) -> Gate:
     return gate
 
 
+def build_proxy_gate(spec: str | None, policies: Sequence[Path], sinks: Sequence[Any]) -> Gate:
+    """The proxy's gate: `MODULE:FACTORY`'s (see `gate_from_factory`), with the policy files added
+    as application interceptors, or a gate of the policy files alone. The policies reload when
+    their files change. `ProxyConfigError` for neither, or for a policy file that fails its checks
+    (every problem, one per line)."""
+    from interceptor_core.policy import PolicyError, load_policy
+
+    if spec is None and not policies:
+        raise ProxyConfigError("nothing to enforce: give --gate MODULE:FACTORY or --policy FILE")
+    loaded = []
+    for path in policies:
+        try:
+            loaded.append(load_policy(path, watch=True))
+        except PolicyError as exc:
+            raise ProxyConfigError(f"policy file refused:\n{exc}") from None
+    if spec is None:
+        return Gate("mcp-proxy", interceptors=loaded, sinks=sinks)
+    gate = gate_from_factory(spec, sinks)
+    for policy in loaded:
+        gate.add_interceptor(policy)
+    return gate
+
+
 async def run_proxy(
     gate: Gate,
     upstream: Sequence[str],

@@ -134,19 +134,69 @@ class _Snapshot:
     version: str
     source: str
     counts: bool
-    by_tool: dict[str, tuple[tuple[_Compiled, ...], tuple[_Compiled, ...]]] = field(default_factory=dict)
+    uses_now: bool
+    calls_builtins: bool
+    by_tool: dict[str, _Plan] = field(default_factory=dict)
 
-    def for_tool(self, tool: str) -> tuple[tuple[_Compiled, ...], tuple[_Compiled, ...]]:
-        """(rewrite rules, other rules) that apply to `tool`, in file order; cached per tool."""
-        found = self.by_tool.get(tool)
-        if found is None:
+    def for_tool(self, tool: str) -> _Plan:
+        """The rules that apply to `tool`, split and compiled for deciding; cached per tool."""
+        plan = self.by_tool.get(tool)
+        if plan is None:
             rules = [c for c in self.compiled if c.rule.applies_to(tool)]
-            found = (
-                tuple(c for c in rules if c.rule.decision == "rewrite"),
-                tuple(c for c in rules if c.rule.decision != "rewrite"),
+            rewrites = tuple(c for c in rules if c.rule.decision == "rewrite")
+            others = tuple(c for c in rules if c.rule.decision != "rewrite")
+            plan = _Plan(
+                rewrites,
+                others,
+                _combine(rewrites + others),
+                _combine(others),
+                all(c.when is not None for c in others),
             )
-            self.by_tool[tool] = found
-        return found
+            self.by_tool[tool] = plan
+        return plan
+
+
+@dataclass(frozen=True, slots=True)
+class _Combined:
+    """Several conditions as one list expression: one evaluation instead of one per rule. A list
+    with a failing element fails whole; the rules are then evaluated one by one."""
+
+    program: Any
+    checked: bool
+    """Every condition type-checks as bool: the list's elements need no check."""
+
+
+def _combine(rules: tuple[_Compiled, ...]) -> _Combined | None:
+    with_conditions = [c for c in rules if c.when is not None]
+    if len(with_conditions) < 2:
+        return None
+    source = "[" + ", ".join(f"({c.rule.when})" for c in with_conditions) + "]"
+    return _Combined(_cel.compile_expression(source), all(c.when.return_type() == _cel.BOOL for c in with_conditions))
+
+
+def _evaluate_all(combined: _Combined | None, activation: Any) -> list[Any] | None:
+    """The bools of every condition, or None when one fails (or is no bool)."""
+    if combined is None:
+        return None
+    value = combined.program.eval(activation)
+    if value.type() == _cel.ERROR:
+        return None
+    found: list[Any] = value.plain_value()
+    if not combined.checked and not all(type(v) is bool for v in found):
+        return None
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    rewrites: tuple[_Compiled, ...]
+    others: tuple[_Compiled, ...]
+    everything: _Combined | None
+    """The conditions of the rewrites and the others, in that order: right while no rewrite applied."""
+    decisions: _Combined | None
+    """The conditions of the others alone, for after a rewrite changed the arguments."""
+    all_conditional: bool
+    """Every other rule has a condition: when none holds, no rule matched."""
 
 
 def _glob_problem(glob: object) -> str | None:
@@ -230,6 +280,7 @@ def _parse(text: str, source: str) -> _Snapshot:
             compiled.append(built[1])
     if problems:
         raise PolicyError(problems)
+    expressions = [e for c in compiled for e in (c.rule.when or "", *c.rule.set.values(), c.rule.result or "") if e]
     return _Snapshot(
         name=str(name),
         mandatory=mandatory,
@@ -240,10 +291,9 @@ def _parse(text: str, source: str) -> _Snapshot:
         compiled=tuple(compiled),
         version=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         source=source,
-        counts=any(c.rule.when is not None and _cel.uses(c.rule.when, "count_calls") for c in compiled)
-        or any(
-            _cel.uses(expr, "count_calls") for c in compiled for expr in (*c.rule.set.values(), c.rule.result or "")
-        ),
+        counts=any(_cel.uses(expr, "count_calls") for expr in expressions),
+        uses_now=any(_cel.uses(expr, "now") for expr in expressions),
+        calls_builtins=any(_cel.uses(expr, name) for expr in expressions for name in _cel.FUNCTIONS),
     )
 
 
@@ -403,6 +453,10 @@ def _invalid_text(exc: Exception) -> str:
 def _model_fields(input_model: type[BaseModel]) -> set[str]:
     fields = set(input_model.model_fields)
     fields.update(f.alias for f in input_model.model_fields.values() if f.alias)
+    # A tool built from a JSON Schema (an MCP server's, a framework's) names its arguments there.
+    schema = getattr(input_model, "json_schema", None)
+    if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
+        fields.update(schema["properties"])
     return fields
 
 
@@ -449,6 +503,7 @@ class Policy:
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
+        self._last_context: tuple[RunContext, ScopePath | None, dict[str, Any], dict[str, Any]] | None = None
 
     # -- building -------------------------------------------------------------------------------
 
@@ -562,7 +617,7 @@ class Policy:
         snapshot = self._snapshot
         if not snapshot.mandatory:
             return False
-        rules = [c for c in snapshot.for_tool(tool)[1] if c.rule.decision in ("deny", "block") and c.static]
+        rules = [c for c in snapshot.for_tool(tool).others if c.rule.decision in ("deny", "block") and c.static]
         if not rules:
             return False
         data = {"args": {}, "tool": tool, "run": _run_data(run), "scope": _scope_data(path), "now": datetime.now(UTC)}
@@ -602,28 +657,45 @@ class Policy:
         policy's own. Raises `PolicyEvaluationError` for a rewrite the tool refuses.
         """
         snapshot = self._snapshot
-        rewrites, others = snapshot.for_tool(tool)
+        plan = snapshot.for_tool(tool)
+        rewrites, others = plan.rewrites, plan.others
         at = self.clock()
         counter = counter if counter is not None else self.counter
         if snapshot.counts and record:
             counter.record(tool, run, call_id or run.run_id + ":" + str(at), at)
-        data: dict[str, Any] = {
-            "args": dict(args),
-            "tool": tool,
-            "run": _run_data(run),
-            "scope": _scope_data(scope),
-            "now": datetime.fromtimestamp(at, UTC),
-        }
+        # The run's and the scope's values are the same for every call of a run through one
+        # scope: kept from the last call (a tuple swapped whole, so safe from several threads).
+        last = self._last_context
+        if last is not None and last[0] is run and last[1] is scope:
+            run_data, scope_data = last[2], last[3]
+        else:
+            run_data, scope_data = _run_data(run), _scope_data(scope)
+            self._last_context = (run, scope, run_data, scope_data)
+        data: dict[str, Any] = {"args": dict(args), "tool": tool, "run": run_data, "scope": scope_data}
+        if snapshot.uses_now:
+            data["now"] = datetime.fromtimestamp(at, UTC)
         outcomes: list[RuleOutcome] = []
         errors: list[str] = []
         matched: list[tuple[str, str]] = []
-        token = _cel.current.set(_cel.CallScope(run, at, counter, self.redactor, self.base))
+        token = (
+            _cel.current.set(_cel.CallScope(run, at, counter, self.redactor, self.base))
+            if snapshot.calls_builtins
+            else None
+        )
         try:
             env = _cel.env()
             activation = env.Activation(data)
             rewritten: Any = None
+            fast = _evaluate_all(plan.everything, activation)
+            position = 0
             for compiled in rewrites:
-                status, error = self._test(compiled, activation)
+                if compiled.when is None:
+                    status, error = True, None
+                elif fast is not None and rewritten is None:
+                    status, error = fast[position], None
+                    position += 1
+                else:
+                    status, error = self._test(compiled, activation)
                 if status is True:
                     new_args = dict(data["args"])
                     for name, program in compiled.sets:
@@ -655,9 +727,18 @@ class Policy:
                     outcomes.append(self._outcome(compiled.rule, status, error))
             winners: dict[str, _Compiled] = {}
             result_value: Any = None
-            for compiled in others:
+            if rewritten is not None:
+                # The arguments changed: the decisions are taken on the final ones.
+                fast, position = _evaluate_all(plan.decisions, activation), 0
+            for compiled in () if fast is not None and plan.all_conditional and True not in fast else others:
                 rule = compiled.rule
-                status, error = self._test(compiled, activation)
+                if compiled.when is None:
+                    status, error = True, None
+                elif fast is not None:
+                    status, error = fast[position], None
+                    position += 1
+                else:
+                    status, error = self._test(compiled, activation)
                 counted = False
                 if status is None:
                     counted = rule.decision in FAIL_CLOSED
@@ -675,7 +756,8 @@ class Policy:
                 if explain:
                     outcomes.append(self._outcome(rule, status, error, counted))
         finally:
-            _cel.current.reset(token)
+            if token is not None:
+                _cel.current.reset(token)
         if explain:
             by_id = {o.rule.id: o for o in outcomes}
             outcomes = [by_id.get(rule.id) or RuleOutcome(rule, "other tool") for rule in snapshot.rules]

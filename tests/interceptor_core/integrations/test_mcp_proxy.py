@@ -200,3 +200,75 @@ class TestProxyConfiguration:
         assert culprit in " ".join(done.stderr.split()), done.stderr
         assert done.stdout == ""
         assert not (tmp_path / "audit.jsonl").exists()
+
+
+FILES_POLICY = """\
+version: 1
+name: files-policy
+mandatory: true
+rules:
+  - id: no-deletes-for-trial
+    tools: [delete_file]
+    when: "run.tenant == 'trial'"
+    decision: deny
+    message: "Trial tenants cannot delete files."
+  - id: workspace-only
+    tools: [write_file]
+    when: "args.path.startsWith('/') || args.path.contains('..')"
+    decision: deny
+    message: "Write inside the workspace ({args.path} is not)."
+"""
+
+
+class TestProxyWithPolicyFile:
+    """`callgate mcp-proxy --policy FILE`: a policy file alone fronts a real MCP server."""
+
+    def params(self, root: Path, tmp_path: Path, tenant: str) -> StdioServerParameters:
+        policy = tmp_path / "files.policy.yaml"
+        policy.write_text(FILES_POLICY)
+        return StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "callgate.cli", "mcp-proxy", "--policy", str(policy), "--tenant", tenant]
+            + ["--events", str(tmp_path / "events.jsonl"), "--", *upstream_command()],
+            env={**os.environ, "UPSTREAM_ROOT": str(root)},
+        )
+
+    async def test_tools_list_hides_what_the_policy_refuses_outright(
+        self, root: Path, tmp_path: Path, errlog: TextIO
+    ) -> None:
+        """For a trial tenant tools/list leaves delete_file out; asked for anyway, it is denied, not run."""
+        async with Client(stdio_client(self.params(root, tmp_path, "trial"), errlog=errlog)) as client:
+            listed = await client.list_tools()
+            assert {t.name for t in listed.tools} == {"write_file", "enable_archive"}
+            denied = await client.call_tool("delete_file", {"path": "precious.txt"})
+            assert (denied.is_error, text_of(denied)) == (True, "Trial tenants cannot delete files.")
+            escaped = await client.call_tool("write_file", {"path": "../outside.txt", "text": "x"})
+            assert escaped.is_error
+            assert "../outside.txt is not" in text_of(escaped)
+        assert (root / "precious.txt").read_text() == "keep me"
+        assert effects(root) == []
+        found = read_events(tmp_path / "events.jsonl", lambda es: sum(e.type == "ToolDenied" for e in es) == 2)
+        denials = [e for e in found if e.type == "ToolDenied"]
+        assert [step.rules[0].id for e in denials for step in e.decisions] == ["no-deletes-for-trial", "workspace-only"]
+
+    async def test_other_tenants_see_every_tool(self, root: Path, tmp_path: Path, errlog: TextIO) -> None:
+        """The hiding is per run: a paying tenant's tools/list has delete_file."""
+        async with Client(stdio_client(self.params(root, tmp_path, "acme"), errlog=errlog)) as client:
+            listed = await client.list_tools()
+            assert {t.name for t in listed.tools} == {"write_file", "delete_file", "enable_archive"}
+
+    def test_a_policy_file_with_problems_exits_2_naming_them(self, tmp_path: Path) -> None:
+        """A broken policy file stops the proxy before it starts, naming file, line and rule."""
+        policy = tmp_path / "bad.yaml"
+        policy.write_text(
+            FILES_POLICY.replace('decision: deny\n    message: "Trial', 'decision: nope\n    message: "Trial')
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "callgate.cli", "mcp-proxy", "--policy", str(policy), "--", *upstream_command()],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+            check=False,
+        )
+        assert done.returncode == 2
+        assert f"{policy}:8 no-deletes-for-trial: decision must be one of" in done.stderr

@@ -540,3 +540,21 @@ class TestCountCalls:
         assert other.kind == "ok"
         now[0] += 3601
         assert (await scope.call("refund", {"order_id": "ACME-1", "amount_cents": 1}, run=ACME)).kind == "ok"
+
+
+class TestAgentLoop:
+    """The agent loop shows the model only the tools `definitions(run)` lists."""
+
+    async def test_the_model_is_not_shown_a_tool_the_policy_refuses_outright(self) -> None:
+        """A trial tenant's model sees no refund tool; a paying tenant's does."""
+        from interceptor_core import Agent, ModelTurn, ScriptedModel
+
+        text = (
+            "version: 1\nname: p\nmandatory: true\nrules:\n"
+            "  - id: no-refunds-on-trial\n    tools: [refund]\n    when: \"run.tenant == 'trial'\"\n    decision: deny\n"
+        )
+        _, scope, _ = desk(Policy.from_text(text))
+        for tenant, expected in (("trial", ["get_order", "fx_rate"]), ("acme", ["get_order", "refund", "fx_rate"])):
+            model = ScriptedModel([ModelTurn(text="done")])
+            await Agent(scope, model).run("hello", run=RunContext(tenant=tenant))
+            assert [t["name"] for t in model.calls[0][1]] == expected
