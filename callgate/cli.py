@@ -389,7 +389,7 @@ def mcp_proxy(
     tenant: Annotated[str | None, typer.Option(help="The tenant every call is made for (in every event).")] = None,
     principal: Annotated[str, typer.Option(help="Who every call is made for (in every event).")] = "mcp-client",
 ) -> None:
-    """Serve an MCP server's tools through the gate: mcp-proxy --gate MODULE:FACTORY | --policy FILE -- COMMAND ARGS..."""
+    """Serve an MCP server's tools through the gate: mcp-proxy --gate M:F | --policy FILE -- COMMAND ARGS..."""
     from callgate.mcp_proxy import ProxyConfigError, build_proxy_gate, build_sinks, run_proxy
 
     try:

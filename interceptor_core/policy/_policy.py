@@ -688,6 +688,8 @@ class Policy:
             rewritten: Any = None
             fast = _evaluate_all(plan.everything, activation)
             position = 0
+            status: bool | None
+            error: str | None
             for compiled in rewrites:
                 if compiled.when is None:
                     status, error = True, None

@@ -51,7 +51,9 @@ class TestCheck:
     def test_problems_exit_2_with_file_line_and_rule(self, tmp_path: Path) -> None:
         """Exit 2 with `FILE:LINE rule-id: what is wrong` for each problem, on stderr."""
         bad = tmp_path / "bad.yaml"
-        bad.write_text(GOOD.replace("decision: deny", "decision: refuse").replace("run.tenant.upper", "run.tenat.upper"))
+        bad.write_text(
+            GOOD.replace("decision: deny", "decision: refuse").replace("run.tenant.upper", "run.tenat.upper")
+        )
         result = runner.invoke(app, ["policy", "check", str(bad)], env=WIDE)
         assert result.exit_code == 2
         assert f"{bad}:7 tenant-orders: decision must be one of" in result.stderr
@@ -70,15 +72,17 @@ class TestTest:
         """The shipped cases pass through the console entry point, and the JUnit file lists each."""
         junit = tmp_path / "junit.xml"
         completed = subprocess.run(
-            [sys.executable, "-c", "from callgate.cli import main; main()", "policy", "test", str(POLICY_FILE)]
-            + [str(CASES_FILE), "--tools", "callgate.demo:build_gate", "--junit", str(junit)],
+            [
+                *(sys.executable, "-c", "from callgate.cli import main; main()", "policy", "test"),
+                *(str(POLICY_FILE), str(CASES_FILE), "--tools", "callgate.demo:build_gate", "--junit", str(junit)),
+            ],
             capture_output=True,
             text=True,
             timeout=120,
             check=False,
         )
         assert completed.returncode == 0, completed.stdout + completed.stderr
-        suite = ET.parse(junit).getroot().find("testsuite")
+        suite = ET.parse(junit).getroot().find("testsuite")  # noqa: S314 (our own output)
         assert suite is not None
         assert suite.get("failures") == "0"
         assert int(suite.get("tests") or 0) == CASES_FILE.read_text().count("- name:")
@@ -100,7 +104,7 @@ class TestTest:
         assert result.exit_code == 1, result.output
         assert "expected allow, got deny" in result.output
         assert "rules matched: upper (rewrite), tenant-orders (deny)" in result.output
-        failure = ET.parse(junit).getroot().find("testsuite/testcase/failure")
+        failure = ET.parse(junit).getroot().find("testsuite/testcase/failure")  # noqa: S314 (our own output)
         assert failure is not None
         assert "expected allow, got deny" in (failure.get("message") or "")
 
@@ -115,7 +119,9 @@ class TestTest:
             + "  - name: a schema without order_id\n    tool: refund\n    args: {amount_cents: 5}\n"
             "    run: {tenant: acme}\n    expect: allow\n    schema: {type: object, properties: {amount_cents: {}}}\n"
         )
-        result = runner.invoke(app, ["policy", "test", str(tmp_path / "p.yaml"), str(tmp_path / "cases.yaml")], env=WIDE)
+        result = runner.invoke(
+            app, ["policy", "test", str(tmp_path / "p.yaml"), str(tmp_path / "cases.yaml")], env=WIDE
+        )
         assert result.exit_code == 1
         assert "pass ids are upper-cased" in result.output
         assert "set 'order_id': tool refund has no such argument" in result.output
@@ -153,8 +159,10 @@ class TestExplain:
         """For a cross-tenant refund: the tenant rule matched, the others did not or are for other tools."""
         result = runner.invoke(
             app,
-            ["policy", "explain", str(POLICY_FILE), "--tool", "refund"]
-            + ["--args", '{"order_id": "GLOBEX-9", "amount_cents": 90000}', "--tenant", "acme"],
+            [
+                *("policy", "explain", str(POLICY_FILE), "--tool", "refund"),
+                *("--args", '{"order_id": "GLOBEX-9", "amount_cents": 90000}', "--tenant", "acme"),
+            ],
             env=WIDE,
         )
         assert result.exit_code == 0, result.output

@@ -228,8 +228,10 @@ class TestProxyWithPolicyFile:
         policy.write_text(FILES_POLICY)
         return StdioServerParameters(
             command=sys.executable,
-            args=["-m", "callgate.cli", "mcp-proxy", "--policy", str(policy), "--tenant", tenant]
-            + ["--events", str(tmp_path / "events.jsonl"), "--", *upstream_command()],
+            args=[
+                *("-m", "callgate.cli", "mcp-proxy", "--policy", str(policy), "--tenant", tenant),
+                *("--events", str(tmp_path / "events.jsonl"), "--", *upstream_command()),
+            ],
             env={**os.environ, "UPSTREAM_ROOT": str(root)},
         )
 

@@ -551,7 +551,8 @@ class TestAgentLoop:
 
         text = (
             "version: 1\nname: p\nmandatory: true\nrules:\n"
-            "  - id: no-refunds-on-trial\n    tools: [refund]\n    when: \"run.tenant == 'trial'\"\n    decision: deny\n"
+            "  - id: no-refunds-on-trial\n    tools: [refund]\n"
+            "    when: \"run.tenant == 'trial'\"\n    decision: deny\n"
         )
         _, scope, _ = desk(Policy.from_text(text))
         for tenant, expected in (("trial", ["get_order", "fx_rate"]), ("acme", ["get_order", "refund", "fx_rate"])):
