@@ -13,9 +13,12 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@# The dashboard's browser test drives Debian's chromium (no browser download); root installs it.
-	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium) \
-		|| { echo "make: cannot install chromium (apt-get as root); the dashboard's browser test needs it" >&2; exit 1; }
+	@# Debian packages the tests drive: chromium for the dashboard's browser test (no browser download),
+	@# redis-server for the shared call counters' tests. Root installs the missing ones, one apt-get update.
+	missing=""; command -v chromium >/dev/null || missing=" chromium"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	[ -z "$$missing" ] || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing) \
+		|| { echo "make: cannot install$$missing (apt-get as root): the dashboard's browser test needs chromium, the counter tests redis-server" >&2; exit 1; }
 	touch $(STAMP)
 
 test: $(STAMP) lint typecheck pytest

@@ -7,7 +7,7 @@
 - `sql_writes(query, *, dialect=None)` / `ReadOnlySQL`: SQL text that may write, parsed with sqlglot.
 - `has_secrets(value, *, redactor=None)` / `NoSecrets`: a value holds what the audit redactor
   would redact.
-- `CallCounter`, `InProcessCounter`, `RedisCounter`, `RateLimit`: call counts per window
+- `KEYS`, `CallCounter`, `InProcessCounter`, `RedisCounter`, `RateLimit`: call counts per window
   (`interceptor_core.builtins.counters`).
 
 Each function never raises for the model's value (a value it cannot judge is judged unsafe) and
@@ -16,13 +16,14 @@ checks its configuration when built (`ConfigurationError`) and denies with a `De
 what to do instead.
 """
 
-from interceptor_core.builtins.counters import CallCounter, InProcessCounter, RateLimit, RedisCounter
+from interceptor_core.builtins.counters import KEYS, CallCounter, InProcessCounter, RateLimit, RedisCounter
 from interceptor_core.builtins.paths import PathsWithin, within
 from interceptor_core.builtins.secrets import NoSecrets, has_secrets
 from interceptor_core.builtins.sql import ReadOnlySQL, sql_writes
 from interceptor_core.builtins.urls import HostAllowList, host_in
 
 __all__ = [
+    "KEYS",
     "CallCounter",
     "HostAllowList",
     "InProcessCounter",
