@@ -40,6 +40,8 @@ demo: $(STAMP)
 	$(BIN)/callgate demo
 
 bench: $(STAMP)
+	@# The CEL engines bench/policy.py compares beside the one the policies use.
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python bench/all.py $(BENCH_ARGS)
 
 # The fault drill: real broker, materializer and producer processes, killed and restarted, then the

@@ -26,6 +26,8 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 SCRIPTS: dict[str, list[str]] = {
     "gate_overhead": [],
+    "policy": [],
+    "counters": [],
     "pipeline": [],
     "materialize": [],
     "queries": [],
@@ -33,6 +35,8 @@ SCRIPTS: dict[str, list[str]] = {
 }
 QUICK: dict[str, list[str]] = {
     "gate_overhead": ["--calls", "300", "--rounds", "3"],
+    "policy": ["--calls", "300", "--rounds", "3", "--engine-evals", "200"],
+    "counters": ["--calls", "2000", "--redis-calls", "200", "--rounds", "3"],
     "pipeline": ["--events", "2000", "--rounds", "2", "--calls", "300"],
     "materialize": ["--events", "5000", "--seconds", "2"],
     "queries": ["--events", "20000", "--runs", "1", "--ingest", "1000"],

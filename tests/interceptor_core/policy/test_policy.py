@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -559,3 +562,72 @@ class TestAgentLoop:
             model = ScriptedModel([ModelTurn(text="done")])
             await Agent(scope, model).run("hello", run=RunContext(tenant=tenant))
             assert [t["name"] for t in model.calls[0][1]] == expected
+
+
+RATE_POLICY = """\
+version: 1
+name: rate
+rules:
+  - id: hourly-refunds
+    tools: ["refund*"]
+    when: "count_calls('refund*', 'tenant', duration('1h')) > 3"
+    decision: deny
+    message: "At most 3 refunds an hour."
+"""
+
+
+class TestCountCallsWithRedis:
+    """count_calls on a RedisCounter: several gate processes share one limit."""
+
+    async def test_two_gates_share_the_limit(self, redis_url: str) -> None:
+        """Two gates with a policy each over one Redis: the fourth refund is denied wherever it is made."""
+        from interceptor_core.builtins import RedisCounter
+
+        prefix = f"test:{uuid.uuid4().hex}:"
+        scopes = [desk(Policy.from_text(RATE_POLICY, counter=RedisCounter(redis_url, prefix=prefix)))[1] for _ in "ab"]
+        kinds = [
+            (await scopes[i % 2].call("refund", {"order_id": "ACME-1", "amount_cents": 1}, run=ACME)).kind
+            for i in range(4)
+        ]
+        assert kinds == ["ok", "ok", "ok", "denied"]
+
+    async def test_calls_of_another_process_count(self, redis_url: str, tmp_path: Path) -> None:
+        """Three refunds decided by a policy in a second process use up this process's limit."""
+        prefix = f"test:{uuid.uuid4().hex}:"
+        (tmp_path / "rate.yaml").write_text(RATE_POLICY)
+        script = (
+            "import sys\n"
+            "from interceptor_core import RunContext\n"
+            "from interceptor_core.builtins import RedisCounter\n"
+            "from interceptor_core.policy import load_policy\n"
+            "policy = load_policy(sys.argv[1], counter=RedisCounter(sys.argv[2], prefix=sys.argv[3]))\n"
+            "run = RunContext(tenant='acme')\n"
+            "for n in range(3):\n"
+            "    print(policy.evaluate('refund', {}, run, call_id=f'other-{n}').decision.kind)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "rate.yaml"), redis_url, prefix],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["allow", "allow", "allow"]
+        from interceptor_core.builtins import RedisCounter
+
+        _, scope, ran = desk(Policy.from_text(RATE_POLICY, counter=RedisCounter(redis_url, prefix=prefix)))
+        result = await scope.call("refund", {"order_id": "ACME-1", "amount_cents": 1}, run=ACME)
+        assert result.kind == "denied"
+        assert ran == []
+
+    async def test_a_redis_that_is_down_fails_the_call_closed(self, closed_redis_url: str) -> None:
+        """No counter, no decision: the call is denied and the tool does not run."""
+        from interceptor_core.builtins import RedisCounter
+
+        policy = Policy.from_text(RATE_POLICY, counter=RedisCounter(closed_redis_url, prefix="down:"))
+        _, scope, ran = desk(policy)
+        result = await scope.call("refund", {"order_id": "ACME-1", "amount_cents": 1}, run=ACME)
+        assert result.kind == "denied"
+        assert ran == []
+        assert "ConnectionError" in (result.decisions[0].error or "")
