@@ -117,15 +117,16 @@ def _build_env() -> Any:
     )
 
 
-_env: Any = None
+ENV: Any = None
+"""The policy environment once built (read directly on the call path); `env()` builds it."""
 
 
 def env() -> Any:
     """The policy environment (built on first use, shared: compiled expressions are immutable)."""
-    global _env
-    if _env is None:
-        _env = _build_env()
-    return _env
+    global ENV
+    if ENV is None:
+        ENV = _build_env()
+    return ENV
 
 
 class CompileError(Exception):

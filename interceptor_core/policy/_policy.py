@@ -41,6 +41,7 @@ DECISIONS: tuple[RuleDecision, ...] = ("allow", "deny", "block", "require_approv
 PRECEDENCE: tuple[RuleDecision, ...] = ("block", "deny", "substitute", "require_approval", "allow")
 """Which decision wins when rules of several kinds match, strongest first."""
 FAIL_CLOSED: frozenset[str] = frozenset({"deny", "block", "require_approval"})
+_ALLOW = Allow()
 """Rules whose condition counts as matched when it fails at run time."""
 
 _TOP_KEYS = ("version", "name", "description", "mandatory", "default", "default_message", "rules")
@@ -137,6 +138,11 @@ class _Snapshot:
     uses_now: bool
     calls_builtins: bool
     by_tool: dict[str, _Plan] = field(default_factory=dict)
+    allowed: PolicyDecision = field(init=False)
+    """The decision of a call no rule matched under default allow: one value, built once."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed", PolicyDecision(_ALLOW, None, self.version, (), None))
 
     def for_tool(self, tool: str) -> _Plan:
         """The rules that apply to `tool`, split and compiled for deciding; cached per tool."""
@@ -178,10 +184,10 @@ def _evaluate_all(combined: _Combined | None, activation: Any) -> list[Any] | No
     """The bools of every condition, or None when one fails (or is no bool)."""
     if combined is None:
         return None
-    value = combined.program.eval(activation)
-    if value.type() == _cel.ERROR:
+    # An error's plain value is its message (a str), never a list: no type() round trip needed.
+    found = combined.program.eval(activation).plain_value()
+    if type(found) is not list:
         return None
-    found: list[Any] = value.plain_value()
     if not combined.checked and not all(type(v) is bool for v in found):
         return None
     return found
@@ -581,7 +587,9 @@ class Policy:
             validate=tool.input_model.model_validate,
             call_id=call.call_id,
         )
-        return PolicyDecision(result.decision, result.rewritten, self.version, result.matched, result.error)
+        if result.decision is _ALLOW and result.rewritten is None and not result.matched and result.error is None:
+            return self._snapshot.allowed
+        return PolicyDecision(result.decision, result.rewritten, self._snapshot.version, result.matched, result.error)
 
     def check_tool(self, name: str, input_model: type[BaseModel]) -> None:
         """Check the rules that apply to a tool against its input model: a `set` or a message field
@@ -683,7 +691,7 @@ class Policy:
             else None
         )
         try:
-            env = _cel.env()
+            env = _cel.ENV if _cel.ENV is not None else _cel.env()
             activation = env.Activation(data)
             rewritten: Any = None
             fast = _evaluate_all(plan.everything, activation)
@@ -800,6 +808,11 @@ class Policy:
         tool: str,
         result_value: Any,
     ) -> tuple[Decision, str | None]:
+        if not winners:
+            if snapshot.default == "allow":
+                return _ALLOW, None
+            message = snapshot.default_message.render(data) if snapshot.default_message is not None else None
+            return Deny(message or f"The call to {tool} is not allowed by policy {snapshot.name}."), None
         for kind in PRECEDENCE:
             compiled = winners.get(kind)
             if compiled is None:
