@@ -38,6 +38,10 @@ async def run_tour(console: Console) -> bool:
         try:
             result = await wired.desk.call(tool_name, args, run=run)
             outcome, decided_by, text = result.kind, result.decided_by or "", result.to_model_text()
+            # A policy file names the rule that decided: desk-policy (tenant-orders).
+            rules = [rule for step in result.decisions if step.interceptor == decided_by for rule, _ in step.rules]
+            if rules:
+                decided_by += f" ({', '.join(rules)})"
         except ToolBlockedError as exc:
             outcome, decided_by, text = "blocked", exc.interceptor or "", f"(run stopped) {exc.reason}"
         table.add_row(tool_name, str(args), outcome, decided_by, text if len(text) <= 90 else text[:90] + "…")
