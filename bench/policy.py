@@ -70,7 +70,7 @@ PLAIN_CONDITIONS = {
 }
 
 
-def policy_text(builtins: bool) -> str:
+def policy_text(builtins: bool, mode: str = "enforce") -> str:
     rules = [
         '  - id: upper-ids\n    decision: rewrite\n    when: "args.order_id != args.order_id.upperAscii()"\n'
         '    set: {order_id: "args.order_id.upperAscii()"}\n',
@@ -87,7 +87,7 @@ def policy_text(builtins: bool) -> str:
     ]
     for rule_id, (decision, when) in (BUILTIN_CONDITIONS if builtins else PLAIN_CONDITIONS).items():
         rules.append(f'  - id: {rule_id}\n    decision: {decision}\n    when: "{when}"\n')
-    return "version: 1\nname: bench-policy\nrules:\n" + "".join(rules)
+    return f"version: 1\nname: bench-policy\nmode: {mode}\nrules:\n" + "".join(rules)
 
 
 class HandWritten:
@@ -163,6 +163,7 @@ async def run(calls: int, rounds: int) -> dict[str, list[float]]:
         "policy": caller(scope_with(Policy.from_text(policy_text(True)))),
         "python": caller(scope_with(HandWritten(True))),
         "policy_plain": caller(scope_with(Policy.from_text(policy_text(False)))),
+        "shadow_plain": caller(scope_with(Policy.from_text(policy_text(False, "shadow")))),
         "python_plain": caller(scope_with(HandWritten(False))),
         "bare": caller(Gate("bench").agent("desk", tools=[act])),
     }
@@ -249,10 +250,12 @@ def main() -> None:
         ("policy", "policy file, 10 rules"),
         ("python_plain", "hand-written Python interceptor, 10 plain rules"),
         ("policy_plain", "policy file, 10 plain rules"),
+        ("shadow_plain", "the same policy file in shadow mode"),
     ):
         print(f"{label:<58} {med[key]:>8.1f}")
     print(f"ratio policy / Python, 10 rules:       {med['policy'] / med['python']:.2f}  (target <= 2.0)")
     print(f"ratio policy / Python, 10 plain rules: {med['policy_plain'] / med['python_plain']:.2f}")
+    print(f"ratio shadow / enforced, 10 plain rules: {med['shadow_plain'] / med['policy_plain']:.2f}  (target: 1)")
     print()
     print(f"CEL engines, µs per evaluation (best of 5): small = {ENGINE_EXPRESSION!r}; large = 40 such clauses")
     for engine, figures in engines(opts.engine_evals).items():
@@ -262,6 +265,13 @@ def main() -> None:
             print(f"  {engine:<40} small {figures['small']:>9.1f}   large {figures['large']:>9.1f}")
     report("policy file per call, 10 rules", med["policy"], "µs", floor=med["python"], target="ratio <= 2.0")
     report("policy file per call, 10 plain rules", med["policy_plain"], "µs", floor=med["python_plain"])
+    report(
+        "the same 10 rules in shadow mode, against enforced",
+        med["shadow_plain"],
+        "µs",
+        floor=med["policy_plain"],
+        target="ratio about 1",
+    )
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ def describe(
                 )
                 for rule in policy["rules"]:
                     when = f" when {rule['when']}" if rule["when"] else ""
-                    policy_node.add(escape(f"{rule['id']}: {rule['decision']}{when}"))
+                    mode = " (shadow: recorded, not applied)" if rule.get("mode") == "shadow" else ""
+                    policy_node.add(escape(f"{rule['id']}: {rule['decision']}{when}{mode}"))
             for ex in entry["excluded"]:
                 tool_node.add(f"[yellow]excluded[/yellow] {ex['interceptor']} ({ex['scope']}) by {ex['excluded_by']}")
     console.print(root)

@@ -173,14 +173,14 @@ def explain(
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(EXIT_CANNOT_RUN) from None
     table = Table(title=f"policy {policy.name} ({policy.version[:12]}) for {tool}")
-    for column in ("rule", "line", "decision", "outcome", "when"):
+    for column in ("rule", "line", "decision", "mode", "outcome", "when"):
         table.add_column(column, overflow="fold")
     for outcome in evaluation.outcomes:
         status = outcome.status
         if outcome.error:
             status += f": {outcome.error}" + (" (counted as matched)" if outcome.counted_as_match else "")
         rule = outcome.rule
-        table.add_row(rule.id, str(rule.line), rule.decision, status, rule.when or "(always)")
+        table.add_row(rule.id, str(rule.line), rule.decision, rule.mode, status, rule.when or "(always)")
     console.print(table)
     if evaluation.args != values:
         console.print(f"arguments after rewrites: {json.dumps(evaluation.args)}", markup=False)
@@ -189,3 +189,12 @@ def explain(
     console.print(
         f"decision: {kind} by {evaluation.decided_by or 'the default'}" + (f": {text}" if text else ""), markup=False
     )
+    if evaluation.shadow_decision is not None:
+        shadow_text = decision_text(evaluation.shadow_decision)
+        console.print(
+            f"with the shadow rules enforced too: {decision_kind(evaluation.shadow_decision)} by "
+            f"{evaluation.shadow_decided_by or 'the default'}" + (f": {shadow_text}" if shadow_text else ""),
+            markup=False,
+        )
+    if policy.mode == "shadow":
+        console.print("the policy is in shadow mode: the gate records this decision and applies none of it")

@@ -61,6 +61,12 @@ class DecisionStep(BaseModel):
     rules: tuple[RuleMatch, ...] = Field(
         default=(), exclude_if=_absent, description="For a policy file: the rules that matched."
     )
+    enforced: bool | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="Set on every step of a call that had a shadow decision: false for the shadow "
+        "steps (recorded, never applied), true for the others. Absent: the step was enforced.",
+    )
 
 
 class EventBase(BaseModel):
@@ -99,6 +105,21 @@ class CallEvent(EventBase):
     redacted_paths: tuple[str, ...] = Field(default=(), description="JSON pointers of the replaced values.")
     args_truncated: bool = Field(default=False, description="The args were oversized and cut.")
     redaction_error: str | None = Field(default=None, description="Why redaction failed, when it did.")
+    shadow_outcome: Literal["allowed", "denied", "blocked", "substituted", "approval"] | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="What the call would have had if every shadow decision had been enforced "
+        "(only on calls with a shadow decision).",
+    )
+    divergent: bool | None = Field(
+        default=None, exclude_if=_absent, description="shadow_outcome differs from what happened."
+    )
+    shadow_decided_by: str | None = Field(
+        default=None, exclude_if=_absent, description="The shadow interceptor that decided shadow_outcome."
+    )
+    shadow_rule: str | None = Field(
+        default=None, exclude_if=_absent, description="The policy rule behind shadow_outcome, for a policy file."
+    )
 
 
 class ToolUseEvent(CallEvent):
@@ -194,6 +215,9 @@ class RegisteredTool(BaseModel):
     input_schema_sha256: str
     interceptors: tuple[str, ...] = Field(description="Effective chain, outer scope first.")
     excluded: tuple[str, ...] = Field(default=(), description="Outer interceptors an inner scope excluded.")
+    shadow: tuple[str, ...] = Field(
+        default=(), exclude_if=_absent, description="Shadow interceptors on the chain (recorded, never applied)."
+    )
     policies: dict[str, str] = Field(
         default_factory=dict,
         exclude_if=_absent,

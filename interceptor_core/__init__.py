@@ -21,7 +21,7 @@ from interceptor_core.exceptions import (
 )
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.guard import CoverageReport, UnmediatedAccess
-from interceptor_core.interceptors import Interceptor, after_tool_call, before_tool_call
+from interceptor_core.interceptors import Interceptor, after_tool_call, before_tool_call, shadow
 from interceptor_core.messages import Message, Model, ModelTurn, ScriptedModel, ToolCallRequest, Usage
 from interceptor_core.results import DecisionRecord, ToolResult
 from interceptor_core.tools import Tool, tool
@@ -70,6 +70,7 @@ __all__ = [
     "Workflow",
     "after_tool_call",
     "before_tool_call",
+    "shadow",
     "tool",
 ]
 

@@ -173,7 +173,7 @@ class Audit:
             "span_id": trace[0].span_id if trace else None,
         }
 
-    def _trail(self, trail: Sequence[DecisionRecord]) -> list[dict[str, Any]]:
+    def _trail(self, trail: Sequence[DecisionRecord], shadowed: bool = False) -> list[dict[str, Any]]:
         redact = self.redactor.redact_text
         steps = []
         for step in trail:
@@ -188,6 +188,9 @@ class Audit:
             if step.policy_version is not None:
                 fields["policy_version"] = step.policy_version
                 fields["rules"] = [{"id": rule, "decision": kind} for rule, kind in step.rules]
+            if shadowed:
+                # Only calls with a shadow decision say which steps were enforced (absent: all were).
+                fields["enforced"] = step.enforced
             steps.append(fields)
         return steps
 
@@ -232,10 +235,14 @@ class Audit:
             data = {"_raw": repr(source)}
         return self.redactor.redact_args(tool, data)
 
-    def _call_fields(self, state: _CallState) -> dict[str, Any]:
+    def _call_fields(self, state: _CallState, actual: str | None = None) -> dict[str, Any]:
         fields = self._envelope(state.compiled.path, state.call_id, state.run, state.trace)
-        fields["decisions"] = self._trail(state.trail)
+        shadow = state.shadow
+        fields["decisions"] = self._trail(state.trail, shadow is not None)
         fields.update(self._args(state))
+        if shadow is not None and actual is not None:
+            outcome, by, rule = shadow.outcome(actual)
+            fields.update(shadow_outcome=outcome, divergent=outcome != actual, shadow_decided_by=by, shadow_rule=rule)
         return fields
 
     # -- one call --------------------------------------------------------------------------------
@@ -278,7 +285,15 @@ class Audit:
 
     def outcome(self, state: _CallState, result: ToolResult, cause: str | None, substituted_by: str | None) -> None:
         """The call's one outcome event, from its result."""
-        fields = self._call_fields(state)
+        actual: str | None = None
+        if state.shadow is not None:
+            if result.kind == "denied":
+                actual = "approval" if cause == "approval_refused" else "denied"
+            elif substituted_by is not None:
+                actual = "substituted"
+            else:
+                actual = "approval" if state.asked else "allowed"
+        fields = self._call_fields(state, actual)
         redact = self.redactor.redact_text
         cls: type[EventBase]
         if result.kind == "denied" or cause in ("validation",):
@@ -311,7 +326,7 @@ class Audit:
 
     def blocked(self, state: _CallState, reason: str, interceptor: str, cause: str) -> None:
         """The `Blocked` outcome: the run stops at this call."""
-        fields = self._call_fields(state)
+        fields = self._call_fields(state, "approval" if cause == "approval_required" else "blocked")
         fields.update(reason=_cap(self.redactor.redact_text(reason)), decided_by=interceptor, cause=cause)
         self._conclude(state, self._emit(BlockedEvent, fields))
 
@@ -415,8 +430,10 @@ class Audit:
                 input_schema_sha256=hashlib.sha256(
                     pydantic_core.to_json(chain.tool.input_model.model_json_schema())
                 ).hexdigest(),
-                interceptors=tuple(b.name for b in chain.interceptors),
+                # A shadow interceptor mediates nothing: coverage does not ask for it in the trail.
+                interceptors=tuple(b.name for b in chain.interceptors if not b.shadow),
                 excluded=tuple(e.interceptor for e in chain.excluded),
+                shadow=tuple(b.name for b in chain.interceptors if b.shadow),
                 policies={b.name: v for b in chain.interceptors if (v := policy_version(b.obj)) is not None},
             )
             for chain in chains

@@ -89,6 +89,13 @@ class PolicyDecision:
     policy_version: str = ""
     rules: tuple[tuple[str, str], ...] = ()
     error: str | None = None
+    decided_by: str | None = None
+    """The rule whose decision won (None: the default)."""
+    shadow: Decision | None = None
+    """What the call would get with the policy's shadow rules enforced too (None: none matched).
+    Recorded in the trail as a step that is not enforced; never applied."""
+    shadow_rules: tuple[tuple[str, str], ...] = ()
+    shadow_decided_by: str | None = None
 
     @property
     def kind(self) -> str:

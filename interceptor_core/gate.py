@@ -142,10 +142,54 @@ def _validation_text(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+@dataclass(slots=True)
+class ShadowVerdict:
+    """What a call's shadow decisions would have done, in chain order (a call with none has None).
+
+    `ended`: the first shadow decision that would have ended the call ("denied", "blocked",
+    "substituted"), with the interceptor and the policy rule behind it; `asked`: the first that
+    would have asked a human.
+    """
+
+    ended: tuple[str, str, str | None] | None = None
+    asked: tuple[str, str | None] | None = None
+
+    def note(self, decision: object, by: str, rule: str | None) -> None:
+        """Take one shadow decision into account (only the first of each kind counts)."""
+        match decision:
+            case Deny():
+                end = "denied"
+            case Block():
+                end = "blocked"
+            case Substitute():
+                end = "substituted"
+            case RequireApproval():
+                if self.asked is None:
+                    self.asked = (by, rule)
+                return
+            case _:
+                return
+        if self.ended is None:
+            self.ended = (end, by, rule)
+
+    def outcome(self, actual: str) -> tuple[str, str | None, str | None]:
+        """(shadow outcome, interceptor, rule) given what happened: allowed, denied, blocked,
+        substituted or approval. Every shadow decision came before the enforced chain ended, so
+        one that would have ended the call wins; else the enforced end; else an approval."""
+        if self.ended is not None:
+            return self.ended
+        if actual in ("denied", "blocked", "substituted", "approval"):
+            return actual, None, None
+        if self.asked is not None:
+            return "approval", self.asked[0], self.asked[1]
+        return "allowed", None, None
+
+
 class _CallState:
     """One call in flight: what its result and its events are built from."""
 
     __slots__ = (
+        "asked",
         "call",
         "call_id",
         "compiled",
@@ -154,6 +198,7 @@ class _CallState:
         "redacted",
         "rewritten",
         "run",
+        "shadow",
         "timed_out",
         "tool_s",
         "tool_started",
@@ -175,6 +220,8 @@ class _CallState:
         self.concluded = False
         self.trace: tuple[Any, ...] | None = None
         self.redacted: Any = None
+        self.asked = False
+        self.shadow: ShadowVerdict | None = None
 
 
 class Gate:
@@ -494,6 +541,9 @@ class Gate:
         output: Any = None
         timeout = self.interceptor_timeout_s
         for bound in compiled.before:
+            if bound.shadow:
+                await self._shadow_before(state, bound, call)
+                continue
             started = _perf()
             try:
                 decision = bound.before(call)  # type: ignore[misc]
@@ -538,6 +588,25 @@ class Gate:
                         ruling.rules,
                     )
                 )
+                if ruling.shadow is not None:
+                    # The policy's shadow rules: a step of their own, recorded and not applied.
+                    shadow_kind = ruling.shadow.kind
+                    trail.append(
+                        DecisionRecord(
+                            bound.name,
+                            bound.scope,
+                            shadow_kind,
+                            0.0,
+                            "before",
+                            None,
+                            ruling.policy_version,
+                            ruling.shadow_rules,
+                            False,
+                        )
+                    )
+                    if state.shadow is None:
+                        state.shadow = ShadowVerdict()
+                    state.shadow.note(ruling.shadow, bound.name, ruling.shadow_decided_by)
                 if type(decision) is Allow:
                     continue
             elif isinstance(decision, _DECISIONS):
@@ -590,6 +659,9 @@ class Gate:
 
         # 5. After-interceptors, inner scope to outer; then validate and cut.
         for index, bound in enumerate(compiled.after):
+            if bound.shadow:
+                await self._shadow_after(state, bound, call, output)
+                continue
             started = _perf()
             try:
                 output = bound.after(call, output)  # type: ignore[misc]
@@ -708,6 +780,7 @@ class Gate:
         """Ask the handler; None when approved, else the refusal the model reads."""
         reason = "; ".join(reason for _, reason in approvals)
         requested_by = tuple(name for name, _ in approvals)
+        state.asked = True
         handler = self.approval_handler
         if handler is None:
             self._block(state, reason, ", ".join(requested_by), "approval_required", ToolApprovalRequiredError)
@@ -757,6 +830,77 @@ class Gate:
         elif approval.by:
             refusal += f" by {approval.by}"
         return refusal + (f": {approval.note}" if approval.note else ".")
+
+    async def _shadow_before(self, state: _CallState, bound: BoundInterceptor, call: ToolCall) -> None:
+        """Run a shadow interceptor's before-hook and record what it decided; apply nothing, and
+        never fail the call for it (an error or a timeout is recorded, that is all)."""
+        started = _perf()
+        timeout = self.interceptor_timeout_s
+        if state.shadow is None:
+            state.shadow = ShadowVerdict()
+        try:
+            decision = bound.before(call)  # type: ignore[misc]
+            if bound.before_async or inspect.isawaitable(decision):
+                done, decision_or_pending = start(decision)
+                decision = decision_or_pending if done else await finish(decision, decision_or_pending, timeout)
+            elapsed = _perf() - started
+            if elapsed > timeout:
+                raise TimeoutError(f"ran {elapsed:.3f} s, past interceptor_timeout_s={timeout}")
+        except Exception as exc:
+            failure = _failure_text(exc, timeout)
+            state.trail.append(
+                DecisionRecord(bound.name, bound.scope, "error", _perf() - started, "before", failure, None, (), False)
+            )
+            return
+        elapsed = _perf() - started
+        version: str | None = None
+        rules: tuple[tuple[str, str], ...] = ()
+        error: str | None = None
+        rule: str | None = None
+        kind: str
+        if decision is None:
+            decision = Allow()
+        if type(decision) is PolicyDecision:
+            ruling = decision
+            decision, kind, version, rules, error, rule = (
+                ruling.decision,
+                ruling.kind,
+                ruling.policy_version,
+                ruling.rules,
+                ruling.error,
+                ruling.decided_by,
+            )
+        elif isinstance(decision, _DECISIONS):
+            kind = decision.kind
+        else:
+            failure = f"returned {type(decision).__name__}, not a decision"
+            state.trail.append(
+                DecisionRecord(bound.name, bound.scope, "error", elapsed, "before", failure, None, (), False)
+            )
+            return
+        state.trail.append(
+            DecisionRecord(bound.name, bound.scope, kind, elapsed, "before", error, version, rules, False)
+        )
+        state.shadow.note(decision, bound.name, rule)
+
+    async def _shadow_after(self, state: _CallState, bound: BoundInterceptor, call: ToolCall, output: Any) -> None:
+        """Run a shadow after-hook on the output and record it; what it returns is dropped."""
+        started = _perf()
+        timeout = self.interceptor_timeout_s
+        if state.shadow is None:
+            state.shadow = ShadowVerdict()
+        kind, failure = "allow", None
+        try:
+            returned = bound.after(call, output)  # type: ignore[misc]
+            if bound.after_async or inspect.isawaitable(returned):
+                done, returned_or_pending = start(returned)
+                if not done:
+                    await finish(returned, returned_or_pending, timeout)
+        except Exception as exc:
+            kind, failure = "error", _failure_text(exc, timeout)
+        state.trail.append(
+            DecisionRecord(bound.name, bound.scope, kind, _perf() - started, "after", failure, None, (), False)
+        )
 
     async def _run_tool(
         self, tool: Tool[Any, Any], args: BaseModel, ctx: ToolContext, state: _CallState
@@ -810,7 +954,7 @@ def _skip(trail: list[DecisionRecord], after: Sequence[BoundInterceptor]) -> Non
     # the trail as "skipped": the trail names every interceptor of the chain, so a reader checking
     # it against the registered chain sees they were on the path.
     for bound in after:
-        trail.append(DecisionRecord(bound.name, bound.scope, "skipped", 0.0, "after"))
+        trail.append(DecisionRecord(bound.name, bound.scope, "skipped", 0.0, "after", None, None, (), not bound.shadow))
 
 
 def _failure_text(exc: BaseException, timeout: float) -> str:

@@ -44,6 +44,8 @@ class BoundInterceptor:
     after: Callable[..., Any] | None
     after_async: bool
     mandatory: bool
+    shadow: bool = False
+    """In shadow mode: evaluated and recorded on every call, never applied, never failing it."""
 
 
 def policy_version(obj: object) -> str | None:
@@ -75,6 +77,11 @@ def bind_interceptor(obj: object, scope: ScopeLevel) -> BoundInterceptor:
             f"interceptor {name!r} ({type(obj).__name__}) has neither before_tool_call nor after_tool_call",
             interceptor=name,
         )
+    mode = getattr(obj, "mode", None)
+    if mode not in (None, "enforce", "shadow"):
+        raise ConfigurationError(
+            f"interceptor {name!r} has mode {mode!r}; it must be 'enforce' or 'shadow'", interceptor=name
+        )
     return BoundInterceptor(
         name=name,
         scope=scope,
@@ -84,7 +91,37 @@ def bind_interceptor(obj: object, scope: ScopeLevel) -> BoundInterceptor:
         after=after,
         after_async=after is not None and inspect.iscoroutinefunction(after),
         mandatory=bool(getattr(obj, "mandatory", False)),
+        shadow=mode == "shadow",
     )
+
+
+class Shadow:
+    """An interceptor in shadow mode (see `shadow`): the same name and handlers, `mode = "shadow"`."""
+
+    mode = "shadow"
+
+    def __init__(self, inner: object) -> None:
+        bound = bind_interceptor(inner, "application")
+        self.inner = inner
+        self.name = bound.name
+        self.mandatory = bound.mandatory
+        if bound.before is not None:
+            self.before_tool_call = bound.before
+        if bound.after is not None:
+            self.after_tool_call = bound.after
+
+    def __repr__(self) -> str:
+        return f"shadow({self.inner!r})"
+
+
+def shadow(interceptor: object) -> Shadow:
+    """`interceptor` in shadow mode: evaluated on every call it meets, at its place in the chain,
+    and recorded in the trail (`enforced: false`), but never applied. It does not deny, block,
+    substitute, rewrite or ask a human, and if it raises or times out that is recorded as an error
+    without failing the call. Each outcome event then says what the call would have had
+    (`shadow_outcome`, `divergent`). Raises `ConfigurationError` for something that is not an
+    interceptor. Setting `mode = "shadow"` on an interceptor's class does the same."""
+    return Shadow(interceptor)
 
 
 class FunctionInterceptor:

@@ -21,6 +21,7 @@ class DecisionRecord(NamedTuple):
     `duration_s` how long it took, `error` why it failed (or, for a policy, which conditions
     failed and were counted fail-closed). A policy's record also carries `policy_version` (the
     SHA-256 of its file) and `rules`: the ids of the rules that matched, each with its decision.
+    `enforced` is False for a shadow decision: recorded, never applied.
     """
 
     interceptor: str
@@ -31,6 +32,8 @@ class DecisionRecord(NamedTuple):
     error: str | None = None
     policy_version: str | None = None
     rules: tuple[tuple[str, str], ...] = ()
+    enforced: bool = True
+    """False for a shadow decision: recorded, never applied."""
 
 
 class ToolResult(NamedTuple):

@@ -251,7 +251,8 @@ class DenyAllDrill:
         if mode not in ("deny", "block"):
             raise ConfigurationError(f"deny_all mode must be 'deny' or 'block', got {mode!r}")
         self.gate = gate
-        self.mode = mode
+        # Not `mode`: on an interceptor that names enforce or shadow (`interceptor_core.shadow`).
+        self.refusal = mode
         self.check = check
         self._lock = threading.Lock()
         self._attempts: dict[str, list[str]] = {}
@@ -269,7 +270,7 @@ class DenyAllDrill:
         with self._lock:
             self._attempts.setdefault(call.tool_name, []).append(call.call_id)
         reason = f"deny-all drill: every call to {call.tool_name} is refused while the drill runs"
-        return Block(reason) if self.mode == "block" else Deny(reason)
+        return Block(reason) if self.refusal == "block" else Deny(reason)
 
     def _tap(self, event: Any) -> None:
         kind = getattr(event, "type", None)

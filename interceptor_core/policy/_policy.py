@@ -44,8 +44,10 @@ FAIL_CLOSED: frozenset[str] = frozenset({"deny", "block", "require_approval"})
 _ALLOW = Allow()
 """Rules whose condition counts as matched when it fails at run time."""
 
-_TOP_KEYS = ("version", "name", "description", "mandatory", "default", "default_message", "rules")
-_RULE_KEYS = ("id", "description", "tools", "when", "decision", "message", "set", "result")
+_TOP_KEYS = ("version", "name", "description", "mandatory", "mode", "default", "default_message", "rules")
+_RULE_KEYS = ("id", "description", "tools", "when", "decision", "message", "set", "result", "mode")
+Mode: TypeAlias = Literal["enforce", "shadow"]
+MODES: tuple[Mode, ...] = ("enforce", "shadow")
 _RULE_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _FIELD = re.compile(r"[A-Za-z_]\w*")
 
@@ -79,6 +81,8 @@ class Rule:
     set: Mapping[str, str] = field(default_factory=dict)
     result: str | None = None
     line: int = 0
+    mode: Mode = "enforce"
+    """"shadow": evaluated and recorded on every call it applies to, never applied."""
 
     def applies_to(self, tool: str) -> bool:
         """True when the rule's globs match `tool` (case-sensitive, as tool names are)."""
@@ -96,6 +100,8 @@ class _Compiled:
     """Argument fields the rule reads without a `has()` guard, and its message names."""
     static: bool
     """The condition reads neither arguments nor time nor counters: a run alone decides it."""
+    shadow: bool = False
+    """A shadow rule of an enforcing policy: it decides only the call's shadow decision."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +127,18 @@ class Evaluation:
     error: str | None
     decided_by: str | None
     """The rule whose decision and message won; None for the default."""
+    shadow_decision: Decision | None = None
+    """What the call would get with the shadow rules enforced too; None when no shadow rule matched."""
+    shadow_matched: tuple[tuple[str, str], ...] = ()
+    """The shadow rules that matched, each with its decision (none of them applied)."""
+    shadow_decided_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     name: str
     mandatory: bool
+    mode: Mode
     description: str | None
     default: Literal["allow", "deny"]
     default_message: Template | None
@@ -255,6 +267,10 @@ def _parse(text: str, source: str) -> _Snapshot:
     if description is not None and not isinstance(description, str):
         problem(data.line_of("description"), None, "description must be text")
         description = None
+    mode = data.get("mode", "enforce")
+    if mode not in MODES:
+        problem(data.line_of("mode"), None, f"mode must be enforce or shadow, got {mode!r}")
+        mode = "enforce"
     default = data.get("default", "allow")
     if default not in ("allow", "deny"):
         problem(data.line_of("default"), None, f"default must be allow or deny, got {default!r}")
@@ -280,7 +296,7 @@ def _parse(text: str, source: str) -> _Snapshot:
         if not isinstance(raw, Located):
             problem(data.line_of("rules"), None, f"rule {index + 1} is not a mapping")
             continue
-        built = _parse_rule(raw, index, seen, problem)
+        built = _parse_rule(raw, index, seen, problem, mode)
         if built is not None:
             rules.append(built[0])
             compiled.append(built[1])
@@ -290,6 +306,7 @@ def _parse(text: str, source: str) -> _Snapshot:
     return _Snapshot(
         name=str(name),
         mandatory=mandatory,
+        mode=mode,
         description=description,
         default=default,
         default_message=default_message,
@@ -304,7 +321,11 @@ def _parse(text: str, source: str) -> _Snapshot:
 
 
 def _parse_rule(
-    raw: Located, index: int, seen: dict[str, int], problem: Callable[[int | None, str | None, str], None]
+    raw: Located,
+    index: int,
+    seen: dict[str, int],
+    problem: Callable[[int | None, str | None, str], None],
+    file_mode: Mode,
 ) -> tuple[Rule, _Compiled] | None:
     rule_id = raw.get("id")
     label = rule_id if isinstance(rule_id, str) else f"rule {index + 1}"
@@ -331,6 +352,11 @@ def _parse_rule(
     description = raw.get("description")
     if description is not None and not isinstance(description, str):
         fail("description", "description must be text")
+    rule_mode = raw.get("mode", file_mode)
+    if rule_mode not in MODES:
+        fail("mode", f"mode must be enforce or shadow, got {rule_mode!r}")
+    elif file_mode == "shadow" and rule_mode != "shadow":
+        fail("mode", "a rule of a shadow policy cannot enforce (the whole file is in shadow mode)")
     tools: tuple[str, ...] | None = None
     if "tools" in raw:
         raw_tools = raw["tools"]
@@ -417,6 +443,7 @@ def _parse_rule(
         set={name: str(raw_set[name]) for name, _ in sets} if isinstance(raw_set, Located) else {},
         result=str(raw["result"]) if result is not None else None,
         line=raw.line,
+        mode="shadow" if rule_mode == "shadow" else "enforce",
     )
     static = when is None or not any(
         _cel.uses(rule.when or "", name) for name in ("args", "now", "count_calls", "has_secrets")
@@ -429,6 +456,7 @@ def _parse_rule(
         message=message,
         args_fields=frozenset(args_fields - guarded),
         static=static,
+        shadow=rule.mode == "shadow" and file_mode == "enforce",
     )
 
 
@@ -546,6 +574,12 @@ class Policy:
         return self._snapshot.mandatory
 
     @property
+    def mode(self) -> Mode:
+        """ "shadow" when the whole file is in shadow mode: the gate records its decisions and
+        applies none of them (a rule's own `mode: shadow` is handled inside the policy)."""
+        return self._snapshot.mode
+
+    @property
     def version(self) -> str:
         """SHA-256 hex of the file's bytes: which text decided a call."""
         return self._snapshot.version
@@ -587,9 +621,25 @@ class Policy:
             validate=tool.input_model.model_validate,
             call_id=call.call_id,
         )
-        if result.decision is _ALLOW and result.rewritten is None and not result.matched and result.error is None:
+        if (
+            result.decision is _ALLOW
+            and result.rewritten is None
+            and not result.matched
+            and result.error is None
+            and result.shadow_decision is None
+        ):
             return self._snapshot.allowed
-        return PolicyDecision(result.decision, result.rewritten, self._snapshot.version, result.matched, result.error)
+        return PolicyDecision(
+            result.decision,
+            result.rewritten,
+            self._snapshot.version,
+            result.matched,
+            result.error,
+            decided_by=result.decided_by,
+            shadow=result.shadow_decision,
+            shadow_rules=result.shadow_matched,
+            shadow_decided_by=result.shadow_decided_by,
+        )
 
     def check_tool(self, name: str, input_model: type[BaseModel]) -> None:
         """Check the rules that apply to a tool against its input model: a `set` or a message field
@@ -601,6 +651,26 @@ class Policy:
             raise PolicyError(problems)
         with self._lock:
             self._checked[name] = input_model
+
+    def reads(self, tool: str) -> frozenset[str]:
+        """What the rules that apply to `tool` read: `args.<field>`, `run.<field>`, `scope.<field>`,
+        `tool`, `now`, and the built-in functions they call (`count_calls`, ...). A replay uses it
+        to tell a result that depends on a redacted or unstored value (uncertain) from one that
+        does not."""
+        found: set[str] = set()
+        for compiled in self._snapshot.compiled:
+            rule = compiled.rule
+            if not rule.applies_to(tool):
+                continue
+            for source in (rule.when or "", *rule.set.values(), rule.result or ""):
+                if not source:
+                    continue
+                pairs, _ = _cel.references(source)
+                found.update(f"{variable}.{member}" if member else variable for variable, member in pairs)
+                found.update(name for name in _cel.FUNCTIONS if _cel.uses(source, name))
+            if compiled.message is not None:
+                found.update(f"args.{name}" for name in compiled.message.args_fields)
+        return frozenset(found)
 
     def problems_for(self, tool: str, fields: set[str]) -> list[Problem]:
         """What `check_tool` would refuse for a tool with these argument names (none: it fits)."""
@@ -623,9 +693,13 @@ class Policy:
         whatever the arguments: a rule of the tool that reads no arguments (nor time, nor
         counters) matches for the run. A condition that fails counts as matched (fail closed)."""
         snapshot = self._snapshot
-        if not snapshot.mandatory:
+        if not snapshot.mandatory or snapshot.mode == "shadow":
             return False
-        rules = [c for c in snapshot.for_tool(tool).others if c.rule.decision in ("deny", "block") and c.static]
+        rules = [
+            c
+            for c in snapshot.for_tool(tool).others
+            if c.rule.decision in ("deny", "block") and c.static and not c.shadow
+        ]
         if not rules:
             return False
         data = {"args": {}, "tool": tool, "run": _run_data(run), "scope": _scope_data(path), "now": datetime.now(UTC)}
@@ -656,18 +730,21 @@ class Policy:
         explain: bool = False,
         counter: CallCounter | None = None,
         record: bool = True,
+        at: float | None = None,
     ) -> Evaluation:
         """Decide a call of `tool` with `args` (JSON values) for `run`, running no tool.
 
         `validate` checks rewritten arguments (the tool's input model's `model_validate`; without
         it rewrites are taken as they are). With `explain`, every rule's outcome is listed. The
         call is recorded for `count_calls` (unless `record` is False) in `counter`, by default the
-        policy's own. Raises `PolicyEvaluationError` for a rewrite the tool refuses.
+        policy's own. `at` is the time the call is decided at (`now`, the counters' window; default:
+        the policy's clock), for replaying a stored call at its own time. Raises
+        `PolicyEvaluationError` for a rewrite the tool refuses.
         """
         snapshot = self._snapshot
         plan = snapshot.for_tool(tool)
         rewrites, others = plan.rewrites, plan.others
-        at = self.clock()
+        at = self.clock() if at is None else at
         counter = counter if counter is not None else self.counter
         if snapshot.counts and record:
             counter.record(tool, run, call_id or run.run_id + ":" + str(at), at)
@@ -685,6 +762,7 @@ class Policy:
         outcomes: list[RuleOutcome] = []
         errors: list[str] = []
         matched: list[tuple[str, str]] = []
+        shadow_matched: list[tuple[str, str]] = []
         token = (
             _cel.current.set(_cel.CallScope(run, at, counter, self.redactor, self.base))
             if snapshot.calls_builtins
@@ -706,6 +784,12 @@ class Policy:
                     position += 1
                 else:
                     status, error = self._test(compiled, activation)
+                if status is True and compiled.shadow:
+                    # Evaluated and recorded, never applied: later rules see the enforced arguments.
+                    shadow_matched.append((compiled.rule.id, "rewrite"))
+                    if explain:
+                        outcomes.append(self._outcome(compiled.rule, status, error))
+                    continue
                 if status is True:
                     new_args = dict(data["args"])
                     for name, program in compiled.sets:
@@ -736,7 +820,9 @@ class Policy:
                 if explain:
                     outcomes.append(self._outcome(compiled.rule, status, error))
             winners: dict[str, _Compiled] = {}
-            result_value: Any = None
+            every: dict[str, _Compiled] = {}
+            """The winners with the shadow rules enforced too."""
+            results: dict[str, Any] = {}
             if rewritten is not None:
                 # The arguments changed: the decisions are taken on the final ones.
                 fast, position = _evaluate_all(plan.decisions, activation), 0
@@ -753,16 +839,20 @@ class Policy:
                 if status is None:
                     counted = rule.decision in FAIL_CLOSED
                     errors.append(f"rule {rule.id}: {error} ({'counted as matched' if counted else 'not matched'})")
-                if status is True and rule.decision == "substitute" and "substitute" not in winners:
+                if status is True and rule.decision == "substitute" and "substitute" not in every:
                     value = compiled.result.eval(activation)
                     if value.type() == _cel.ERROR:
                         status, error = None, f"result: {_error_text(value)}"
                         errors.append(f"rule {rule.id}: {error} (not matched)")
                     else:
-                        result_value = value.plain_value()
+                        results[rule.id] = value.plain_value()
                 if status is True or counted:
-                    matched.append((rule.id, rule.decision))
-                    winners.setdefault(rule.decision, compiled)
+                    if compiled.shadow:
+                        shadow_matched.append((rule.id, rule.decision))
+                    else:
+                        matched.append((rule.id, rule.decision))
+                        winners.setdefault(rule.decision, compiled)
+                    every.setdefault(rule.decision, compiled)
                 if explain:
                     outcomes.append(self._outcome(rule, status, error, counted))
         finally:
@@ -771,12 +861,18 @@ class Policy:
         if explain:
             by_id = {o.rule.id: o for o in outcomes}
             outcomes = [by_id.get(rule.id) or RuleOutcome(rule, "other tool") for rule in snapshot.rules]
-        decision, decided_by = self._decide(snapshot, winners, data, tool, result_value)
+        decision, decided_by = self._decide(snapshot, winners, data, tool, results)
+        shadow_decision, shadow_decided_by = (
+            self._decide(snapshot, every, data, tool, results) if shadow_matched else (None, None)
+        )
         return Evaluation(
             decision=decision,
             args=data["args"],
             rewritten=rewritten,
             matched=tuple(matched),
+            shadow_decision=shadow_decision,
+            shadow_matched=tuple(shadow_matched),
+            shadow_decided_by=shadow_decided_by,
             outcomes=tuple(outcomes),
             error="; ".join(errors) if errors else None,
             decided_by=decided_by,
@@ -806,7 +902,7 @@ class Policy:
         winners: dict[str, _Compiled],
         data: dict[str, Any],
         tool: str,
-        result_value: Any,
+        results: dict[str, Any],
     ) -> tuple[Decision, str | None]:
         if not winners:
             if snapshot.default == "allow":
@@ -827,7 +923,7 @@ class Policy:
                         text or f"The call to {tool} is not allowed (policy {snapshot.name}, rule {rule.id})."
                     ), (rule.id)
                 case "substitute":
-                    return Substitute(result_value), rule.id
+                    return Substitute(results.get(rule.id)), rule.id
                 case "require_approval":
                     return RequireApproval(text or f"policy {snapshot.name}, rule {rule.id} asks for approval"), rule.id
                 case "allow":
@@ -890,13 +986,13 @@ class Policy:
         if snapshot.version == current.version:
             return False
         problems = []
-        if snapshot.name != current.name or snapshot.mandatory != current.mandatory:
+        if (snapshot.name, snapshot.mandatory, snapshot.mode) != (current.name, current.mandatory, current.mode):
             problems.append(
                 Problem(
                     snapshot.source,
                     1,
                     None,
-                    "a reload cannot change name or mandatory (the chains were built with them); restart instead",
+                    "a reload cannot change name, mandatory or mode (the chains were built with them); restart instead",
                 )
             )
         with self._lock:
@@ -935,8 +1031,11 @@ class Policy:
                 return None
             return info.st_mtime_ns, info.st_size
 
+        # Taken here, before the caller can change the file, not when the thread gets to run.
+        first = stamp()
+
         def loop() -> None:
-            last = stamp()
+            last = first
             while not self._stop.wait(interval_s):
                 now = stamp()
                 if now == last or now is None:
@@ -968,6 +1067,7 @@ class Policy:
             "source": self.source,
             "default": self.default,
             "mandatory": self.mandatory,
+            "mode": self.mode,
             "rules": [
                 {
                     "id": rule.id,
@@ -975,6 +1075,7 @@ class Policy:
                     "tools": list(rule.tools) if rule.tools is not None else ["*"],
                     "when": rule.when,
                     "line": rule.line,
+                    "mode": rule.mode,
                 }
                 for rule in self.rules
                 if tool is None or rule.applies_to(tool)

@@ -46,7 +46,7 @@ class TestCheck:
         lines = result.output.strip().splitlines()
         assert len(lines) == 2
         assert "2 rules" in lines[0]
-        assert "4 rules" in lines[1]
+        assert "5 rules" in lines[1]
 
     def test_problems_exit_2_with_file_line_and_rule(self, tmp_path: Path) -> None:
         """Exit 2 with `FILE:LINE rule-id: what is wrong` for each problem, on stderr."""
