@@ -10,7 +10,8 @@ cases:
     rule: tenant-orders     # optional: the rule that must decide
 ```
 
-A case may also give `scope` (`gate`, `workflow`, `agent`), `schema` (the tool's input JSON
+A case may also give `expect_shadow` (the decision with the policy's shadow rules enforced too,
+for a rule being rolled out), `scope` (`gate`, `workflow`, `agent`), `schema` (the tool's input JSON
 Schema: rewrites are validated against it and fields checked), `calls` (what `count_calls`
 answers in this case, as if that many calls were counted), `message` (text the model's message
 must contain) and `args_after` (the arguments after rewrites).
@@ -32,7 +33,20 @@ from interceptor_core.policy._policy import Evaluation, Policy, PolicyError, Pol
 from interceptor_core.policy._source import Located, Problem, SourceError, read_yaml
 
 EXPECTATIONS = ("allow", "deny", "block", "substitute", "require_approval")
-_CASE_KEYS = ("name", "tool", "args", "run", "scope", "expect", "rule", "schema", "calls", "message", "args_after")
+_CASE_KEYS = (
+    "name",
+    "tool",
+    "args",
+    "run",
+    "scope",
+    "expect",
+    "expect_shadow",
+    "rule",
+    "schema",
+    "calls",
+    "message",
+    "args_after",
+)
 _RUN_KEYS = ("tenant", "principal", "run_id", "thread_id", "metadata")
 
 
@@ -51,6 +65,8 @@ class Case:
     calls: int | None = None
     message: str | None = None
     args_after: dict[str, Any] | None = None
+    expect_shadow: str | None = None
+    """What the call gets with the policy's shadow rules enforced too (a rule being rolled out)."""
     source: str = ""
     line: int = 0
 
@@ -142,6 +158,10 @@ def cases_from_text(text: str, source: str = "<cases>") -> list[Case]:
             bad("args", "args must be a mapping of argument names to values")
         if raw.get("expect") not in EXPECTATIONS:
             bad("expect", f"expect must be one of {', '.join(EXPECTATIONS)}, got {raw.get('expect')!r}")
+        if "expect_shadow" in raw and raw["expect_shadow"] not in EXPECTATIONS:
+            bad(
+                "expect_shadow", f"expect_shadow must be one of {', '.join(EXPECTATIONS)}, got {raw['expect_shadow']!r}"
+            )
         run_data = raw.get("run", {})
         run: RunContext | None = None
         if not isinstance(run_data, dict) or any(key not in _RUN_KEYS for key in run_data):
@@ -191,6 +211,7 @@ def cases_from_text(text: str, source: str = "<cases>") -> list[Case]:
                 calls=calls,
                 message=raw.get("message"),
                 args_after=_plain(args_after) if args_after is not None else None,
+                expect_shadow=raw.get("expect_shadow"),
                 source=source,
                 line=raw.line,
             )
@@ -273,6 +294,12 @@ def run_case(policy: Policy, case: Case, tools: Mapping[str, type[BaseModel]] | 
         failures.append(f"expected rule {case.rule} to decide, {evaluation.decided_by or 'the default'} did")
     if case.message is not None and (text is None or case.message not in text):
         failures.append(f"expected the message to contain {case.message!r}, it is {text!r}")
+    if case.expect_shadow is not None:
+        shadow = evaluation.shadow_decision if evaluation.shadow_decision is not None else evaluation.decision
+        if decision_kind(shadow) != case.expect_shadow:
+            failures.append(
+                f"expected {case.expect_shadow} with the shadow rules enforced, got {decision_kind(shadow)}"
+            )
     if case.args_after is not None and evaluation.args != case.args_after:
         failures.append(f"expected args after rewrites {case.args_after}, got {evaluation.args}")
     return CaseResult(

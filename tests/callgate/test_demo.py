@@ -68,6 +68,20 @@ class TestWorkload:
         assert stats.blocked_runs == stats.by_scenario["sql-destructive"] >= len(TENANTS)
         assert wired.gate.coverage().ok
 
+    def test_the_shadow_rule_records_divergences_and_changes_nothing(self) -> None:
+        """The desk's stricter-refunds shadow rule marks refunds between 100.00 and 200.00 divergent
+        (they would ask a human) while they are still paid without one."""
+        sink, wired, _ = run_briefly()
+        shadowed = [e for e in sink.events if getattr(e, "shadow_rule", None) == "stricter-refunds"]
+        assert shadowed
+        for event in shadowed:
+            assert event.tool == "refund"
+            assert event.shadow_outcome == "approval"
+            assert int(event.args["amount_cents"]) > 10_000
+        paid_without_review = [e for e in shadowed if e.type == "ToolUse" and e.divergent]
+        assert paid_without_review
+        assert all(int(e.args["amount_cents"]) <= 20_000 for e in paid_without_review)
+
     def test_injected_refunds_never_pay_another_tenant(self) -> None:
         """The poisoned page's instruction is quarantined before the next turn, and the refund the
         model still tries for another tenant's order is denied: every paid refund is the tenant's own."""
