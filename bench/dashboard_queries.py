@@ -33,8 +33,10 @@ from dashboard.data import (
     Window,
     load_blocked,
     load_call,
+    load_impact,
     load_overview,
     load_pipeline,
+    load_shadow_calls,
     load_trends,
 )
 
@@ -63,9 +65,18 @@ def pages(query: CountingQuery, reader: FileReader, window: Window) -> dict[str,
         ),
         "call detail": lambda: load_call(query, "call-123456"),
         "trends": lambda: load_trends(query, window),
+        "policy impact": lambda: policy_impact(query, window),
         "coverage": lambda: run_checks(reader, require_exercised=True, since=window.since),
         "pipeline health": lambda: load_pipeline(query),
     }
+
+
+def policy_impact(query: CountingQuery, window: Window) -> object:
+    """The Policy impact page as it first opens: its figures, then the most divergent decider's calls."""
+    impact = load_impact(query, window)
+    top = impact.deciders[0] if impact.deciders else None
+    name, rule = (top.name, top.rule) if top is not None else (None, None)
+    return load_shadow_calls(query, window, impact, decider=name, rule=rule, divergent_only=True)
 
 
 def _since(window: Window) -> str | None:

@@ -4,8 +4,9 @@
 
 1. Fills a fresh store (a temporary DuckDB file, migrated by `AuditStore`) with N synthetic events
    generated in SQL from `range()` (a week of traffic: 200 producers, 50 tenants, 5,000 principals,
-   40 tools, every event type in realistic shares, whole JSON documents), plus dead letters, chain
-   breaks and offsets. The rows do not go through the gate or the parser: only the reading is timed.
+   40 tools, every event type in realistic shares, whole JSON documents, 30% of the calls with
+   shadow decisions), plus dead letters, chain breaks and offsets. The rows do not go through the
+   gate or the parser: only the reading is timed.
 2. Runs every named query R times through `run_query` on a read-only store's cursor (as the
    dashboard does) and prints the median, the slowest run and the rows returned. The target is
    1 s per query. Then the whole coverage check (`callgate coverage --require-exercised`: every
@@ -61,7 +62,8 @@ WITH base AS (
            'agent-' || CAST(hash(i, 4) % 10 AS BIGINT) AS agent,
            ['tenant-orders', 'policy', 'pii-guard', 'rate-limit', 'sql-guard', 'budget', 'validation',
             'approval', 'registry', 'scope-check', 'geo-fence', 'export-control'][1 + CAST(hash(i, 5) % 12 AS BIGINT)]
-           AS interceptor
+           AS interceptor,
+           CAST(hash(i, 6) % 100 AS BIGINT) AS s
     FROM range($n) t(i)
 ),
 typed AS (
@@ -94,8 +96,23 @@ shaped AS (
                                     || (h % 500) || ' calls'][1 + h % 2]
                WHEN 'ApprovalRequested' THEN 'refund over ' || (h % 1000)
                WHEN 'ToolUse' THEN CASE WHEN h % 50 = 0 THEN 'TimeoutError: upstream took too long' END
-           END AS message
+           END AS message,
+           -- Shadow mode: 30% of the calls met shadow decisions; a policy file's two shadow rules and a
+           -- shadow Python interceptor decided the shadow outcome of 12% of all calls, the enforced chain
+           -- that of the other 18%.
+           CASE WHEN s < 8 THEN 'refunds-v2' WHEN s < 12 THEN 'geo-strict' END AS shadow_decided_by,
+           CASE WHEN s < 5 THEN 'stricter-refunds' WHEN s < 8 THEN 'pii-strict' END AS shadow_rule,
+           CASE type WHEN 'ToolUse' THEN 'allowed' WHEN 'ToolDenied' THEN 'denied' WHEN 'Blocked' THEN 'blocked'
+                     WHEN 'Substitute' THEN 'substituted' END AS actual
     FROM typed
+),
+shadowed AS (
+    SELECT *,
+           CASE WHEN actual IS NOT NULL AND s < 30
+                THEN CASE WHEN shadow_decided_by IS NOT NULL
+                          THEN ['denied', 'blocked', 'approval', 'denied'][1 + s % 4] ELSE actual END
+           END AS shadow_outcome
+    FROM shaped
 )
 SELECT event_id, type, 1, time, producer_id, seq, hash, prev_hash, hash,
        'gate-' || (i % 200 // 20), 'support', agent,
@@ -126,6 +143,10 @@ SELECT event_id, type, 1, time, producer_id, seq, hash, prev_hash, hash,
                                'api_key', '[REDACTED]'),
            'redacted_paths', json_array('/api_key'),
            'message', message,
+           'shadow_outcome', shadow_outcome,
+           'divergent', CASE WHEN shadow_outcome IS NOT NULL THEN shadow_outcome <> actual END,
+           'shadow_decided_by', CASE WHEN shadow_outcome IS NOT NULL THEN shadow_decided_by END,
+           'shadow_rule', CASE WHEN shadow_outcome IS NOT NULL THEN shadow_rule END,
            'resource', CASE WHEN type = 'Unmediated' THEN 'payments-db' END,
            'attribute', CASE WHEN type = 'Unmediated' THEN 'execute' END,
            'bound_tools', CASE WHEN type = 'Unmediated' THEN json_array(tool, 'refund') END,
@@ -138,8 +159,12 @@ SELECT event_id, type, 1, time, producer_id, seq, hash, prev_hash, hash,
                            'input_schema_sha256', md5('refund') || md5('refund'),
                            'interceptors', json_array('tenant-orders', 'policy'), 'excluded', json_array()))
            END),
-       CASE WHEN type = 'ToolUse' THEN ['tenant-orders', interceptor] ELSE [] END
-FROM shaped
+       CASE WHEN type = 'ToolUse' THEN ['tenant-orders', interceptor] ELSE [] END,
+       shadow_outcome,
+       CASE WHEN shadow_outcome IS NOT NULL THEN shadow_outcome <> actual END,
+       CASE WHEN shadow_outcome IS NOT NULL THEN shadow_decided_by END,
+       CASE WHEN shadow_outcome IS NOT NULL THEN shadow_rule END
+FROM shadowed
 """
 
 FILL_DEAD_LETTERS = """
@@ -200,6 +225,19 @@ def query_params(now: datetime) -> dict[str, list[dict[str, Any]]]:
     cases["chain_status"] += [{"only_broken": True}]
     cases["event_counts"] += [{"since": day}]
     cases["new_denial_reasons"] += [{"since": week}]
+    cases["shadow_impact"] += [{"since": day}, {"decider": "refunds-v2", "tenant": "tenant-7"}]
+    cases["shadow_divergence"] += [{"since": week, "bucket_minutes": 60}, {"decider": "geo-strict", "since": day}]
+    cases["shadow_calls"] += [
+        {"decider": "refunds-v2", "rule": "stricter-refunds", "divergent_only": True},
+        {"since": day, "offset": 5000},
+        {"shadow_outcome": "blocked", "tenant": "tenant-7", "limit": 1000},
+    ]
+    middle = (now - timedelta(days=3, hours=12)).isoformat()
+    cases["replay_calls"] += [
+        {"limit": 10_000},
+        {"limit": 10_000, "after_time": middle, "after_event_id": "evt-5"},
+        {"tool": "tool_7", "since": week, "limit": 10_000},
+    ]
     return cases
 
 

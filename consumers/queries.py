@@ -4,7 +4,8 @@ Each `NamedQuery` is fixed SQL with `$name` parameters and a spec of those param
 default, bounds, allowed values). `run_query` checks the parameters a caller gives against the spec
 (unknown names and bad values raise `QueryError` naming them), binds them as DuckDB parameters
 (never pasted into the SQL) and returns JSON-safe rows. Row-returning queries page with `limit`
-(1..1000) and `offset`. The dashboard, the coverage job and the read API all go through `QUERIES`.
+(1..1000) and `offset`, except `replay_calls`, an export paged by a cursor (up to 10,000 rows).
+The dashboard, the coverage job and the read API all go through `QUERIES`.
 
 Every query answers in well under a second over a million stored events (`bench/queries.py`).
 """
@@ -26,6 +27,7 @@ from events.models import EVENT_TYPES, OUTCOME_TYPES
 
 __all__ = [
     "MAX_LIMIT",
+    "MAX_REPLAY_LIMIT",
     "QUERIES",
     "NamedQuery",
     "Param",
@@ -39,6 +41,9 @@ __all__ = [
 
 MAX_LIMIT: Final = 1000
 """The most rows one call returns; page with `offset` for more."""
+
+MAX_REPLAY_LIMIT: Final = 10_000
+"""The most rows one page of `replay_calls` returns (it pages by a cursor, for large exports)."""
 
 ParamType = Literal["str", "int", "datetime", "bool"]
 ParamValue = str | int | bool | datetime | None
@@ -76,6 +81,8 @@ class Param:
     choices: tuple[str, ...] = ()
     minimum: int | None = None
     maximum: int | None = None
+    requires: str | None = None
+    """Another parameter that must be given whenever this one is (a cursor's second half)."""
 
     def describe(self, name: str) -> dict[str, Any]:
         """The spec of parameter `name` as JSON-safe data (for the read API's listing)."""
@@ -92,6 +99,8 @@ class Param:
             spec["minimum"] = self.minimum
         if self.maximum is not None:
             spec["maximum"] = self.maximum
+        if self.requires is not None:
+            spec["requires"] = self.requires
         return spec
 
 
@@ -117,6 +126,13 @@ class NamedQuery:
                 param=unknown[0],
             )
         values = {name: _coerce(self.name, name, spec, given.get(name)) for name, spec in self.params.items()}
+        for name, spec in self.params.items():
+            if spec.requires is not None and values[name] is not None and values[spec.requires] is None:
+                raise QueryError(
+                    f"query {self.name!r}: parameter {name!r} needs {spec.requires!r} too",
+                    query=self.name,
+                    param=name,
+                )
         since, until = values.get("since"), values.get("until")
         if isinstance(since, datetime) and isinstance(until, datetime) and since >= until:
             raise QueryError(
@@ -129,7 +145,7 @@ class NamedQuery:
 
     def describe(self) -> dict[str, Any]:
         """`{"name", "description", "parameters": [{"name", "type", "description", "default", "required",
-        and "choices" / "minimum" / "maximum" when set}]}`, JSON-safe."""
+        and "choices" / "minimum" / "maximum" / "requires" when set}]}`, JSON-safe."""
         return {
             "name": self.name,
             "description": self.description,
@@ -385,6 +401,7 @@ SELECT CASE WHEN call_id = $call_id THEN 'call' ELSE 'child' END AS relation,
        json_extract(event, '$.args') AS args,
        json_extract(event, '$.redacted_paths') AS redacted_paths,
        json_extract(event, '$.args_truncated') AS args_truncated,
+       shadow_outcome, divergent, shadow_decided_by, shadow_rule,
        event_id
 FROM events
 WHERE call_id = $call_id OR parent_call_id = $call_id
@@ -844,6 +861,132 @@ ORDER BY o.topic, o.partition
 """
 
 
+# -- shadow mode and replay ---------------------------------------------------------------------
+
+# The outcome events of calls with a shadow decision (the `shadow_*` columns are set on those only).
+_SHADOW_WHERE = f"""
+shadow_outcome IS NOT NULL AND type IN ({_OUTCOMES}) AND {_WINDOW}
+AND ($gate IS NULL OR gate = $gate)
+AND ($tool IS NULL OR tool = $tool)
+AND ($tenant IS NULL OR tenant = $tenant)
+AND ($decider IS NULL OR shadow_decided_by = $decider)
+AND ($rule IS NULL OR shadow_rule = $rule)
+"""
+
+_SHADOW_PARAMS: dict[str, Param] = {
+    "since": SINCE,
+    "until": UNTIL,
+    "gate": Param("str", "Only this gate."),
+    "tool": Param("str", "Only this tool."),
+    "tenant": TENANT,
+    "decider": Param(
+        "str", "Only what this shadow interceptor, or policy file (by its name), decided (shadow_decided_by)."
+    ),
+    "rule": Param("str", "Only what this policy rule decided (shadow_rule)."),
+}
+
+_SHADOW_ORDER = "shadow_decided_by NULLS LAST, shadow_rule NULLS LAST"
+
+_SHADOW_IMPACT = f"""
+SELECT shadow_decided_by, shadow_rule, tool, tenant,
+       count(*) AS calls,
+       count(*) FILTER (WHERE shadow_outcome = 'denied') AS would_deny,
+       count(*) FILTER (WHERE shadow_outcome = 'blocked') AS would_block,
+       count(*) FILTER (WHERE shadow_outcome = 'substituted') AS would_substitute,
+       count(*) FILTER (WHERE shadow_outcome = 'approval') AS would_ask,
+       count(*) FILTER (WHERE divergent) AS divergent,
+       min(time) AS first_time,
+       max(time) AS last_time
+FROM events
+WHERE {_SHADOW_WHERE}
+GROUP BY shadow_decided_by, shadow_rule, tool, tenant
+ORDER BY divergent DESC, calls DESC, {_SHADOW_ORDER}, tool NULLS LAST, tenant NULLS LAST
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_SHADOW_DIVERGENCE = f"""
+SELECT time_bucket(to_minutes($bucket_minutes), time) AS bucket, shadow_decided_by, shadow_rule,
+       count(*) AS calls,
+       count(*) FILTER (WHERE divergent) AS divergent
+FROM events
+WHERE {_SHADOW_WHERE}
+GROUP BY ALL
+ORDER BY bucket DESC, divergent DESC, {_SHADOW_ORDER}
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_SHADOW_CALLS = f"""
+SELECT time, event_id, call_id, type, shadow_outcome, divergent, shadow_decided_by, shadow_rule,
+       gate, workflow, agent, tool, tenant, principal, run_id, decided_by, message
+FROM events
+WHERE {_SHADOW_WHERE}
+  AND ($principal IS NULL OR principal = $principal)
+  AND (NOT $divergent_only OR divergent)
+  AND ($shadow_outcome IS NULL OR shadow_outcome = $shadow_outcome)
+ORDER BY time DESC, event_id
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_REPLAY_WHERE = f"""
+type IN ({_OUTCOMES}) AND {_WINDOW}
+AND ($gate IS NULL OR gate = $gate)
+AND ($workflow IS NULL OR workflow = $workflow)
+AND ($agent IS NULL OR agent = $agent)
+AND ($tool IS NULL OR tool = $tool)
+AND ($tenant IS NULL OR tenant = $tenant)
+AND ($after_time IS NULL OR time > $after_time OR (time = $after_time AND event_id > $after_event_id))
+"""
+
+# The page's keys first, on the narrow columns; then only its rows are read whole. Selecting the
+# JSON columns in one query had DuckDB extract them from every matching row before the top-N (a
+# page of 10,000 ran out of the store's 256 MB). The outer filters repeat the inner ones and bound
+# the time, so the second scan skips what the page cannot hold; each event is parsed once for its
+# four JSON parts. `cause` is the stored `outcome` of denials and blocks: the event's `$.cause`
+# (the ingest copies it there). The JSON texts are cast to VARCHAR so that readers get the stored
+# text, not decoded values.
+_REPLAY_CALLS = f"""
+WITH page AS (
+    SELECT time, event_id FROM events WHERE {_REPLAY_WHERE} ORDER BY time, event_id LIMIT $limit
+),
+paged AS (
+    SELECT event_id, time, type, outcome, decided_by, gate, workflow, agent, tool, call_id, run_id, thread_id,
+           tenant, principal, shadow_outcome,
+           json_extract(event, ['$.args', '$.redacted_paths', '$.decisions', '$.args_truncated']) AS parts
+    FROM events
+    WHERE {_REPLAY_WHERE}
+      AND time >= (SELECT min(time) FROM page) AND time <= (SELECT max(time) FROM page)
+      AND event_id IN (SELECT event_id FROM page)
+)
+SELECT event_id, time, type,
+       CASE WHEN type IN ('ToolDenied', 'Blocked') THEN outcome END AS cause,
+       decided_by, gate, workflow, agent, tool, call_id, run_id, thread_id, tenant, principal,
+       nullif(CAST(parts[1] AS VARCHAR), 'null') AS args,
+       coalesce(CAST(parts[2] AS VARCHAR[]), []) AS redacted_paths,
+       CAST(parts[3] AS VARCHAR) AS decisions,
+       shadow_outcome,
+       coalesce(CAST(parts[4] AS BOOLEAN), false) AS args_truncated
+FROM paged
+ORDER BY time, event_id
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_REPLAY_CALLS_DESCRIPTION = (
+    "The stored calls a replay needs (callgate replay --api pages through it): one row per outcome event "
+    "(ToolUse, ToolDenied, Substitute, Blocked) in [since, until), oldest first by (time, event_id), at most "
+    f"`limit` rows a page (1 to {MAX_REPLAY_LIMIT:,}). Pages by a cursor, not an offset: the next page is the "
+    "same parameters plus `after_time` and `after_event_id` set to the last row's `time` and `event_id` (as "
+    "returned); a page with fewer rows than `limit` is the last. The cursor is stable while events are stored: "
+    "rows never move between pages, but an event stored later with a time before the cursor (a partition "
+    "catching up) is not returned; give `until` (a time before the export began, minus the pipeline's lag) "
+    "for an export that cannot miss any. Columns: event_id, time (ISO 8601, UTC, microseconds), type, cause "
+    "(ToolDenied / Blocked: deny, validation, block, ...; else null), decided_by, gate, workflow, agent, tool, "
+    "call_id, run_id, thread_id, tenant, principal, args (the arguments as the event holds them, JSON text: "
+    'redacted, the values at redacted_paths replaced; {"_truncated": ...} when cut, then args_truncated is '
+    "true; null when the gate could not redact), redacted_paths (JSON pointers), decisions (the decision trail, "
+    "JSON text), shadow_outcome (what the call's shadow decisions would have done; null without any), "
+    "args_truncated."
+)
+
+
 def _query(name: str, description: str, sql: str, params: Mapping[str, Param]) -> tuple[str, NamedQuery]:
     return name, NamedQuery(name, description, sql, dict(params))
 
@@ -913,7 +1056,8 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
         _query(
             "call_detail",
             "Every event of one call (approval, outcome, an unmediated use during it) and of the calls it made "
-            "as an agent used as a tool: decision trail, redacted args, redacted paths, trace id.",
+            "as an agent used as a tool: decision trail, redacted args, redacted paths, trace id, and what its "
+            "shadow decisions would have done (outcome events).",
             _CALL_DETAIL,
             {"call_id": Param("str", "The call's id.", required=True), **PAGE},
         ),
@@ -1096,6 +1240,69 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "minutes": Param(
                     "int", "What 'recently' means, in minutes of ingest time.", default=15, minimum=1, maximum=10080
                 )
+            },
+        ),
+        # -- shadow mode and replay
+        _query(
+            "shadow_impact",
+            "What shadow decisions would have done: per deciding shadow interceptor or policy file "
+            "(shadow_decided_by, null when the enforced chain decided the shadow outcome too) and rule, tool and "
+            "tenant, the calls with a shadow outcome, how many it would have denied, blocked, substituted or sent "
+            "to a human (would_ask), how many differ from what happened (divergent), first and last time; most "
+            "divergent first.",
+            _SHADOW_IMPACT,
+            {**_SHADOW_PARAMS, **PAGE},
+        ),
+        _query(
+            "shadow_divergence",
+            "Calls with a shadow outcome, and how many of them diverge from what happened, per time bucket and "
+            "shadow decider and rule; newest bucket first.",
+            _SHADOW_DIVERGENCE,
+            {
+                **_SHADOW_PARAMS,
+                "bucket_minutes": Param("int", "Bucket width in minutes.", default=60, minimum=1, maximum=10080),
+                **PAGE,
+            },
+        ),
+        _query(
+            "shadow_calls",
+            "The calls behind shadow_impact, newest first: what happened (type, decided_by, message), what the "
+            "shadow decisions would have done (shadow_outcome, divergent, shadow_decided_by, shadow_rule), and who.",
+            _SHADOW_CALLS,
+            {
+                **_SHADOW_PARAMS,
+                "principal": _BLOCKED_PARAMS["principal"],
+                "divergent_only": Param("bool", "Only calls whose shadow outcome differs.", default=False),
+                "shadow_outcome": Param(
+                    "str",
+                    "Only this shadow outcome.",
+                    choices=("allowed", "denied", "blocked", "substituted", "approval"),
+                ),
+                **PAGE,
+            },
+        ),
+        _query(
+            "replay_calls",
+            _REPLAY_CALLS_DESCRIPTION,
+            _REPLAY_CALLS,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "gate": Param("str", "Only this gate."),
+                "workflow": Param("str", "Only this workflow."),
+                "agent": Param("str", "Only this agent scope."),
+                "tool": Param("str", "Only this tool."),
+                "tenant": TENANT,
+                "after_time": Param(
+                    "datetime", "The cursor: only calls after the row with this time (the last row's `time`)."
+                ),
+                "after_event_id": Param(
+                    "str",
+                    "The cursor's second half: the last row's `event_id` (rows at `after_time` with a larger "
+                    "event_id come next). Without it, only rows strictly after `after_time`.",
+                    requires="after_time",
+                ),
+                "limit": Param("int", "How many rows at most.", default=MAX_LIMIT, minimum=1, maximum=MAX_REPLAY_LIMIT),
             },
         ),
     ]

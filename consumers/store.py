@@ -347,10 +347,42 @@ _ADD_TRAIL = (
     "UPDATE events SET trail = coalesce(json_extract_string(event, '$.decisions[*].interceptor'), [])",
 )
 
+# Shadow mode: what an outcome event says its call would have had with every shadow decision
+# enforced, as columns (the Policy impact page and `shadow_impact` group by them over every call).
+# Backfilled from the JSON of the outcome events that carry them (events without shadow decisions
+# have none of these fields). A shadow step mediates nothing, so `trail` keeps only the enforced
+# steps: the coverage check must not count a shadow step as its registered interceptor having run.
+# Only calls with a shadow decision mark their steps (`enforced`), so only their trails change.
+# Plain text, no shared constants: a released step must never change.
+_ADD_SHADOW = (
+    "ALTER TABLE events ADD COLUMN shadow_outcome VARCHAR",
+    "ALTER TABLE events ADD COLUMN divergent BOOLEAN",
+    "ALTER TABLE events ADD COLUMN shadow_decided_by VARCHAR",
+    "ALTER TABLE events ADD COLUMN shadow_rule VARCHAR",
+    """
+    UPDATE events SET
+        shadow_outcome = json_extract_string(event, '$.shadow_outcome'),
+        divergent = CAST(json_extract(event, '$.divergent') AS BOOLEAN),
+        shadow_decided_by = json_extract_string(event, '$.shadow_decided_by'),
+        shadow_rule = json_extract_string(event, '$.shadow_rule')
+    WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')
+      AND json_extract_string(event, '$.shadow_outcome') IS NOT NULL
+    """,
+    """
+    UPDATE events SET trail = coalesce(list_transform(
+        list_filter(
+            from_json(json_extract(event, '$.decisions'), '[{"interceptor": "VARCHAR", "enforced": "BOOLEAN"}]'),
+            lambda step: step.enforced IS DISTINCT FROM false),
+        lambda step: step.interceptor), [])
+    WHERE list_contains(json_extract_string(event, '$.decisions[*].enforced'), 'false')
+    """,
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
     Migration(3, "decision trail column", _ADD_TRAIL),
+    Migration(4, "shadow mode columns", _ADD_SHADOW),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
@@ -396,6 +428,10 @@ _STAGED_EVENT_SCHEMA: Final = pa.schema(
         ("kafka_offset", pa.int64()),
         ("event", pa.string()),
         ("trail", pa.list_(pa.string())),
+        ("shadow_outcome", pa.string()),
+        ("divergent", pa.bool_()),
+        ("shadow_decided_by", pa.string()),
+        ("shadow_rule", pa.string()),
     ]
 )
 
@@ -1003,6 +1039,9 @@ def _add_dead(dead: dict[str, list[Any]], record: RawRecord, reason: str, error:
     dead["kafka_time"].append(record.timestamp_ms)
 
 
+_NO_SHADOW: Final = (None, None, None, None)
+
+
 def _event_row(read: ReadEvent, ord_: int, topic: str, partition: int, offset: int) -> tuple[Any, ...]:
     """One event's row of `_STAGED_EVENT_SCHEMA`, in its column order."""
     event = read.event
@@ -1010,15 +1049,21 @@ def _event_row(read: ReadEvent, ord_: int, topic: str, partition: int, offset: i
     outcome: str | None = None
     message: str | None = None
     duration_ms: float | None = None
+    # Only outcome events say what shadow decisions would have done; the fields are None elsewhere.
+    shadow: tuple[str | None, bool | None, str | None, str | None] = _NO_SHADOW
     match event:
         case ToolUseEvent():
             outcome, message, duration_ms = event.outcome, event.error, event.duration_ms
+            shadow = (event.shadow_outcome, event.divergent, event.shadow_decided_by, event.shadow_rule)
         case ToolDeniedEvent():
             decided_by, outcome, message = event.decided_by, event.cause, event.message
+            shadow = (event.shadow_outcome, event.divergent, event.shadow_decided_by, event.shadow_rule)
         case BlockedEvent():
             decided_by, outcome, message = event.decided_by, event.cause, event.reason
+            shadow = (event.shadow_outcome, event.divergent, event.shadow_decided_by, event.shadow_rule)
         case SubstituteEvent():
             decided_by, message = event.decided_by, event.error
+            shadow = (event.shadow_outcome, event.divergent, event.shadow_decided_by, event.shadow_rule)
         case ApprovalRequestedEvent():
             message = event.reason
         case ApprovalResolvedEvent():
@@ -1058,7 +1103,9 @@ def _event_row(read: ReadEvent, ord_: int, topic: str, partition: int, offset: i
         offset,
         # The normalized wire form (what `encode_event` writes), so readers see one shape.
         read.normalized,
-        [step.interceptor for step in event.decisions],
+        # The enforced steps only (`enforced` is False on shadow steps, None on calls without any).
+        [step.interceptor for step in event.decisions if step.enforced is not False],
+        *shadow,
     )
 
 

@@ -18,6 +18,7 @@ PAGES = [
     st.Page("views/blocked.py", title="Blocked attempts", url_path="blocked"),
     st.Page("views/call.py", title="Call detail", url_path="call"),
     st.Page("views/trends.py", title="Trends", url_path="trends"),
+    st.Page("views/impact.py", title="Policy impact", url_path="impact"),
     st.Page("views/coverage.py", title="Coverage", url_path="coverage"),
     st.Page("views/pipeline.py", title="Pipeline health", url_path="pipeline"),
 ]
@@ -29,6 +30,8 @@ with st.sidebar:
     st.caption("Reading from")
     st.text(cfg.source)
     st.selectbox("Window", list(WINDOWS), index=list(WINDOWS).index(DEFAULT_WINDOW), key="window")
-    st.text_input("Tenant", key="tenant", placeholder="all tenants", help="Overview and Trends only this tenant.")
+    st.text_input(
+        "Tenant", key="tenant", placeholder="all tenants", help="Overview, Trends and Policy impact only this tenant."
+    )
     st.toggle("Live", value=True, key="live", help=f"Refresh the live parts every {cfg.refresh_s:g} s.")
 navigation.run()

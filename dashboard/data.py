@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,24 +24,32 @@ from consumers.queries import MAX_LIMIT
 __all__ = [
     "BLOCKED_COLUMNS",
     "DEFAULT_WINDOW",
+    "IMPACT_COLUMNS",
     "METRICS",
+    "SHADOW_CALL_COLUMNS",
     "TOP_DENIED",
     "WINDOWS",
     "BlockedFilters",
     "BlockedPage",
     "CallDetail",
+    "Decider",
+    "Impact",
     "Overview",
     "Pipeline",
     "Query",
+    "ShadowCalls",
     "Trends",
     "Window",
     "blocked_csv",
     "fetch_all",
     "load_blocked",
     "load_call",
+    "load_impact",
     "load_overview",
     "load_pipeline",
+    "load_shadow_calls",
     "load_trends",
+    "replay_command",
     "store_is_empty",
 ]
 
@@ -140,6 +149,16 @@ class Window:
     def params(self) -> dict[str, Any]:
         """`since` for the queries that take a window (absent for all time)."""
         return {"since": self.since.isoformat()} if self.since is not None else {}
+
+    def duration(self) -> str | None:
+        """The window as a `--since` duration of the command line (`15m`, `24h`, `7d`); None for all time."""
+        if self.minutes is None:
+            return None
+        if self.minutes % 1440 == 0 and self.minutes > 1440:
+            return f"{self.minutes // 1440}d"
+        if self.minutes % 60 == 0:
+            return f"{self.minutes // 60}h"
+        return f"{self.minutes}m"
 
     def bucket_minutes(self, buckets: int = 60) -> int:
         """A round bucket width that cuts the window into about `buckets` buckets (a day for all time)."""
@@ -325,6 +344,8 @@ def load_call(query: Query, call_id: str) -> CallDetail:
                 "scope": decision.get("scope"),
                 "phase": decision.get("phase"),
                 "decision": decision.get("kind"),
+                # Absent on calls without shadow decisions: every step was enforced.
+                "mode": "shadow" if decision.get("enforced") is False else "enforced",
                 "start_ms": round(start, 3),
                 "duration_ms": duration,
                 "error": decision.get("error"),
@@ -393,3 +414,203 @@ def load_pipeline(query: Query, *, minutes: int = 15, now: datetime | None = Non
         sample,
         [{"minute": minute, "events": n} for minute, n in sorted(per_minute.items())],
     )
+
+
+# -- Policy impact ------------------------------------------------------------------------------
+
+IMPACT_COLUMNS: Final = (
+    "decider",
+    "shadow_rule",
+    "tool",
+    "tenant",
+    "calls",
+    "divergent",
+    "would_deny",
+    "would_block",
+    "would_substitute",
+    "would_ask",
+    "first_time",
+    "last_time",
+)
+"""The Policy impact table's columns (`shadow_impact` rows with a `decider` label), in order."""
+
+SHADOW_CALL_COLUMNS: Final = (
+    "time",
+    "type",
+    "shadow_outcome",
+    "divergent",
+    "shadow_decided_by",
+    "shadow_rule",
+    "tool",
+    "tenant",
+    "principal",
+    "agent",
+    "decided_by",
+    "message",
+    "call_id",
+    "run_id",
+    "gate",
+    "workflow",
+    "event_id",
+)
+"""The columns of the calls behind the Policy impact counts (`shadow_calls` rows), in order."""
+
+ENFORCED_PATH: Final = "(the enforced chain)"
+"""The `decider` label of calls whose shadow outcome is what the enforced chain decided."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decider:
+    """One shadow decider over the window: a shadow interceptor (`rule` None), or one rule of a policy
+    file (`name` the file's name), with its calls and divergent calls summed over tools and tenants."""
+
+    name: str
+    rule: str | None
+    calls: int
+    divergent: int
+
+    @property
+    def label(self) -> str:
+        """`name / rule` for a policy rule, `name` for an interceptor (for option lists and charts)."""
+        return _decider_label(self.name, self.rule)
+
+    @property
+    def is_policy(self) -> bool:
+        """Whether it is a policy file's rule (a policy file's default decision has no rule: it shows as an
+        interceptor)."""
+        return self.rule is not None
+
+    @property
+    def key(self) -> str:
+        """An unambiguous text key for a widget's options (names are arbitrary text)."""
+        return json.dumps([self.name, self.rule])
+
+    @staticmethod
+    def parse_key(key: str) -> tuple[str, str | None]:
+        """The (name, rule) of a `key`; `ValueError` for text that is not one."""
+        try:
+            name, rule = json.loads(key)
+        except (ValueError, TypeError):
+            name, rule = None, None
+        if not isinstance(name, str) or not (rule is None or isinstance(rule, str)):
+            raise ValueError(f"not a decider key: {key!r}")
+        return name, rule
+
+
+@dataclass(frozen=True, slots=True)
+class Impact:
+    """The Policy impact page's figures over a window: `shadow_impact` rows (each with a `decider`:
+    `shadow_decided_by`, or `ENFORCED_PATH` when it is null), the deciders summed from them (most
+    divergent first; the enforced chain is none), and `shadow_divergence` rows per bucket (each with
+    a `key` label)."""
+
+    rows: list[dict[str, Any]]
+    deciders: list[Decider]
+    divergence: list[dict[str, Any]]
+    bucket_minutes: int
+
+    def total(self, column: str) -> int:
+        """A column of `shadow_impact` summed over every row."""
+        return sum(int(row.get(column) or 0) for row in self.rows)
+
+    def calls_of(self, name: str | None, rule: str | None, *, divergent_only: bool = False) -> int:
+        """How many calls `shadow_calls` lists for this decider filter (every call for name None)."""
+        column = "divergent" if divergent_only else "calls"
+        return sum(
+            int(row.get(column) or 0)
+            for row in self.rows
+            if name is None or (row["shadow_decided_by"] == name and (rule is None or row["shadow_rule"] == rule))
+        )
+
+
+def _decider_label(name: str | None, rule: str | None) -> str:
+    if name is None:
+        return ENFORCED_PATH
+    return f"{name} / {rule}" if rule is not None else name
+
+
+def load_impact(query: Query, window: Window, tenant: str | None = None) -> Impact:
+    """Run the Policy impact page's figures: `shadow_impact` and `shadow_divergence`, both paged."""
+    bucket = window.bucket_minutes(buckets=48)
+    common = {**window.params(), **_tenant(tenant)}
+    rows = [
+        {**row, "decider": ENFORCED_PATH if row["shadow_decided_by"] is None else row["shadow_decided_by"]}
+        for row in fetch_all(query, "shadow_impact", common)
+    ]
+    summed: dict[tuple[str, str | None], list[int]] = {}
+    for row in rows:
+        if row["shadow_decided_by"] is None:
+            continue
+        total = summed.setdefault((row["shadow_decided_by"], row["shadow_rule"]), [0, 0])
+        total[0] += int(row["calls"])
+        total[1] += int(row["divergent"])
+    deciders = sorted(
+        (Decider(name, rule, calls, divergent) for (name, rule), (calls, divergent) in summed.items()),
+        key=lambda d: (-d.divergent, -d.calls, d.name, d.rule or ""),
+    )
+    divergence = [
+        {**row, "key": _decider_label(row["shadow_decided_by"], row["shadow_rule"])}
+        for row in fetch_all(query, "shadow_divergence", {**common, "bucket_minutes": bucket})
+        if row["shadow_decided_by"] is not None
+    ]
+    return Impact(rows, deciders, divergence, bucket)
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowCalls:
+    """One page of the calls behind the Policy impact counts (`shadow_calls` rows), newest first."""
+
+    rows: list[dict[str, Any]]
+    page: int
+    page_size: int
+    total: int
+
+    @property
+    def pages(self) -> int:
+        """How many pages the filter fills (at least 1)."""
+        return max(1, -(-self.total // self.page_size))
+
+
+def load_shadow_calls(
+    query: Query,
+    window: Window,
+    impact: Impact,
+    tenant: str | None = None,
+    *,
+    decider: str | None = None,
+    rule: str | None = None,
+    divergent_only: bool = False,
+    page: int = 1,
+    page_size: int = 100,
+) -> ShadowCalls:
+    """Page `page` (from 1) of the calls of `decider` (and `rule`; every call with a shadow outcome
+    when None), newest first; the total comes from `impact`'s counts of the same window."""
+    if not 1 <= page_size <= MAX_LIMIT:
+        raise ValueError(f"page_size must be from 1 to {MAX_LIMIT}, got {page_size}")
+    if page < 1:
+        raise ValueError(f"page must be 1 or more, got {page}")
+    params: dict[str, Any] = {**window.params(), **_tenant(tenant), "divergent_only": divergent_only}
+    if decider is not None:
+        params["decider"] = decider
+        if rule is not None:
+            params["rule"] = rule
+    rows = query("shadow_calls", {**params, "limit": page_size, "offset": (page - 1) * page_size})
+    total = impact.calls_of(decider, rule, divergent_only=divergent_only)
+    return ShadowCalls(rows, page, page_size, total)
+
+
+def replay_command(decider: Decider, window: Window, *, api: str | None = None, db: str | None = None) -> str:
+    """The `callgate replay` command that replays `decider` over `window` against the dashboard's
+    source (`--api URL`, else `--db PATH`). The store does not hold where a policy file or an
+    interceptor lives, so the command names them `POLICY_FILE` and `MODULE:ATTR` for the reader to
+    fill in; nothing from an event goes into it (names are arbitrary text, a shell would run them)."""
+    parts = ["callgate", "replay"]
+    parts += ["--policy", "POLICY_FILE"] if decider.is_policy else ["--interceptor", "MODULE:ATTR"]
+    if api is not None:
+        parts += ["--api", shlex.quote(api)]
+    elif db is not None:
+        parts += ["--db", shlex.quote(db)]
+    since = window.duration()
+    if since is not None:
+        parts += ["--since", since]
+    return " ".join(parts)

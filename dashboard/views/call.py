@@ -14,7 +14,9 @@ if "open_call_id" in st.session_state:
     st.session_state["call_id"] = st.session_state.pop("open_call_id")
 elif "call_id" not in st.session_state and st.query_params.get("call_id"):
     st.session_state["call_id"] = st.query_params["call_id"]
-call_id = st.text_input("Call id", key="call_id", placeholder="paste a call id, or open one from Blocked attempts")
+call_id = st.text_input(
+    "Call id", key="call_id", placeholder="paste a call id, or open one from Blocked attempts or Policy impact"
+)
 call_id = call_id.strip()
 if call_id:
     st.query_params["call_id"] = call_id
@@ -45,13 +47,17 @@ def show(detail_call_id: str) -> None:
     if head.get("message"):
         st.caption("Message the model got, or the block reason (as stored, shown as text)")
         st.code(head["message"], language=None, wrap_lines=True)
+    if head.get("shadow_outcome"):
+        st.caption("What the shadow decisions would have done (recorded, not applied)")
+        ui.table([head], ["shadow_outcome", "divergent", "shadow_decided_by", "shadow_rule"], key="call_shadow")
 
     st.subheader("Decision trail")
     if detail.trail:
         ui.table(
-            detail.trail, ["step", "interceptor", "scope", "phase", "decision", "duration_ms", "start_ms", "error"]
+            detail.trail,
+            ["step", "interceptor", "scope", "phase", "decision", "mode", "duration_ms", "start_ms", "error"],
         )
-        frame = ui.frame(detail.trail, ["step", "interceptor", "decision", "start_ms", "duration_ms"])
+        frame = ui.frame(detail.trail, ["step", "interceptor", "decision", "mode", "start_ms", "duration_ms"])
         frame["end_ms"] = frame["start_ms"] + frame["duration_ms"]
         frame["label"] = frame["step"].astype(str) + ". " + frame["interceptor"].astype(str)
         import altair as alt
@@ -64,7 +70,7 @@ def show(detail_call_id: str) -> None:
                 x2="end_ms:Q",
                 y=alt.Y("label:N", sort=None, title=None),
                 color=alt.Color("decision:N", title="decision"),
-                tooltip=["interceptor:N", "decision:N", "duration_ms:Q"],
+                tooltip=["interceptor:N", "decision:N", "mode:N", "duration_ms:Q"],
             )
         )
         st.altair_chart(chart, width="stretch")

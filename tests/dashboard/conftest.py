@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from consumers.store import AuditStore, RawRecord
-from events import EventBase, MemorySink, Producer, ToolDeniedEvent, encode_event
+from events import EventBase, MemorySink, Producer, ToolDeniedEvent, ToolUseEvent, encode_event
 from interceptor_core import (
     Approval,
     ApprovalRequest,
@@ -25,8 +25,10 @@ from interceptor_core import (
     ToolBlockedError,
     ToolCall,
     UnmediatedAccessError,
+    shadow,
     tool,
 )
+from interceptor_core.policy import Policy as PolicyFile
 
 TOPIC = "callgate.audit"
 ACME = RunContext(tenant="acme", principal="u-1")
@@ -214,3 +216,101 @@ def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("dashboard-empty") / "audit.duckdb"
     AuditStore(path).close()
     return path
+
+
+# -- shadow mode: the Policy impact page's store -------------------------------------------------
+
+# An enforced rule and a stricter candidate in shadow, in one policy file.
+REFUNDS_POLICY = """\
+version: 1
+name: refunds
+rules:
+  - id: big-refunds
+    tools: [refund]
+    when: "args.amount_cents > 20000"
+    decision: deny
+    message: "over 200.00"
+  - id: stricter-refunds
+    mode: shadow
+    tools: [refund]
+    when: "args.amount_cents > 5000"
+    decision: deny
+    message: "over 50.00"
+"""
+SHADOW_REFUNDS = (1000, 6000, 7000, 8000)  # the last three would be denied by stricter-refunds
+HOSTILE_DECIDER = "frozen <img src=https://evil.example/x.png onerror=alert(1)> [x](https://evil.example/p)"
+
+
+class FrozenTenants:
+    """A candidate in shadow: globex would be blocked."""
+
+    name = "frozen-tenants"
+
+    def before_tool_call(self, call: ToolCall) -> Any:
+        return Block("globex is frozen") if call.run.tenant == "globex" else None
+
+
+def shadow_shop_events() -> list[EventBase]:
+    """Refunds under a policy file with a shadow rule (c-refund-0..3: one allowed by both, three the
+    rule would deny), a globex order a shadow interceptor would block (c-frozen), and an order of
+    another tenant the enforced chain denied before any shadow interceptor ran (c-foreign)."""
+    sink = MemorySink()
+    gate = Gate(
+        "shop",
+        interceptors=[TenantOrders(), PolicyFile.from_text(REFUNDS_POLICY), shadow(FrozenTenants())],
+        sinks=[sink],
+    )
+    desk = gate.workflow("support").agent("desk", tools=[get_order, refund])
+
+    async def day() -> None:
+        for i, amount in enumerate(SHADOW_REFUNDS):
+            args = {"order_id": f"ACME-{i}", "amount_cents": amount}
+            await desk.call("refund", args, run=ACME, call_id=f"c-refund-{i}")
+        await desk.call("get_order", {"order_id": "GLOBEX-1"}, run=GLOBEX, call_id="c-frozen")
+        await desk.call("get_order", {"order_id": "GLOBEX-2"}, run=ACME, call_id="c-foreign")
+
+    asyncio.run(day())
+    return list(sink.events)
+
+
+def hostile_shadow_event() -> EventBase:
+    """A call whose shadow decider's name an attacker wrote (a forged producer's event)."""
+    return Producer().seal(
+        ToolUseEvent,
+        {
+            "event_id": uuid.uuid4().hex,
+            "time": datetime.now(UTC),
+            "gate": "shop",
+            "workflow": "support",
+            "agent": "desk",
+            "tool": "get_order",
+            "call_id": "c-hostile",
+            "tenant": "acme",
+            "principal": "u-1",
+            "args": {"order_id": "ACME-9"},
+            "outcome": "ok",
+            "duration_ms": 1.0,
+            "shadow_outcome": "denied",
+            "divergent": True,
+            "shadow_decided_by": HOSTILE_DECIDER,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class ShadowStore(SeededStore):
+    """A store with shadow decisions, nobody writing it."""
+
+    hostile_decider: str = HOSTILE_DECIDER
+
+
+@pytest.fixture(scope="session")
+def shadow_store(tmp_path_factory: pytest.TempPathFactory) -> ShadowStore:
+    """The shop's shadow decisions and the hostile one, stored once per session (closed)."""
+    path = tmp_path_factory.mktemp("dashboard-shadow") / "audit.duckdb"
+    shop, hostile = shadow_shop_events(), hostile_shadow_event()
+    batch = [RawRecord(TOPIC, 0, i, b"shop", encode_event(e)) for i, e in enumerate(shop)]
+    batch.append(RawRecord(TOPIC, 1, 0, b"forged", encode_event(hostile)))
+    with AuditStore(path) as store:
+        store.ingest(batch, {(TOPIC, 0): len(shop), (TOPIC, 1): 1})
+    return ShadowStore(path, [*shop, hostile])

@@ -13,7 +13,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from callgate.broker import free_port
+from consumers.api import ApiServer, HealthStatus, build_app
+from consumers.metrics import MaterializerMetrics
 from consumers.reader import FileReader
+from consumers.runner import StoreQueryRunner
+from consumers.store import AuditStore
 from dashboard.data import BlockedFilters, blocked_csv
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
@@ -269,14 +273,144 @@ class TestPipeline:
         assert "{not json <b>bold</b>" in all_text(at)
 
 
+@pytest.fixture
+def shadow_env(shadow_store: Any) -> dict[str, str]:
+    return {"CALLGATE_DB": str(shadow_store.path)}
+
+
+@pytest.fixture
+def shadow_api(shadow_store: Any) -> Iterator[str]:
+    """The read API over a copy of the shadow store (a writer holds its file, as a materializer does)."""
+    copy = shadow_store.path.with_name("served.duckdb")
+    copy.write_bytes(shadow_store.path.read_bytes())
+    store = AuditStore(copy)
+    server = ApiServer(build_app(StoreQueryRunner(store), MaterializerMetrics(), lambda: HealthStatus(True)), port=0)
+    try:
+        with server:
+            yield server.url
+    finally:
+        store.close()
+        copy.unlink()
+
+
+class TestPolicyImpact:
+    def test_figures_equal_the_store(
+        self, shadow_store: Any, shadow_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Calls with a shadow outcome, divergent calls and what they would have become are the store's counts."""
+        at = open_app(shadow_env, monkeypatch, "impact")
+        shown = metrics(at)
+
+        def count(outcome: str | None = None, *, divergent: bool = False) -> str:
+            sql = (
+                "select count(*) from events where shadow_outcome is not null and (? is null or shadow_outcome = ?) "
+                "and (not ? or divergent)"
+            )
+            return f"{int(shadow_store.scalar(sql, outcome, outcome, divergent)):,}"
+
+        assert shown["Calls with a shadow outcome"] == count() == "6"
+        assert shown["Divergent"] == count(divergent=True) == "5"
+        assert shown["Would deny"] == count("denied") == "4"
+        assert shown["Would block"] == count("blocked") == "1"
+        assert (shown["Would substitute"], shown["Would ask a human"]) == ("0", "0")
+        assert at.get("vega_lite_chart")
+
+    def test_the_table_lists_the_most_divergent_rule_first(
+        self, shadow_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The impact table puts the policy rule with three divergent refunds first, the enforced path last."""
+        at = open_app(shadow_env, monkeypatch, "impact")
+        table = next(df.value for df in at.dataframe if "would_deny" in df.value.columns)
+        first = table.iloc[0]
+        assert (first["decider"], first["shadow_rule"], first["calls"], first["divergent"], first["would_deny"]) == (
+            "refunds",
+            "stricter-refunds",
+            3,
+            3,
+            3,
+        )
+        last = table.iloc[-1]
+        assert (last["decider"], last["calls"], last["divergent"]) == ("(the enforced chain)", 1, 0)
+
+    def test_replay_commands_name_the_source_and_the_window(
+        self, shadow_store: Any, shadow_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """One command per policy file and per interceptor, over the sidebar's window, reading the dashboard's file."""
+        at = open_app(shadow_env, monkeypatch, "impact", window="Last 7 days")
+        commands = [c.value for c in at.code]
+        assert f"callgate replay --policy POLICY_FILE --db {shadow_store.path} --since 7d" in commands
+        assert f"callgate replay --interceptor MODULE:ATTR --db {shadow_store.path} --since 7d" in commands
+        assert not any(shadow_store.hostile_decider in c or "refunds" in c for c in commands)
+        assert any("Policy file 'refunds', rules stricter-refunds" in t.value for t in at.text)
+
+    def test_through_the_read_api_the_command_names_its_url(
+        self, shadow_api: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Read through the API, the page shows the same figures and the replay reads the same API."""
+        at = open_app({"CALLGATE_API": shadow_api}, monkeypatch, "impact", window="All time")
+        assert metrics(at)["Divergent"] == "5"
+        assert f"callgate replay --policy POLICY_FILE --api {shadow_api}" in [c.value for c in at.code]
+
+    def test_the_calls_behind_a_rule_open_their_detail(
+        self, shadow_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The most divergent rule's calls are listed; opening one shows its detail with the shadow outcome."""
+        at = open_app(shadow_env, monkeypatch, "impact")
+        calls = at.dataframe[-1].value
+        assert sorted(calls["call_id"]) == ["c-refund-1", "c-refund-2", "c-refund-3"]
+        assert set(calls["shadow_rule"]) == {"stricter-refunds"}
+        assert "Page 1 of 1, 3 calls, newest first. Select a row to open it." in [c.value for c in at.caption]
+        at.toggle(key="impact_divergent_only").set_value(False).run()
+        at.selectbox(key="impact_decider").set_value("__all__").run()
+        assert sorted(at.dataframe[-1].value["call_id"]) == [
+            "c-frozen",
+            "c-hostile",
+            "c-refund-0",
+            "c-refund-1",
+            "c-refund-2",
+            "c-refund-3",
+        ]
+        at.selectbox(key="impact_call").set_value("c-refund-2").run()
+        at.button(key="impact_open").click().run()
+        assert at.text_input(key="call_id").value == "c-refund-2"
+        shadow = next(df.value for df in at.dataframe if "shadow_rule" in df.value.columns)
+        assert (shadow["shadow_outcome"][0], shadow["shadow_rule"][0]) == ("denied", "stricter-refunds")
+        trail = next(df.value for df in at.dataframe if "mode" in df.value.columns)
+        assert list(zip(trail["interceptor"], trail["mode"], strict=True))[:4] == [
+            ("tenant-orders", "enforced"),
+            ("refunds", "enforced"),
+            ("refunds", "shadow"),
+            ("frozen-tenants", "shadow"),
+        ]
+
+    def test_a_hostile_decider_name_is_text_only(
+        self, shadow_store: Any, shadow_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A decider name carrying markup is shown verbatim as text, never as markup or a link."""
+        at = open_app(shadow_env, monkeypatch, "impact")
+        assert shadow_store.hostile_decider in all_text(at)
+        assert not any(marker in shown_text(at) for marker in shadow_store.hostile_markers)
+
+    def test_no_shadow_decisions_says_how_to_add_one(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A store without shadow decisions says how to add a shadow rule and where it is documented."""
+        at = open_app(store_env, monkeypatch, "impact")
+        (info,) = [i.value for i in at.info]
+        assert "mode: shadow" in info
+        assert "interceptor_core.shadow" in info
+        assert "docs/policies.md" in info
+        assert not at.metric
+
+
 class TestStates:
-    @pytest.mark.parametrize("page", ["overview", "blocked", "trends", "coverage"])
+    @pytest.mark.parametrize("page", ["overview", "blocked", "trends", "impact", "coverage"])
     def test_empty_store_says_so(self, empty_store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> None:
         """A store without events shows a message on every page, no traceback."""
         at = open_app({"CALLGATE_DB": str(empty_store)}, monkeypatch, page)
         assert any("holds no events yet" in i.value for i in at.info)
 
-    @pytest.mark.parametrize("page", ["overview", "blocked", "call", "trends", "coverage", "pipeline"])
+    @pytest.mark.parametrize("page", ["overview", "blocked", "call", "trends", "impact", "coverage", "pipeline"])
     def test_api_down_says_so(self, monkeypatch: pytest.MonkeyPatch, page: str) -> None:
         """A read API nobody serves shows that the store cannot be read, naming the URL, no traceback."""
         url = f"http://127.0.0.1:{free_port('127.0.0.1')}"

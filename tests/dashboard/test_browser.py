@@ -1,7 +1,8 @@
 """End to end in a real browser: events produced through a gate reach the embedded broker, a live
 materializer stores them, `callgate dashboard` serves them, and headless chromium (Debian's, driven
-by Playwright) sees the blocked count, then sees it rise without a reload. A screenshot of every page
-is saved in the folder the test prints."""
+by Playwright) sees the blocked count, then sees it rise without a reload, and the Policy impact page
+shows the shadow rule's divergent call. A screenshot of every page is saved in the folder the test
+prints."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from callgate.broker import EmbeddedBroker, free_port
 from consumers.reader import ApiReader, SourceUnavailableError
 from events.kafka import KafkaSink
 from interceptor_core import Block, Deny, Gate, RunContext, ToolBlockedError, before_tool_call, tool
+from interceptor_core.policy import Policy
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +44,7 @@ PAGES = {
     "blocked": ("Blocked attempts", "Open call detail"),
     "call": ("Call detail", "Redacted paths"),
     "trends": ("Trends", "Denial reasons new in this window"),
+    "impact": ("Policy impact", "orders / review-acme-5"),
     "coverage": ("Coverage", "coverage checks"),
     "pipeline": ("Pipeline health", "Dead letters"),
 }
@@ -63,10 +66,26 @@ def tenant_orders(call: Any) -> Any:
     return None
 
 
+# A candidate rule in shadow: ACME-5 would be denied (it is allowed), a divergent call.
+SHADOW_ORDERS = """\
+version: 1
+name: orders
+rules:
+  - id: review-acme-5
+    mode: shadow
+    tools: [get_order]
+    when: "args.order_id == 'ACME-5'"
+    decision: deny
+    message: "ACME-5 is under review"
+"""
+
+
 async def publish(bootstrap: str, topic: str, spool: Path, orders: list[str]) -> tuple[int, int]:
-    """Call get_order for each order through a gate with a KafkaSink; (denied, blocked) calls."""
+    """Call get_order for each order through a gate with a KafkaSink and a shadow rule; (denied,
+    blocked) calls."""
     sink = KafkaSink(bootstrap, topic, spool)
-    desk = Gate("shop", interceptors=[tenant_orders], sinks=[sink]).agent("desk", tools=[get_order])
+    gate = Gate("shop", interceptors=[tenant_orders, Policy.from_text(SHADOW_ORDERS)], sinks=[sink])
+    desk = gate.agent("desk", tools=[get_order])
     run = RunContext(tenant="acme", principal="u-1")
     denied = blocked = 0
     for i, order in enumerate(orders):
@@ -183,7 +202,8 @@ def test_blocked_count_is_live_in_a_real_browser(
     chromium: str, live_stack: dict[str, Any], screenshots: Path, tmp_path: Path
 ) -> None:
     """The Blocked attempts page shows the produced count, and the higher count after more denials
-    arrive, without a reload; hostile event text never becomes an image or a link; every page renders."""
+    arrive, without a reload; the Policy impact page shows the shadow rule's divergent call; hostile
+    event text never becomes an image or a link; every page renders."""
     from playwright.sync_api import expect, sync_playwright
 
     first = ["GLOBEX-1", "GLOBEX-2", "ACME-3", "DROP-4", HOSTILE, "ACME-5"]
@@ -217,6 +237,11 @@ def test_blocked_count_is_live_in_a_real_browser(
                 )
                 expect(page.get_by_test_id("stSkeleton")).to_have_count(0, timeout=30_000)
                 assert page.locator("img[src*='evil.example'], a[href*='evil.example']").count() == 0
+                if path == "impact":
+                    # The shadow rule's one divergent call (ACME-5), and the command that replays it.
+                    metric = page.get_by_test_id("stMetric").filter(has_text="Divergent")
+                    expect(metric.get_by_test_id("stMetricValue")).to_have_text("1")
+                    expect(page.get_by_text("callgate replay --policy POLICY_FILE").first).to_be_visible()
                 page.screenshot(path=str(screenshots / f"{path}.png"), full_page=True)
             # The hostile denial is on the call page, verbatim, as text.
             page.goto(f"{live_stack['url']}/call?call_id=first-4")
