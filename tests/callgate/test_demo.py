@@ -71,7 +71,7 @@ class TestWorkload:
     def test_the_shadow_rule_records_divergences_and_changes_nothing(self) -> None:
         """The desk's stricter-refunds shadow rule marks refunds between 100.00 and 200.00 divergent
         (they would ask a human) while they are still paid without one."""
-        sink, wired, _ = run_briefly()
+        sink, _, _ = run_briefly()
         shadowed = [e for e in sink.events if getattr(e, "shadow_rule", None) == "stricter-refunds"]
         assert shadowed
         for event in shadowed:
