@@ -32,6 +32,7 @@ SCRIPTS: dict[str, list[str]] = {
     "materialize": [],
     "queries": [],
     "dashboard_queries": [],
+    "replay": [],
 }
 QUICK: dict[str, list[str]] = {
     "gate_overhead": ["--calls", "300", "--rounds", "3"],
@@ -41,6 +42,7 @@ QUICK: dict[str, list[str]] = {
     "materialize": ["--events", "5000", "--seconds", "2"],
     "queries": ["--events", "20000", "--runs", "1", "--ingest", "1000"],
     "dashboard_queries": ["--events", "20000", "--runs", "1"],
+    "replay": ["--events", "20000", "--runs", "1", "--api-events", "5000"],
 }
 
 

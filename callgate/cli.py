@@ -364,6 +364,43 @@ def coverage(
     raise typer.Exit(code)
 
 
+@app.command()
+def replay(
+    policy: Annotated[Path | None, typer.Option(help="The candidate policy file.")] = None,
+    interceptor: Annotated[
+        str | None, typer.Option(help="The candidate Python interceptor: MODULE:ATTR (or a factory of one).")
+    ] = None,
+    db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
+    api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
+    since: Annotated[str, typer.Option(help="From this time: ISO 8601, a duration back (24h, 7d), or all.")] = "7d",
+    until: Annotated[str | None, typer.Option(help="Before this time: ISO 8601 or a duration back.")] = None,
+    gate: Annotated[str | None, typer.Option(help="Only calls through this gate.")] = None,
+    workflow: Annotated[str | None, typer.Option(help="Only calls through this workflow.")] = None,
+    agent: Annotated[str | None, typer.Option(help="Only calls through this agent scope.")] = None,
+    tool: Annotated[str | None, typer.Option(help="Only calls of this tool.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Only calls of this tenant.")] = None,
+    max_new_blocks: Annotated[
+        str, typer.Option(help="The share of checked calls that may be newly denied or blocked: 0.01 or 1%.")
+    ] = "0",
+    fail_on_new_allows: Annotated[
+        bool, typer.Option(help="Also fail when a stopped call (or one that asked a human) would go through.")
+    ] = False,
+    json_report: Annotated[Path | None, typer.Option("--json", help="Write the whole report as JSON here.")] = None,
+    junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here (a test case per rule).")] = None,
+) -> None:
+    """Try a candidate policy on the stored calls, running no tool: exit 0 within limits, 1 past them, 2 when it
+    cannot check."""
+    from callgate.replay import run_replay
+
+    code = run_replay(
+        policy=policy, interceptor=interceptor, db=db, api=api, since=since, until=until, gate=gate,
+        workflow=workflow, agent=agent, tool=tool, tenant=tenant, max_new_blocks=max_new_blocks,
+        fail_on_new_allows=fail_on_new_allows, json_path=json_report, junit=junit, console=console,
+        err=Console(stderr=True),
+    )  # fmt: skip
+    raise typer.Exit(code)
+
+
 @app.command(
     name="mcp-proxy",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
