@@ -611,6 +611,6 @@ def replay_command(decider: Decider, window: Window, *, api: str | None = None, 
     elif db is not None:
         parts += ["--db", shlex.quote(db)]
     since = window.duration()
-    if since is not None:
-        parts += ["--since", since]
+    # Without --since a replay takes the last 7 days: all time has to be asked for.
+    parts += ["--since", since if since is not None else "all"]
     return " ".join(parts)

@@ -36,10 +36,11 @@ class TestReplayCommand:
         assert command == "callgate replay --policy POLICY_FILE --api http://127.0.0.1:8765 --since 7d"
 
     def test_an_interceptor_over_all_time_from_a_file(self) -> None:
-        """An interceptor's command names MODULE:ATTR, the store file, and no --since for all time."""
+        """An interceptor's command names MODULE:ATTR, the store file, and --since all for all time
+        (a replay without --since takes the last 7 days)."""
         interceptor = Decider("frozen-tenants", None, calls=1, divergent=1)
         command = replay_command(interceptor, Window.named("All time"), db="/data/audit.duckdb")
-        assert command == "callgate replay --interceptor MODULE:ATTR --db /data/audit.duckdb"
+        assert command == "callgate replay --interceptor MODULE:ATTR --db /data/audit.duckdb --since all"
 
     def test_nothing_from_an_event_reaches_the_shell(self) -> None:
         """A decider name written by an attacker is not in the command; a source with shell characters is quoted."""
