@@ -349,7 +349,7 @@ class TestPolicyImpact:
         """Read through the API, the page shows the same figures and the replay reads the same API."""
         at = open_app({"CALLGATE_API": shadow_api}, monkeypatch, "impact", window="All time")
         assert metrics(at)["Divergent"] == "5"
-        assert f"callgate replay --policy POLICY_FILE --api {shadow_api}" in [c.value for c in at.code]
+        assert f"callgate replay --policy POLICY_FILE --api {shadow_api} --since all" in [c.value for c in at.code]
 
     def test_the_calls_behind_a_rule_open_their_detail(
         self, shadow_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
