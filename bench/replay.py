@@ -8,7 +8,7 @@
    blocked, substituted, approvals, and denials that never reached the chain), the rest approvals,
    registrations and unmediated uses; whole JSON documents with redacted arguments and decision
    trails whose deciding step is the policy's own name, so the candidate replaces it.
-2. Replays the whole store R times (`consumers.replay.replay` on a `FileCalls`, as
+2. Replays the whole store R times (`callgate.replay_engine.replay` on a `FileCalls`, as
    `callgate replay --db` does) with bench/policy.py's ten plain rules as the candidate, and reports
    the median rate in stored calls per second (target: 20,000). The floor is reading alone: the
    same source, every call read and parsed, nothing decided.
@@ -28,8 +28,8 @@ from pathlib import Path
 from figures import report
 from policy import policy_text
 
+from callgate.replay_engine import ApiCalls, FileCalls, PolicyCandidate, ReplayReport, Window, replay
 from consumers import AuditStore
-from consumers.replay import ApiCalls, FileCalls, PolicyCandidate, ReplayReport, Window, replay
 from consumers.store import connect
 from interceptor_core.policy import Policy
 

@@ -5,7 +5,7 @@ Exit codes: 0 the share of checked calls newly denied or blocked is at most `--m
 (and, with `--fail-on-new-allows`, nothing is newly let through); 1 otherwise; 2 when it cannot
 check: no store, a store held by a running materializer (use --api), an API that is down or lacks
 the `replay_calls` query, an unreadable policy or interceptor, a bad option, or a window with no
-stored call in it. The engine is `consumers.replay`.
+stored call in it. The engine is `callgate.replay_engine`.
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ def run_replay(
     unknown length, through the API); True or False force it.
     """
     # Imported here: `callgate --help` must not load DuckDB or the policy engine.
+    from callgate.replay_engine import Window, open_source, replay
     from consumers.queries import QueryError
     from consumers.reader import SourceUnavailableError
-    from consumers.replay import Window, open_source, replay
 
     def cannot(message: str) -> int:
         err.print(message, markup=False)
@@ -172,7 +172,7 @@ def run_replay(
 
 def _candidate(policy: Path | None, interceptor: str | None, err: Console) -> Any:
     """The candidate, or None after saying why it cannot be loaded."""
-    from consumers.replay import PolicyCandidate, candidate_from_object
+    from callgate.replay_engine import PolicyCandidate, candidate_from_object
     from interceptor_core.exceptions import ConfigurationError
     from interceptor_core.policy import PolicyError
 

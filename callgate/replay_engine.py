@@ -5,7 +5,8 @@ path, arguments as stored, run, the recorded decision trail), lets the candidate
 place, and returns a `ReplayReport`: what the candidate would break (newly denied or blocked),
 what it would let through that was stopped (newly allowed), what would newly ask a human, each
 broken down by rule, tool, tenant and principal with sample calls. `callgate replay` is the CI
-command built on it (`callgate/replay.py`).
+command built on it (`callgate/replay.py`). It lives in `callgate/` because it wires two parts
+that never import each other: the store (`consumers`) and the policies (`interceptor_core`).
 
 Sources (`open_source`): `FileCalls` reads a store file directly, one slice of time at a time,
 each sorted by (time, event_id) in DuckDB and handed over as Arrow columns; `ApiCalls` pages the

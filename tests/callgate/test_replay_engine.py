@@ -15,11 +15,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from consumers import AuditStore, RawRecord, UnknownQueryError
-from consumers.api import ApiServer, HealthStatus, build_app
-from consumers.metrics import MaterializerMetrics
-from consumers.reader import SourceUnavailableError
-from consumers.replay import (
+from callgate.replay_engine import (
     CHANGES,
     OUTCOMES,
     ApiCalls,
@@ -35,6 +31,10 @@ from consumers.replay import (
     recorded_outcome,
     replay,
 )
+from consumers import AuditStore, RawRecord, UnknownQueryError
+from consumers.api import ApiServer, HealthStatus, build_app
+from consumers.metrics import MaterializerMetrics
+from consumers.reader import SourceUnavailableError
 from consumers.runner import StoreQueryRunner
 from events import EventBase, MemorySink, encode_event
 from events.chain import Producer
