@@ -39,3 +39,19 @@ def test_the_check_would_see_a_transport() -> None:
     code = "import sys, duckdb; print(' '.join(m for m in sys.modules if m.split('.')[0] == 'duckdb'))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "duckdb" in loaded
+
+
+def test_the_store_and_the_dashboard_never_import_the_gate() -> None:
+    """`events` <- `consumers` <- `dashboard` stays apart from `interceptor_core`: importing every
+    module of the store and the dashboard's data layer loads no gate module."""
+    import pkgutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    modules = [f"consumers.{m.name}" for m in pkgutil.iter_modules([str(root / "consumers")])]
+    modules += ["dashboard.data", "dashboard.config"]
+    code = f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; " + (
+        "print(' '.join(m for m in sys.modules if m.split('.')[0] == 'interceptor_core'))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == ""
