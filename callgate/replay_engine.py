@@ -47,8 +47,8 @@ chain: `skipped`, counted by cause. Each checked call is one of `CHANGES`; `NEW_
 whose rules for the tool read a redacted argument (`Policy.reads`: `args.<field>` where a JSON
 pointer of the event's `redacted_paths` starts with that field, or `args` whole), or read
 `run.metadata`, or any argument when the stored ones are missing or cut, gives an `uncertain`
-result *when its outcome differs from the recorded one*; when the outcome is the same either way
-the call is unchanged. A Python candidate sees the arguments through a mapping that notes every
+result, whether or not its outcome differs from the recorded one: a placeholder that does not
+match may hide a real value that would have (the report says what each uncertain call would be). A Python candidate sees the arguments through a mapping that notes every
 read of a redacted key (or of anything, when the arguments were not stored whole).
 
 **count_calls.** Calls are replayed in time order, every evaluated call recorded in one
@@ -147,7 +147,7 @@ CHANGES: Final[dict[Change, str]] = {
     "no_longer_asking": "allowed without a human now; a human was asked (and may have refused)",
     "block_to_deny": "denies the call now; the recording stopped the run",
     "changed_substitute": "substituted now where the tool ran, or the tool runs now where it was substituted",
-    "uncertain": "would change, but the candidate read a redacted argument or unstored run metadata",
+    "uncertain": "the candidate read a redacted argument or unstored run metadata: neither a match nor a miss",
 }
 """Every class a checked call falls in, in report order, with what it means."""
 
@@ -1023,7 +1023,9 @@ def _judge(
         else:
             new = "allowed"
     change = classify(recorded, new)
-    if change != "unchanged" and verdict.unsure:
+    # A decision that read a value the store does not hold is neither a match nor a miss: the same
+    # outcome may only mean the placeholder did not match where the real value would have.
+    if verdict.unsure:
         return _Judgement(recorded, new, "uncertain", placement, verdict, partial, change)
     return _Judgement(recorded, new, change, placement, verdict, partial)
 
@@ -1480,8 +1482,8 @@ def _with_notes(report: ReplayReport) -> ReplayReport:
         )
     if report.count("uncertain"):
         notes.append(
-            f"{report.count('uncertain'):,} call(s) would change, but the candidate read a redacted argument or run "
-            "metadata (not stored): counted as uncertain, neither a match nor a miss."
+            f"{report.count('uncertain'):,} call(s) were decided on a redacted argument or run metadata (not "
+            "stored): counted as uncertain, neither a match nor a miss."
         )
     if report.counts_calls:
         notes.append(

@@ -441,7 +441,7 @@ class TestNotReached:
 
 
 class TestUncertain:
-    """A decision that read a redacted argument or unstored run metadata is uncertain when it changes."""
+    """A decision that read a redacted argument or unstored run metadata is uncertain, changed or not."""
 
     CALLS: ClassVar[list[Call]] = [
         ("login", {"user": "bob", "password": "hunter2"}, ACME),
@@ -461,23 +461,25 @@ class TestUncertain:
         assert pay_call.redacted_paths == ("/card",)
 
     def test_a_changed_outcome_that_read_a_redacted_value(self, secrets: Path) -> None:
-        """A rule on the password and one on the card would deny: uncertain, would-be newly denied."""
+        """A rule on the password denies the placeholder, one on the card misses it: both uncertain."""
         text = v1_with(
             "  - id: no-empty-passwords\n    tools: [login]\n    when: \"args.password != ''\"\n    decision: deny\n"
             "  - id: no-visa\n    tools: [pay]\n    when: \"args.card.startsWith('4')\"\n    decision: deny\n"
         )
         report = replayed(secrets, PolicyCandidate(policy(text)))
-        assert counts(report) == {"uncertain": 1, "unchanged": 1}
-        assert report.uncertain_would_be == {"newly_denied": 1}
-        assert report.changes["uncertain"].by_rule == {"no-empty-passwords": 1}
+        assert counts(report) == {"uncertain": 2}
+        assert report.uncertain_would_be == {"newly_denied": 1, "unchanged": 1}
+        assert report.changes["uncertain"].by_rule == {"no-empty-passwords": 1, "(default)": 1}
         assert report.exit_code == 0  # never silently a match
 
-    def test_the_same_outcome_either_way_is_unchanged(self, secrets: Path) -> None:
-        """A rule on the password that does not match the placeholder leaves the call unchanged."""
+    def test_a_miss_on_a_redacted_value_is_uncertain_too(self, secrets: Path) -> None:
+        """A rule on the password misses the placeholder, but the real password would match: uncertain."""
         text = v1_with(
             "  - id: weak\n    tools: [login]\n    when: \"args.password == 'hunter2'\"\n    decision: deny\n"
         )
-        assert counts(replayed(secrets, PolicyCandidate(policy(text)))) == {"unchanged": 2}
+        report = replayed(secrets, PolicyCandidate(policy(text)))
+        assert counts(report) == {"uncertain": 1, "unchanged": 1}
+        assert report.uncertain_would_be == {"unchanged": 1}
 
     def test_an_unredacted_argument_is_certain(self, secrets: Path) -> None:
         """A rule on the user name (stored as it was) newly denies for certain."""
