@@ -48,7 +48,8 @@ whose rules for the tool read a redacted argument (`Policy.reads`: `args.<field>
 pointer of the event's `redacted_paths` starts with that field, or `args` whole), or read
 `run.metadata`, or any argument when the stored ones are missing or cut, gives an `uncertain`
 result, whether or not its outcome differs from the recorded one: a placeholder that does not
-match may hide a real value that would have (the report says what each uncertain call would be). A Python candidate sees the arguments through a mapping that notes every
+match may hide a real value that would have (the report says what each uncertain call would be).
+A Python candidate sees the arguments through a mapping that notes every
 read of a redacted key (or of anything, when the arguments were not stored whole).
 
 **count_calls.** Calls are replayed in time order, every evaluated call recorded in one
