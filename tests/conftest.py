@@ -94,4 +94,4 @@ def _wait_for_ping(process: subprocess.Popen[bytes], port: int, log: str, timeou
                 pass
             if time.monotonic() > deadline:
                 pytest.fail(f"redis-server on port {port} did not answer PING in {timeout_s} s; log: {log}")
-            time.sleep(0.01)  # a poll interval inside the deadline loop, not a wait for something
+            time.sleep(0.01)  # sleep-ok: a poll interval inside the deadline loop
