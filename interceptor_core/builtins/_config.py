@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from interceptor_core.exceptions import ConfigurationError
@@ -85,6 +85,15 @@ def each_value(value: Any) -> Iterator[Any]:
         yield from value
     else:
         yield value
+
+
+def field_values(args: Mapping[str, Any], fields: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
+    """(field, value) for every value the named arguments hold (see `each_value`); a field the
+    call does not have is skipped."""
+    for field in fields:
+        if field in args:
+            for value in each_value(args[field]):
+                yield field, value
 
 
 def shown(value: Any) -> str:

@@ -16,7 +16,7 @@ import sqlglot
 import sqlglot.expressions as exp
 from sqlglot.dialects.dialect import Dialect
 
-from interceptor_core.builtins._config import check_identity, each_value, field_names, tool_matcher
+from interceptor_core.builtins._config import check_identity, field_names, field_values, tool_matcher
 from interceptor_core.context import ToolCall
 from interceptor_core.decisions import Deny
 from interceptor_core.exceptions import ConfigurationError
@@ -164,17 +164,13 @@ class ReadOnlySQL:
         tool = call.tool_name
         if not self._applies(tool):
             return None
-        args = call.args
-        for field in self.fields:
-            if field not in args:
-                continue
-            for value in each_value(args[field]):
-                found = _write_in(value, self._readers)
-                if found is not None:
-                    return Deny(
-                        f"{tool}: argument {field!r} holds SQL that may change the database (found: {found}), and this "
-                        "tool may only read. Send queries that only read: SELECT, WITH ... SELECT, UNION."
-                    )
+        for field, value in field_values(call.args, self.fields):
+            found = _write_in(value, self._readers)
+            if found is not None:
+                return Deny(
+                    f"{tool}: argument {field!r} holds SQL that may change the database (found: {found}), and this "
+                    "tool may only read. Send queries that only read: SELECT, WITH ... SELECT, UNION."
+                )
         return None
 
     def __repr__(self) -> str:

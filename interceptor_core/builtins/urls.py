@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from interceptor_core.builtins._config import check_identity, each_value, field_names, tool_matcher
+from interceptor_core.builtins._config import check_identity, field_names, field_values, tool_matcher
 from interceptor_core.context import ToolCall
 from interceptor_core.decisions import Deny
 from interceptor_core.exceptions import ConfigurationError
@@ -119,22 +119,18 @@ class HostAllowList:
         tool = call.tool_name
         if not self._applies(tool):
             return None
-        args = call.args
-        for field in self.fields:
-            if field not in args:
-                continue
-            for value in each_value(args[field]):
-                host = _url_host(value)
-                if host is None:
-                    return Deny(
-                        f"{tool}: argument {field!r} is not an http, https, ws or wss URL with a host, so it cannot "
-                        f"be checked against the hosts this tool may reach ({', '.join(self.hosts)})."
-                    )
-                if not self._allowed.admits(host):
-                    return Deny(
-                        f"{tool}: argument {field!r} points at host {_display(host)!r}, which this tool may not "
-                        f"reach. Allowed hosts: {', '.join(self.hosts)}."
-                    )
+        for field, value in field_values(call.args, self.fields):
+            host = _url_host(value)
+            if host is None:
+                return Deny(
+                    f"{tool}: argument {field!r} is not an http, https, ws or wss URL with a host, so it cannot "
+                    f"be checked against the hosts this tool may reach ({', '.join(self.hosts)})."
+                )
+            if not self._allowed.admits(host):
+                return Deny(
+                    f"{tool}: argument {field!r} points at host {_display(host)!r}, which this tool may not "
+                    f"reach. Allowed hosts: {', '.join(self.hosts)}."
+                )
         return None
 
     def __repr__(self) -> str:
