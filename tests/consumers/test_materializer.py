@@ -510,7 +510,9 @@ class TestTopicLifecycle:
 
             assert await ensure_topic(fresh_broker.bootstrap, topic, 3) == 3  # what a sink does
             await produce_to(fresh_broker.bootstrap, topic, after, 3)
-            await _until(lambda: _count(materializer) == len(before) + len(after), 60)
+            # With group assignment the consumers first rejoin the group the restart forgot (the
+            # embedded broker takes 10 to 50 s for a rejoin): the deadline leaves room for the slow end.
+            await _until(lambda: _count(materializer) == len(before) + len(after), 120)
             await _until(
                 lambda: materializer.health().ok and all(p.lag == 0 for p in materializer.health().partitions), 30
             )
