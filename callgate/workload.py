@@ -311,10 +311,7 @@ async def run_workload(
     names, weights = list(WEIGHTS), list(WEIGHTS.values())
     next_at = started
 
-    async def converse(tenant: str, scenario: Scenario) -> None:
-        run = RunContext(
-            tenant=tenant, principal=rng.choice(principals[tenant]), thread_id=f"ticket-{rng.randrange(10**6)}"
-        )
+    async def converse(run: RunContext, scenario: Scenario) -> None:
         agent = Agent(wired.desk, ScriptedModel(list(scenario.turns)), max_tool_calls=6, before_turn=[guard])
         try:
             await agent.run(scenario.prompt, run=run)
@@ -331,8 +328,13 @@ async def run_workload(
         else:
             tenant, name = rng.choice(TENANTS), rng.choices(names, weights)[0]
         scenario = next(s for s in scenarios(rng, tenant) if s.name == name)
+        # Every draw happens here, in order, so a seed gives the same conversations however the
+        # tasks interleave.
+        run = RunContext(
+            tenant=tenant, principal=rng.choice(principals[tenant]), thread_id=f"ticket-{rng.randrange(10**6)}"
+        )
         await slots.acquire()
-        task = asyncio.create_task(converse(tenant, scenario))
+        task = asyncio.create_task(converse(run, scenario))
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
         stats.runs += 1
