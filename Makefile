@@ -14,11 +14,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@# Debian packages the tests drive: chromium for the dashboard's browser test (no browser download),
-	@# redis-server for the shared call counters' tests. Root installs the missing ones, one apt-get update.
+	@# redis-server for the shared call counters' tests, nodejs for the chain verifier written in another
+	@# language (docs/verify_chain.mjs). Root installs the missing ones, one apt-get update.
 	missing=""; command -v chromium >/dev/null || missing=" chromium"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
 	[ -z "$$missing" ] || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing) \
-		|| { echo "make: cannot install$$missing (apt-get as root): the dashboard's browser test needs chromium, the counter tests redis-server" >&2; exit 1; }
+		|| { echo "make: cannot install$$missing (apt-get as root): the dashboard's browser test needs chromium, the counter tests redis-server, the chain verifier's test nodejs" >&2; exit 1; }
 	touch $(STAMP)
 
 test: $(STAMP) lint typecheck pytest

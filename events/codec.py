@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -9,21 +10,34 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from events.chain import event_hash
+from events.chain import HASH_MEMBER, SealedEvent, event_hash, split_wire
 from events.errors import EventParseError
 from events.models import EVENT_TYPES, SCHEMA_VERSION, Event, EventBase
 
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
 
-def encode_event(event: EventBase) -> bytes:
+def encode_event(event: EventBase | SealedEvent) -> bytes:
     """The event's wire bytes: its JSON, `hash` included (UTF-8, one line).
 
-    Not the canonical form: readers verify `hash` by recomputing the canonical JSON from the parsed
-    event (`events.event_hash`), so the wire only has to carry the same values, and pydantic's own
-    serializer does that five times faster than sorting keys in Python.
+    A sealed event, or a version 2 event read from bytes, gives exactly those bytes (its hash is
+    over them). A version 2 event built in Python gives its JSON without `hash`, then the hash
+    member last, the form `events.event_hash` hashes. A version 1 event gives its JSON: readers
+    verify it by recomputing the canonical form from the parsed event.
     """
+    if isinstance(event, SealedEvent):
+        return event.data
+    if event.schema_version >= 2:
+        if event._wire is not None:
+            return event._wire
+        body = event.__pydantic_serializer__.to_json(event, exclude={"hash"})
+        return body[:-1] + HASH_MEMBER + event.hash.encode() + b'"}'
     return event.model_dump_json().encode("utf-8")
+
+
+def _wire_of(data: bytes | str) -> bytes:
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    return raw.rstrip(b"\r\n")
 
 
 def parse_event(data: bytes | str | Mapping[str, Any]) -> EventBase:
@@ -37,7 +51,9 @@ def parse_event(data: bytes | str | Mapping[str, Any]) -> EventBase:
     if isinstance(data, bytes | str):
         try:
             decoded = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            raise EventParseError(f"not UTF-8: {exc}", raw) from exc
+        except json.JSONDecodeError as exc:
             raise EventParseError(f"not JSON: {exc}", raw) from exc
     else:
         decoded = dict(data)
@@ -59,6 +75,8 @@ def parse_event(data: bytes | str | Mapping[str, Any]) -> EventBase:
             for err in exc.errors(include_url=False)
         )
         raise EventParseError(f"invalid {kind} event: {problems}", raw) from exc
+    if raw is not None and event.schema_version >= 2:
+        event._wire = _wire_of(raw)
     return event
 
 
@@ -70,25 +88,37 @@ class ReadEvent:
     content_hash: str
     """`event_hash(event)`: recomputed from the content; differs from `event.hash` when tampered."""
     normalized: str
-    """`event.model_dump_json()`: the form `encode_event` writes, whatever form the wire had."""
+    """What a store keeps: for version 2, the wire bytes as received (their hash is over them); for
+    version 1, `event.model_dump_json()`, the form `encode_event` writes, whatever form the wire had."""
 
 
 def read_event(data: bytes) -> ReadEvent:
-    """`parse_event(data)`, the event's `event_hash` and its normalized JSON, in one pass.
+    """`parse_event(data)`, the event's `event_hash` and the JSON a store keeps, in one pass.
 
-    Same results and same errors as those three calls in a row (`EventParseError` for anything that
-    is not a valid event; whatever `event_hash` raises). Wire bytes in the form `encode_event`
-    writes (every gate's) go through pydantic's own JSON parser: parsing and normalizing then cost
-    about half of `parse_event` plus `model_dump_json`. Anything else takes `parse_event`'s road (both,
-    for bytes that fail the first). Pure, safe from any thread.
+    Same results and same errors as those calls in a row (`EventParseError` for anything that is
+    not a valid event; whatever `event_hash` raises). Valid wire bytes go through pydantic's own
+    JSON parser once; a version 2 event is then hashed as received, with nothing re-serialized.
+    Anything else takes `parse_event`'s road (both, for bytes that fail the first). Pure, safe from
+    any thread.
     """
     event: EventBase | None
     try:
         event = _ADAPTER.validate_json(data)
-        # What `encode_event` writes, without its copy to str and back.
-        normalized = event.__pydantic_serializer__.to_json(event)
-    except ValueError:  # ValidationError, PydanticSerializationError: the general road decides
-        event, normalized = None, b""
+    except ValueError:
+        event = None
+    if event is not None and event.schema_version >= 2:
+        # Parsed, so valid UTF-8: kept as received, hashed as received.
+        wire = _wire_of(data)
+        event._wire = wire
+        split = split_wire(wire)
+        return ReadEvent(event, "" if split is None else hashlib.sha256(split[0]).hexdigest(), wire.decode("utf-8"))
+    normalized = b""
+    if event is not None:
+        try:
+            # What `encode_event` writes, without its copy to str and back.
+            normalized = event.__pydantic_serializer__.to_json(event)
+        except ValueError:  # PydanticSerializationError: the general road decides
+            event = None
     # Byte-equal to its own re-encoding, the wire decodes (json.loads) to exactly the event's JSON
     # values, so parse_event would have built an equal event: the round trip encode_event ->
     # parse_event is the identity. Any other input (invalid, another encoder's spacing or key
@@ -96,6 +126,15 @@ def read_event(data: bytes) -> ReadEvent:
     # which also gives the detailed reasons the dead letters keep.
     if event is None or normalized != data or event.schema_version > SCHEMA_VERSION:
         event = parse_event(data)
+        if event.schema_version >= 2:
+            # Valid, but in a form pydantic's parser refused (another text encoding): its bytes
+            # are kept when they are UTF-8, its JSON otherwise; its hash is over the bytes.
+            wire = _wire_of(data)
+            try:
+                text = wire.decode("utf-8")
+            except UnicodeDecodeError:
+                text = event.model_dump_json()
+            return ReadEvent(event, event_hash(event), text)
         return ReadEvent(event, event_hash(event), event.model_dump_json())
     return ReadEvent(event, event_hash(event), normalized.decode("utf-8"))
 

@@ -45,6 +45,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -58,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MethodType
 from typing import IO, Any, Literal, NamedTuple
+from urllib.parse import quote
 
 from events.codec import encode_event
 from events.loss import LOSS_REPORT_TYPE, LossReport, Watermarks, encode_loss_report
@@ -146,12 +148,20 @@ def _spool_key(event: EventBase) -> bytes:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _source(gate: bytes, producer_id: bytes) -> bytes:
+    # A URI whatever the gate is called: its name percent-encoded (spaces, colons, non-ASCII),
+    # the producer id after it, so two gates of one name stay apart.
+    name = quote(gate.decode("utf-8", "replace"), safe="").encode()
+    return b"%s%s:%s" % (CE_SOURCE_PREFIX.encode(), name, producer_id)
+
+
 def _headers(key: bytes, dropped: int) -> tuple[bytes, list[tuple[str, bytes]]]:
     producer_id, event_id, kind, when, gate = key.split(_SEP)
     headers = [
         ("ce_specversion", b"1.0"),
         ("ce_id", event_id),
-        ("ce_source", CE_SOURCE_PREFIX.encode() + gate + b":" + producer_id),
+        ("ce_source", _source(gate, producer_id)),
         ("ce_type", CE_TYPE_PREFIX.encode() + kind),
         ("ce_time", when),
         ("content-type", b"application/json"),

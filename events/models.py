@@ -6,19 +6,24 @@ asked. `Unmediated` records a guarded resource used around the gate; `ToolsRegis
 scope's tools and their interceptor chains.
 
 Each event carries the envelope (ids, integrity chain, scope path, run, trace) and the decision
-trail. `hash` is the SHA-256 of the canonical JSON of the event without `hash` (see
-`events.chain`). Bump `SCHEMA_VERSION` on any change a consumer must know about.
+trail. How `hash` is computed depends on `schema_version` (see `events.chain`): version 2 hashes
+the exact bytes the producer wrote, version 1 the canonical JSON of the event without `hash`. Bump
+`SCHEMA_VERSION` on any change a consumer must know about.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, Self, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-SCHEMA_VERSION = 1
-"""The newest schema this code writes and reads; `parse_event` refuses newer ones."""
+SCHEMA_VERSION = 2
+"""The schema this code writes, and the newest it reads; `parse_event` refuses newer ones."""
+
+OLDEST_SCHEMA_VERSION = 1
+"""The oldest schema this code reads (and verifies)."""
 
 ZERO_HASH = "0" * 64
 """`prev_hash` of a producer's first event."""
@@ -74,13 +79,25 @@ class EventBase(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    event_id: str = Field(description="Unique id of the event (deduplication key downstream).")
-    schema_version: int = Field(default=SCHEMA_VERSION, description="Version of this schema.")
+    event_id: str = Field(
+        description="Unique id of the event (deduplication key downstream); new events' ids are "
+        "UUIDv7: time-ordered, with 74 random bits."
+    )
+    schema_version: int = Field(
+        default=SCHEMA_VERSION,
+        ge=OLDEST_SCHEMA_VERSION,
+        le=SCHEMA_VERSION,
+        description="Version of this schema: 2 hashes the exact bytes written, 1 their canonical form.",
+    )
     time: datetime = Field(description="When the decision was taken (UTC).")
     producer_id: str = Field(description="The gate instance that wrote the event.")
     seq: int = Field(ge=1, description="1, 2, 3 ... per producer, no gaps.")
     prev_hash: str = Field(description="hash of the producer's previous event; 64 zeros for seq 1.")
-    hash: str = Field(default="", description="SHA-256 hex of the canonical JSON of the event without hash.")
+    hash: str = Field(
+        default="",
+        description="SHA-256 hex of the event without hash: for schema_version 2 of the bytes the "
+        "producer wrote (docs/events.md), for 1 of the canonical JSON.",
+    )
     gate: str = Field(description="Application scope (the Gate's name).")
     workflow: str | None = None
     agent: str | None = None
@@ -94,6 +111,20 @@ class EventBase(BaseModel):
     trace_id: str | None = Field(default=None, description="W3C trace id (32 hex) of the call's span, if traced.")
     span_id: str | None = Field(default=None, description="W3C span id (16 hex) of the call's span, if traced.")
     decisions: tuple[DecisionStep, ...] = Field(default=(), description="The decision trail, in order.")
+
+    # The bytes this event was read from (or sealed as), when it has them: a version 2 event's
+    # hash is over those bytes, which no re-serialization reproduces. Not a field: never
+    # serialized, not compared, dropped by a copy that changes anything.
+    _wire: bytes | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._wire = None
+        return copy
 
 
 class CallEvent(EventBase):
@@ -129,6 +160,13 @@ class ToolUseEvent(CallEvent):
     outcome: Literal["ok", "error", "timeout", "cancelled"]
     error: str | None = Field(default=None, description="The tool's error or the output problem (redacted).")
     duration_ms: float = Field(description="Wall time of the tool body.")
+    cancelled: bool | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="The caller was cancelled while the body ran. With outcome ok or error: a sync body, "
+        "which cannot be stopped, ran to the end and that is its real outcome. With outcome "
+        "cancelled: an async body was cut short after it had started.",
+    )
     output_digest: str | None = Field(default=None, description="SHA-256 of the output's JSON as returned.")
     output_truncated: bool = False
     args_rewritten: bool = Field(default=False, description="An interceptor rewrote the arguments.")

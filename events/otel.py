@@ -53,6 +53,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from events import semconv as sc
+from events.chain import SealedEvent, typed
 from events.models import (
     ApprovalRequestedEvent,
     ApprovalResolvedEvent,
@@ -76,6 +77,8 @@ _INTERNAL = SpanKind.INTERNAL
 _ERROR = StatusCode.ERROR
 # The most attributes a decision event carries; the fast path below needs the limit to allow them.
 _STEP_ATTRIBUTES = 6
+# The event types `emit` traces (outcomes reach their span through `TracedCall.end`).
+_TRACED_TYPES = frozenset({"Unmediated", "ToolDenied", "ApprovalRequested", "ApprovalResolved"})
 _TOOL_USE_ERRORS: dict[str, str] = {
     "error": sc.ERROR_TOOL,
     "timeout": sc.ERROR_TIMEOUT,
@@ -302,15 +305,16 @@ class OtelSink:
 
     # -- Sink ------------------------------------------------------------------------------------
 
-    def emit(self, event: EventBase) -> None:
+    def emit(self, event: SealedEvent | EventBase) -> None:
         """Trace the events that are not a call's outcome (those reach the span through
         `TracedCall.end`): `Unmediated` becomes a zero-duration `callgate.unmediated` span, status
         ERROR, child of the active call's span if there is one, else of the current span;
         `ApprovalRequested` / `ApprovalResolved` become span events of their call's span while it
         is open (later ones are dropped). Other types are ignored. Never raises, never blocks."""
-        if self._closed:
+        if self._closed or getattr(event, "type", None) not in _TRACED_TYPES:
             return
         try:
+            event = typed(event)
             if isinstance(event, UnmediatedEvent):
                 self._unmediated(event)
             elif isinstance(event, ToolDeniedEvent) and event.cause == "unknown_tool":

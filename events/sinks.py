@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
 
+from events.chain import SealedEvent, typed
 from events.codec import encode_event
 from events.models import EventBase
 
@@ -50,23 +51,29 @@ class SinkStats:
 
 
 class MemorySink:
-    """Keeps every event in `.events`, in emission order, as soon as `emit` returns. For tests and
-    in-process inspection; unbounded."""
+    """Keeps every event, in emission order, as soon as `emit` returns: `.sealed` as emitted (the
+    bytes every other sink gets), `.events` typed (each decoded from its bytes on first look). For
+    tests and in-process inspection; unbounded."""
 
     def __init__(self) -> None:
-        self.events: list[EventBase] = []
+        self.sealed: list[SealedEvent | EventBase] = []
 
-    def emit(self, event: EventBase) -> None:
+    def emit(self, event: SealedEvent | EventBase) -> None:
         # list.append is atomic under the GIL: safe from any thread without a lock.
-        self.events.append(event)
+        self.sealed.append(event)
+
+    @property
+    def events(self) -> list[EventBase]:
+        """Every event held, typed, in emission order (a new list on each read)."""
+        return [typed(event) for event in list(self.sealed)]
 
     def of_type(self, type_: str) -> list[EventBase]:
         """The events of one wire type, in order."""
-        return [e for e in self.events if getattr(e, "type", None) == type_]
+        return [typed(e) for e in list(self.sealed) if getattr(e, "type", None) == type_]
 
     def clear(self) -> None:
         """Forget every event held so far."""
-        self.events.clear()
+        self.sealed.clear()
 
     async def flush(self) -> None:
         return None
@@ -174,8 +181,8 @@ class BackgroundSink:
                     stopping = True
                 elif isinstance(item, _Flush):
                     markers.append(item)
-                elif isinstance(item, EventBase):
-                    batch.append(item)
+                elif isinstance(item, SealedEvent | EventBase):
+                    batch.append(item)  # type: ignore[arg-type]
                 if stopping or len(batch) >= self._max_batch:
                     break
                 try:

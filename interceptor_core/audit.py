@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 import pydantic_core
 from pydantic import BaseModel
 
-from events.chain import Producer
+from events.chain import Producer, SealedEvent, new_event_id
 from events.models import (
+    EVENT_TYPES,
     ApprovalRequestedEvent,
     ApprovalResolvedEvent,
     BlockedEvent,
@@ -36,7 +37,7 @@ from events.models import (
 from events.redaction import RedactedArgs, Redactor
 from events.sinks import CallStart, CallTracer, SinkStats, TracedCall
 from interceptor_core.approvals import Approval
-from interceptor_core.context import RunContext, new_id
+from interceptor_core.context import RunContext
 from interceptor_core.guard import UnmediatedAccess, current_call
 from interceptor_core.interceptors import policy_version
 from interceptor_core.results import DecisionRecord, ToolResult
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from interceptor_core.gate import AgentScope, CompiledChain, _CallState
 
 log = logging.getLogger("callgate.gate")
+
+_WIRE_TYPES: dict[type[EventBase], str] = {cls: kind for kind, cls in EVENT_TYPES.items()}
 
 
 def digest(value: Any) -> str | None:
@@ -94,7 +97,7 @@ class Audit:
         self.unbuilt = 0
         # Observers of every sealed event besides the sinks (the deny-all drill); replaced whole,
         # never mutated, so the emit path reads it without a lock.
-        self.taps: tuple[Callable[[EventBase], None], ...] = ()
+        self.taps: tuple[Callable[[SealedEvent], None], ...] = ()
 
     def unavailable(self) -> str | None:
         """Why the audit path cannot take events now (None when it can)."""
@@ -117,9 +120,12 @@ class Audit:
 
     # -- fan-out ---------------------------------------------------------------------------------
 
-    def _emit(self, cls: type[EventBase], fields: dict[str, Any]) -> EventBase | None:
+    def _emit(self, cls: type[EventBase], fields: dict[str, Any]) -> SealedEvent | None:
         try:
-            event = self.producer.seal(cls, fields)
+            # Serialized once, hashed over those bytes: what every sink gets. The builders here
+            # make valid events (the tests decode every one they look at), so nothing validates
+            # them again on the call path.
+            event = self.producer.seal_fields(_WIRE_TYPES[cls], fields)
         except Exception:
             # A bug in building the event; the chain did not advance, so nothing looks missing.
             self.unbuilt += 1
@@ -156,7 +162,7 @@ class Audit:
     def _envelope(self, path: Any, call_id: str | None, run: RunContext | None, trace: Any) -> dict[str, Any]:
         parent = current_call.get()
         return {
-            "event_id": new_id(),
+            "event_id": new_event_id(),
             "time": datetime.now(UTC),
             "gate": self.gate,
             "workflow": path.workflow if path else None,
@@ -186,8 +192,10 @@ class Audit:
                 "error": _cap(redact(step.error)) if step.error else None,
             }
             if step.policy_version is not None:
+                # As the model writes them: the optional fields only when they hold something.
                 fields["policy_version"] = step.policy_version
-                fields["rules"] = [{"id": rule, "decision": kind} for rule, kind in step.rules]
+                if step.rules:
+                    fields["rules"] = [{"id": rule, "decision": kind} for rule, kind in step.rules]
             if shadowed:
                 # Only calls with a shadow decision say which steps were enforced (absent: all were).
                 fields["enforced"] = step.enforced
@@ -275,11 +283,18 @@ class Audit:
         handles.sort(key=lambda h: h.trace_id is None)
         state.trace = tuple(handles) or None
 
-    def _conclude(self, state: _CallState, event: EventBase | None) -> None:
+    def _conclude(self, state: _CallState, event: SealedEvent | None) -> None:
         state.concluded = True
-        for handle in state.trace or ():
+        if not state.trace:
+            return
+        try:
+            outcome = None if event is None else event.event
+        except Exception:
+            log.exception("callgate built an outcome event it cannot read back")
+            outcome = None
+        for handle in state.trace:
             try:
-                handle.end(event)
+                handle.end(outcome)
             except Exception:
                 log.exception("tracing sink failed to end a call")
 
@@ -333,11 +348,25 @@ class Audit:
     def interrupted(self, state: _CallState, exc: BaseException) -> None:
         """The outcome of a call cut short (cancelled, or an unexpected error in the gate)."""
         fields = self._call_fields(state)
-        what = "cancelled" if type(exc).__name__ == "CancelledError" else f"{type(exc).__name__}: {exc}"
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        what = "cancelled" if cancelled else f"{type(exc).__name__}: {exc}"
         cls: type[EventBase]
         if state.tool_started is not None:
             cls = ToolUseEvent
-            fields.update(outcome="cancelled", error=self.redactor.redact_text(what), duration_ms=0.0)
+            ran_s = state.tool_s if state.tool_s is not None else time.perf_counter() - state.tool_started
+            if state.late is not None:
+                # A sync body the caller stopped waiting for ran to its end: that is what happened.
+                failed, output = state.late
+                fields.update(
+                    outcome="error" if failed else "ok",
+                    error=_cap(self.redactor.redact_text(str(output))) if failed else None,
+                    output_digest=None if failed else digest(output),
+                )
+            else:
+                fields.update(outcome="cancelled", error=self.redactor.redact_text(what))
+            fields.update(duration_ms=_ms(ran_s), args_rewritten=state.rewritten)
+            if cancelled:
+                fields["cancelled"] = True
         else:
             cls = ToolDeniedEvent
             fields.update(message=f"call interrupted: {what}", decided_by="gate", cause="interrupted")

@@ -194,6 +194,7 @@ class _CallState:
         "call_id",
         "compiled",
         "concluded",
+        "late",
         "raw_args",
         "redacted",
         "rewritten",
@@ -222,6 +223,8 @@ class _CallState:
         self.redacted: Any = None
         self.asked = False
         self.shadow: ShadowVerdict | None = None
+        # A sync body that outlived its caller's cancellation: (failed, output or error text).
+        self.late: tuple[bool, Any] | None = None
 
 
 class Gate:
@@ -916,6 +919,7 @@ class Gate:
                 log.exception("tracing sink failed to activate a call's span")
         runner: Awaitable[Any]
         scope: asyncio.Timeout | None = None
+        body: _SyncBody | None = None
         try:
             if tool.is_async:
                 # Eager start in the tool's own context, and the rest in that context too, in this
@@ -928,14 +932,30 @@ class Gate:
                 except StopIteration as stop:
                     return False, stop.value
                 runner = InContext(coro, context, pending)
+            elif tool.inline:
+                # Declared never to block: run here, on the event loop, with no thread hop.
+                return False, context.run(tool.fn, *pos, **kwargs)
             else:
-                # The worker thread keeps running if the timeout fires first: threads cannot be killed.
-                runner = asyncio.get_running_loop().run_in_executor(
-                    None, functools.partial(context.run, tool.fn, *pos, **kwargs)
+                # The worker thread keeps running if the timeout fires first: threads cannot be
+                # killed. Shielded, so a cancelled caller can still wait for what the body did.
+                body = _SyncBody()
+                thread = asyncio.get_running_loop().run_in_executor(
+                    None, functools.partial(context.run, body.run, tool.fn, pos, kwargs)
                 )
+                runner = asyncio.shield(thread)
             scope = asyncio.timeout(tool.timeout_s)
             async with scope:
                 return False, await runner
+        except asyncio.CancelledError:
+            # The caller was cancelled (the timeout turns its own into TimeoutError). A sync body
+            # that started cannot be stopped: wait for it and keep its real outcome for the
+            # record; one still queued never runs.
+            if body is not None:
+                if body.outlives_caller():
+                    state.late = await _outcome_of(thread)
+                else:
+                    thread.add_done_callback(_retrieve)  # it ends with the CancelledError it raised
+            raise
         except ToolBlockedError:
             # A tool body that is itself an agent (`Agent.as_tool`) was blocked: the run it shares
             # with its caller must stop too, so this is not turned into an error result.
@@ -945,6 +965,50 @@ class Gate:
                 state.timed_out = True
                 return True, f"timed out after {tool.timeout_s} s"
             return True, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            return True, f"{type(exc).__name__}: {exc}"
+
+
+class _SyncBody:
+    """A sync tool body on its worker thread, and whether it started: decided under a lock, so a
+    body a cancelled caller gives up on while it is still queued never runs."""
+
+    __slots__ = ("abandoned", "lock", "started")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started = False
+        self.abandoned = False
+
+    def run(self, fn: Callable[..., Any], pos: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with self.lock:
+            if self.abandoned:
+                raise asyncio.CancelledError
+            self.started = True
+        return fn(*pos, **kwargs)
+
+    def outlives_caller(self) -> bool:
+        """True when the body has started (the caller must wait for it); else it never will."""
+        with self.lock:
+            self.abandoned = not self.started
+            return self.started
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _outcome_of(thread: asyncio.Future[Any]) -> tuple[bool, Any]:
+    # Waits through further cancellations too: the body's effect happens either way, and the
+    # record must say what it was.
+    while True:
+        try:
+            return False, await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            if thread.cancelled():
+                return True, "cancelled"
+            continue
         except Exception as exc:
             return True, f"{type(exc).__name__}: {exc}"
 

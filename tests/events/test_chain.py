@@ -12,8 +12,14 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events import Producer, ToolUseEvent, event_hash, verify_chain
+from events import Producer, ToolUseEvent, encode_event, event_hash, parse_event, verify_chain
 from events.models import ZERO_HASH, EventBase
+
+
+def rehash(wire: bytes) -> bytes:
+    """Wire bytes with a hash recomputed over their (changed) body: a forger's move."""
+    body = wire[:-75] + b"}"
+    return body[:-1] + b',"hash":"' + hashlib.sha256(body).hexdigest().encode() + b'"}'
 
 
 def make(producer: Producer, n: int) -> list[EventBase]:
@@ -43,13 +49,40 @@ class TestSealing:
         assert events[1].prev_hash == events[0].hash
         assert events[2].prev_hash == events[1].hash
 
-    def test_hash_is_sha256_of_the_canonical_json_without_hash(self) -> None:
-        """hash = SHA-256 of model_dump(mode="json") minus hash, keys sorted, (",", ":"), UTF-8."""
+    def test_hash_is_sha256_of_the_bytes_written(self) -> None:
+        """Version 2: hash = SHA-256 of the wire bytes without their last member, the hash itself,
+        which is always last: cut 75 bytes, put the brace back, hash."""
         (event,) = make(Producer(), 1)
+        wire = encode_event(event)
+        assert event.schema_version == 2
+        assert wire.endswith(b',"hash":"' + event.hash.encode() + b'"}')
+        body = wire[:-75] + b"}"
+        assert hashlib.sha256(body).hexdigest() == event.hash == event_hash(event)
+        assert "hash" not in json.loads(body)
+        assert json.loads(wire)["hash"] == event.hash
+
+    def test_a_sealed_event_is_the_typed_event_of_its_bytes(self) -> None:
+        """`seal_fields` serializes once; the typed view is decoded from exactly those bytes."""
+        producer = Producer()
+        sealed = producer.seal_fields(
+            "ToolUse",
+            {"event_id": "e1", "time": datetime.now(UTC), "gate": "g", "outcome": "ok", "duration_ms": 1.5},
+        )
+        assert isinstance(sealed.event, ToolUseEvent)
+        assert encode_event(sealed.event) == sealed.data
+        assert (sealed.seq, sealed.prev_hash, sealed.event.hash) == (1, ZERO_HASH, sealed.hash)
+        assert sealed.duration_ms == 1.5  # any other attribute is the typed event's
+
+    def test_version_1_hash_is_sha256_of_the_canonical_json_without_hash(self) -> None:
+        """Version 1 (older producers): hash = SHA-256 of model_dump(mode="json") minus hash, keys
+        sorted, (",", ":"), UTF-8; such events are still sealed on request and verified."""
+        (event,) = make(Producer(schema_version=1), 1)
+        assert event.schema_version == 1
         data = event.model_dump(mode="json")
         del data["hash"]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         assert event.hash == hashlib.sha256(text.encode("utf-8")).hexdigest() == event_hash(event)
+        assert verify_chain(make(Producer(schema_version=1), 3)).ok
 
     def test_no_gaps_under_many_threads(self) -> None:
         """Eight threads sealing at once still give 1..N with every link intact."""
@@ -89,20 +122,39 @@ class TestVerifyChain:
         assert report.gaps == {producer.producer_id: [3]}
 
     def test_changed_content(self) -> None:
-        """An event whose content changed no longer matches its hash."""
+        """An event whose bytes changed no longer matches its hash."""
         events = make(Producer(), 3)
+        wire = [encode_event(e) for e in events]
+        changed = wire[1].replace(b'"n":1', b'"n":999')
+        assert changed != wire[1]
+        report = verify_chain([wire[0], changed, wire[2]])
+        assert [(t.seq, t.reason) for t in report.tampered] == [(2, "hash does not match the content")]
+
+    def test_changed_version_1_content(self) -> None:
+        """The same for a version 1 event given as a decoded mapping."""
+        events = make(Producer(schema_version=1), 3)
         data = events[1].model_dump(mode="json")
         data["args"] = {"n": 999}
         report = verify_chain([events[0], data, events[2]])
         assert [(t.seq, t.reason) for t in report.tampered] == [(2, "hash does not match the content")]
 
+    def test_re_encoded_bytes_are_not_the_bytes_written(self) -> None:
+        """Version 2 trusts bytes, not values: the same event re-serialized (keys reordered) or
+        with its hash moved from last place fails; a decoded mapping cannot be verified at all."""
+        (event,) = make(Producer(), 1)
+        reordered = json.dumps(json.loads(encode_event(event)), sort_keys=True).encode()
+        assert not verify_chain([reordered]).ok
+        report = verify_chain([event.model_dump(mode="json")])
+        assert report.tampered
+        assert "bytes" in report.tampered[0].reason
+
     def test_rehashed_forgery_breaks_the_next_link(self) -> None:
         """A changed event given a fresh hash still breaks the link from the event after it."""
         events = make(Producer(), 3)
-        data = events[1].model_dump(mode="json")
-        data["args"] = {"n": 999}
-        data["hash"] = event_hash(data)
-        report = verify_chain([events[0], data, events[2]])
+        wire = [encode_event(e) for e in events]
+        forged = rehash(wire[1].replace(b'"n":1', b'"n":999'))
+        assert parse_event(forged).args == {"n": 999, "text": "héllo ✓"}
+        report = verify_chain([wire[0], forged, wire[2]])
         assert [(t.seq, t.reason) for t in report.tampered] == [(3, "prev_hash does not link to the previous event")]
 
     def test_duplicates_and_conflicts(self) -> None:
@@ -112,9 +164,7 @@ class TestVerifyChain:
         report = verify_chain([*events, events[1]])
         assert report.ok
         assert report.duplicates == [events[1].event_id]
-        impostor = events[1].model_dump(mode="json")
-        impostor["event_id"] = "other"
-        impostor["hash"] = event_hash(impostor)
+        impostor = rehash(encode_event(events[1]).replace(events[1].event_id.encode(), b"other"))
         report = verify_chain([*events, impostor])
         assert not report.ok
         assert "conflicts" in report.tampered[0].reason

@@ -9,6 +9,7 @@ import threading
 import anyio
 import pytest
 
+from events import MemorySink
 from interceptor_core import (
     CallgateError,
     ConfigurationError,
@@ -21,6 +22,7 @@ from interceptor_core import (
     UnmediatedAccessError,
     tool,
 )
+from interceptor_core.audit import digest
 
 marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="caller")
 
@@ -229,3 +231,153 @@ class TestToolTask:
         result = await Gate("g").invoke(slow, {})
         assert result.kind == "error"
         assert "TimeoutError" in (result.message or "")
+
+
+class TestCancelledCallers:
+    """What the record says when the caller is cancelled while the body runs."""
+
+    async def test_a_started_sync_body_is_waited_for_and_its_real_outcome_recorded(self) -> None:
+        """The caller's cancellation waits for the thread (it cannot be stopped); the event says
+        what the body did (ok, its output digest, its duration) and that the caller was cancelled."""
+        sink = MemorySink()
+        started, release = threading.Event(), threading.Event()
+        effects: list[str] = []
+
+        @tool
+        def pay() -> str:
+            started.set()
+            assert release.wait(10)
+            effects.append("paid")
+            return "paid 10.00"
+
+        gate = Gate("g", sinks=[sink])
+        call = asyncio.create_task(gate.invoke(pay, {}))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        call.cancel()
+        await asyncio.sleep(0)  # sleep-ok: one loop turn, so the cancellation reaches the call first
+        assert not call.done()  # still waiting for the body
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert effects == ["paid"]
+        (event,) = sink.of_type("ToolUse")
+        assert (event.outcome, event.cancelled, event.error) == ("ok", True, None)  # type: ignore[attr-defined]
+        assert event.output_digest == digest("paid 10.00")  # type: ignore[attr-defined]
+        assert event.duration_ms > 0  # type: ignore[attr-defined]
+
+    async def test_a_sync_body_that_fails_after_the_cancel_records_its_error(self) -> None:
+        sink = MemorySink()
+        started, release = threading.Event(), threading.Event()
+
+        @tool
+        def pay() -> str:
+            started.set()
+            assert release.wait(10)
+            raise RuntimeError("card declined")
+
+        gate = Gate("g", sinks=[sink])
+        call = asyncio.create_task(gate.invoke(pay, {}))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        call.cancel()
+        await asyncio.sleep(0)  # sleep-ok: one loop turn, so the cancellation reaches the call first
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        (event,) = sink.of_type("ToolUse")
+        assert (event.outcome, event.cancelled) == ("error", True)  # type: ignore[attr-defined]
+        assert event.error == "RuntimeError: card declined"  # type: ignore[attr-defined]
+
+    async def test_a_queued_sync_body_never_runs_once_its_caller_is_gone(self) -> None:
+        """With every worker busy, a cancelled call's body is dropped before it starts."""
+        sink = MemorySink()
+        ran: list[str] = []
+        hold = threading.Event()
+        loop = asyncio.get_running_loop()
+        from concurrent.futures import ThreadPoolExecutor
+
+        executor = ThreadPoolExecutor(max_workers=1)
+        loop.set_default_executor(executor)
+        try:
+            blocker = loop.run_in_executor(None, hold.wait, 10)
+
+            @tool
+            def pay() -> str:
+                ran.append("paid")
+                return "paid"
+
+            gate = Gate("g", sinks=[sink])
+            call = asyncio.create_task(gate.invoke(pay, {}))
+            deadline = loop.time() + 10
+            while not any(e.type == "ToolsRegistered" for e in sink.events) and loop.time() < deadline:
+                await asyncio.sleep(0.001)  # sleep-ok: polling with a deadline until the call reached the gate
+            for _ in range(5):
+                await asyncio.sleep(0)  # sleep-ok: a few loop turns, so the body is queued behind the blocker
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            hold.set()
+            await blocker
+            await loop.run_in_executor(None, lambda: None)  # the queue has drained
+            assert ran == []
+            (event,) = sink.of_type("ToolUse")
+            assert (event.outcome, event.cancelled) == ("cancelled", True)  # type: ignore[attr-defined]
+        finally:
+            hold.set()
+            executor.shutdown(wait=True)
+
+    async def test_an_async_body_cut_short_says_it_had_started(self) -> None:
+        sink = MemorySink()
+        started = asyncio.Event()
+
+        @tool
+        async def slow() -> str:
+            started.set()
+            await asyncio.Event().wait()
+            return ""
+
+        call = asyncio.create_task(Gate("g", sinks=[sink]).invoke(slow, {}))
+        await started.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        (event,) = sink.of_type("ToolUse")
+        assert (event.outcome, event.cancelled, event.error) == ("cancelled", True, "cancelled")  # type: ignore[attr-defined]
+        assert event.duration_ms > 0  # type: ignore[attr-defined]
+
+
+class TestInlineTools:
+    async def test_an_inline_sync_tool_runs_on_the_loop_thread(self) -> None:
+        """inline=True: no worker thread, same result, same record."""
+        sink = MemorySink()
+        threads: list[int] = []
+
+        @tool(inline=True)
+        def add(a: int, b: int) -> int:
+            threads.append(threading.get_ident())
+            return a + b
+
+        @tool
+        def add_threaded(a: int, b: int) -> int:
+            threads.append(threading.get_ident())
+            return a + b
+
+        gate = Gate("g", sinks=[sink])
+        assert (await gate.invoke(add, {"a": 2, "b": 3})).value == 5
+        assert (await gate.invoke(add_threaded, {"a": 2, "b": 3})).value == 5
+        assert threads[0] == threading.get_ident() != threads[1]
+        assert [e.outcome for e in sink.of_type("ToolUse")] == ["ok", "ok"]  # type: ignore[attr-defined]
+
+    async def test_an_inline_tool_that_raises_is_an_error_result(self) -> None:
+        @tool(inline=True)
+        def broken() -> str:
+            raise ValueError("no")
+
+        result = await Gate("g").invoke(broken, {})
+        assert (result.kind, result.message) == ("error", "ValueError: no")
+
+    def test_inline_is_for_sync_tools(self) -> None:
+        async def body() -> str:
+            return ""
+
+        with pytest.raises(ConfigurationError, match="inline=True is for sync tools"):
+            tool(inline=True)(body)
