@@ -3,7 +3,8 @@
 Per batch, one DuckDB transaction stores the rows and the partition offsets; the Kafka commit
 follows the DuckDB commit. The store's offsets are the truth: whenever a partition is (re)assigned it
 seeks to them, and a partition the store has never read starts at the beginning, whatever the
-consumer group's committed offsets say. A crash between the two commits replays at most one batch,
+consumer group's committed offsets say (records fetched from those before the seek are dropped,
+so each record is read once). A crash between the two commits replays at most one batch,
 and the `event_id` key drops the duplicates. A log the broker no longer has (it restarted empty, the
 topic was recreated, or the record before the stored offset is another one) is read again from its
 earliest offset; deduplication absorbs the replay. Undecodable messages become dead letters and
@@ -181,6 +182,10 @@ class Materializer:
         self._stop = asyncio.Event()
         self._state = _State()
         self._watch: Any = None
+        self._positioned: set[Any] = set()
+        """The assigned partitions `seek_to_store` has positioned since they were (re)assigned. A fetch
+        for any other partition started from the group's committed offsets, before that seek: its
+        records are dropped, never counted, and read again from the seek position."""
         self._api_address = api
         self.api: Any = None
         self.metrics: Any = None
@@ -318,6 +323,11 @@ class Materializer:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), self.poll_ms / 1000)
                 assigned = consumer.assignment()
+                # Only what was fetched from the store's offsets: in group mode aiokafka fetches from
+                # the group's committed ones as soon as the group assigns a partition, while the
+                # listener is still checking the store's log (`_same_log`); those records would be
+                # read a second time after its seek.
+                batch = {tp: rows for tp, rows in batch.items() if tp in self._positioned}
                 if drain and ends is None:
                     if not assigned:
                         if time.monotonic() > deadline:
@@ -345,7 +355,9 @@ class Materializer:
                     summary.chain_breaks += result.chain_breaks
                     self._record_metrics(records, result, time.perf_counter() - started)
                 await self._update_lag(consumer, assigned)
-                if drain and ends is not None and await _reached(consumer, ends):
+                # A partition not positioned yet may stand at its end only because of dropped records.
+                positioned = all(tp in self._positioned for tp in assigned)
+                if drain and ends is not None and positioned and await _reached(consumer, ends):
                     break
                 if not drain and time.monotonic() - last_gap_check > min(self.gap_grace_s, 30.0):
                     last_gap_check = time.monotonic()
@@ -449,6 +461,7 @@ class Materializer:
         if self.assignment == "all":
             current = {tp.partition for tp in consumer.assignment()}
             if listed != current or (state.log_lost and listed):
+                self._positioned.clear()
                 if listed:
                     tps = [TopicPartition(self.topic, p) for p in sorted(listed)]
                     consumer.assign(tps)
@@ -593,25 +606,39 @@ async def seek_to_store(
     reads from the beginning. Partitions in `known` were read by this consumer on the same log until
     now: they seek to the stored offset without checking the log. The others, when the store holds
     an offset, are checked first (`_same_log`), since the broker may have lost its log while no
-    materializer was watching."""
+    materializer was watching; a check that fails reads the partition from the start.
+
+    Each partition sought joins `materializer._positioned`: the loop uses only records fetched for
+    those (a fetch made before the seek started from the group's committed offsets)."""
     stored: Mapping[int, int] = materializer.store.offsets(materializer.topic)
     kept = set(known)
     for tp in assigned:
-        offset = stored.get(tp.partition)
-        if offset is None or offset == 0 or log_lost:
-            # Offset 0 rather than seek_to_beginning, which waits (up to the request timeout, inside
-            # a rebalance) for an offset lookup: a log whose start was deleted answers "out of
-            # range", and auto_offset_reset="earliest" moves to its first record.
-            consumer.seek(tp, 0)
-            continue
-        if tp.partition not in kept and not await _same_log(materializer, tp, offset):
-            # The broker lost its log and numbers new records from 0 again (the embedded broker
-            # does on a restart): the stored offset now points into other records. Read the
-            # partition from the start; the event_id key absorbs anything already stored.
-            log.warning("%s no longer holds the records the store read; reading it from the start", tp)
-            consumer.seek(tp, 0)
-            continue
-        consumer.seek(tp, offset)
+        start = await _start_offset(materializer, tp, stored.get(tp.partition), tp.partition in kept, log_lost)
+        consumer.seek(tp, start)
+        materializer._positioned.add(tp)
+
+
+async def _start_offset(materializer: Materializer, tp: Any, offset: int | None, known: bool, log_lost: bool) -> int:
+    if offset is None or offset == 0 or log_lost:
+        # Offset 0 rather than seek_to_beginning, which waits (up to the request timeout, inside
+        # a rebalance) for an offset lookup: a log whose start was deleted answers "out of
+        # range", and auto_offset_reset="earliest" moves to its first record.
+        return 0
+    if known:
+        return offset
+    try:
+        same = await _same_log(materializer, tp, offset)
+    except Exception as exc:
+        # Unchecked, the stored offset may point into another log; the start costs a replay only.
+        log.warning("cannot check that %s still holds what the store read (%r); reading it from the start", tp, exc)
+        return 0
+    if not same:
+        # The broker lost its log and numbers new records from 0 again (the embedded broker
+        # does on a restart): the stored offset now points into other records. Read the
+        # partition from the start; the event_id key absorbs anything already stored.
+        log.warning("%s no longer holds the records the store read; reading it from the start", tp)
+        return 0
+    return offset
 
 
 def _listener(materializer: Materializer, consumer: Any) -> Any:
@@ -632,7 +659,8 @@ class _SeekToStore:
         self.consumer = consumer
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        return None
+        # Until the next assignment's seek, what is fetched for them is not the store's to use.
+        self.materializer._positioned.difference_update(revoked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         state = self.materializer._state

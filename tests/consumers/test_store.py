@@ -86,11 +86,10 @@ def ingest(store: AuditStore, batch: list[RawRecord]) -> Any:
 
 def forged(event: EventBase, *, rehash: bool, **changes: Any) -> bytes:
     """The event's wire bytes with `changes` applied; `rehash` recomputes the hash over the forgery."""
-    data = event.model_dump(mode="json")
-    data.update(changes)
+    copy = event.model_copy(update=changes)
     if rehash:
-        data["hash"] = event_hash(data)
-    return json.dumps(data).encode()
+        copy = copy.model_copy(update={"hash": event_hash(copy)})
+    return encode_event(copy)
 
 
 def record(value: bytes | None, offset: int, partition: int = 0) -> RawRecord:
