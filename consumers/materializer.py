@@ -342,7 +342,10 @@ class Materializer:
                     first_batch_at = time.perf_counter()
                 if records:
                     offsets = {(tp.topic, tp.partition): rows[-1].offset + 1 for tp, rows in batch.items() if rows}
-                    raw = [RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp) for r in records]
+                    raw = [
+                        RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, tuple(r.headers))
+                        for r in records
+                    ]
                     started = time.perf_counter()
                     result = await asyncio.get_running_loop().run_in_executor(None, store.ingest, raw, offsets)
                     # The store committed first: a failed Kafka commit only costs a replay.

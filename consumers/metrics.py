@@ -15,13 +15,13 @@ from datetime import UTC, datetime
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from consumers.store import DEAD_LETTER_REASONS
 from events import EVENT_TYPES
 
 __all__ = ["CHAIN_BREAK_KINDS", "DEAD_LETTER_REASONS", "MaterializerMetrics"]
 
-DEAD_LETTER_REASONS = ("invalid_json", "unknown_type", "schema_version", "invalid_event", "empty", "oversize")
-"""The dead-letter reasons the materializer records; shown at 0 before the first one happens. Other
-reasons are accepted too and appear once counted."""
+# DEAD_LETTER_REASONS (the store's): shown at 0 before the first one happens; a reason outside it
+# would be accepted too and appear once counted.
 
 CHAIN_BREAK_KINDS = ("gap", "tamper", "conflict")
 """The kinds of chain break: a missing `seq`, a hash that does not match, two events claiming one `seq`."""

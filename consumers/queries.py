@@ -1144,7 +1144,19 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "reason": Param(
                     "str",
                     "Only this reason.",
-                    choices=("not_json", "unknown_type", "newer_schema", "invalid", "no_value", "oversize", "error"),
+                    # consumers.store.DEAD_LETTER_REASONS (tests/consumers/test_store.py checks they agree).
+                    choices=(
+                        "no_value",
+                        "oversize",
+                        "not_utf8",
+                        "not_json",
+                        "not_an_event",
+                        "unknown_type",
+                        "newer_schema",
+                        "invalid",
+                        "envelope_mismatch",
+                        "error",
+                    ),
                 ),
                 **PAGE,
             },

@@ -37,16 +37,19 @@ from events import (
     ApprovalRequestedEvent,
     ApprovalResolvedEvent,
     BlockedEvent,
+    EventBase,
     EventParseError,
     SubstituteEvent,
     ToolDeniedEvent,
     ToolUseEvent,
 )
 from events.codec import ReadEvent, read_event
+from events.kafka import CE_TYPE_PREFIX
 from events.loss import LossReport, encode_loss_report, parse_loss_report
 from events.models import ZERO_HASH
 
 __all__ = [
+    "DEAD_LETTER_REASONS",
     "DEFAULT_MAX_VALUE_BYTES",
     "MIGRATIONS",
     "SCHEMA_VERSION",
@@ -69,6 +72,24 @@ whole hole): a forged seq of 10**12 must not make it write 10**12 rows."""
 
 PREVIEW_CHARS: Final = 200
 """How much of a dead letter's value is kept as text in `dead_letters.preview`."""
+
+DEAD_LETTER_REASONS: Final = (
+    "no_value",
+    "oversize",
+    "not_utf8",
+    "not_json",
+    "not_an_event",
+    "unknown_type",
+    "newer_schema",
+    "invalid",
+    "envelope_mismatch",
+    "error",
+)
+"""Every `dead_letters.reason`, in the order a record is checked: no value (None or empty), a value
+over `max_value_bytes`, bytes that are not UTF-8, text that is not JSON, JSON that is not an object
+(an array, a string, a number...), an unknown or missing `type`, a `schema_version` newer than this
+code reads, any other invalid field, a valid event whose Kafka envelope (key, `ce_id`, `ce_type`)
+disagrees with it, and any other error while reading it. The `error` column keeps the details."""
 
 # DuckDB 2.0 bundles core_functions, icu, json and parquet; anything else it would fetch from the
 # network on first use. A store never does that: no surprise downloads, no surprise code.
@@ -148,7 +169,10 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.
 
 @dataclass(frozen=True, slots=True)
 class RawRecord:
-    """One Kafka record as consumed: where it was (topic, partition, offset) and its bytes."""
+    """One Kafka record as consumed: where it was (topic, partition, offset), its bytes and headers.
+
+    The key and the CloudEvents headers are the record's envelope, which `AuditStore.ingest` checks
+    against the event it carries (see there)."""
 
     topic: str
     partition: int
@@ -156,6 +180,8 @@ class RawRecord:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    """(name, value) pairs in the record's order, as aiokafka gives them (a name may repeat)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +287,8 @@ CREATE TABLE dead_letters (
     "offset" BIGINT NOT NULL,
     key BLOB,
     value BLOB,
-    reason VARCHAR NOT NULL,  -- the kind: not_json, unknown_type, newer_schema, invalid, no_value, oversize, error
+    reason VARCHAR NOT NULL,  -- the kind (DEAD_LETTER_REASONS): no_value, oversize, not_utf8, not_json,
+                              -- not_an_event, unknown_type, newer_schema, invalid, envelope_mismatch, error
     error VARCHAR NOT NULL,  -- the whole reason, as the parser gave it
     preview VARCHAR,  -- the value's first characters as text, for people
     kafka_time TIMESTAMPTZ,
@@ -805,8 +832,9 @@ class AuditStore:
 
         Each record's value is parsed (`events.parse_event`); an event is stored once (its
         `event_id` is the key, and its (producer_id, seq) slot holds one event); anything else
-        becomes a dead letter keyed by (topic, partition, offset) with the reason: no value, a value
-        over `max_value_bytes`, `EventParseError`, or any other error while reading it. `offsets`
+        becomes a dead letter keyed by (topic, partition, offset) with one of `DEAD_LETTER_REASONS`:
+        no value (None or empty), a value over `max_value_bytes`, `EventParseError` (by its kind),
+        an envelope that disagrees with the event, or any other error while reading it. `offsets`
         maps (topic, partition) to the next offset to read; they are upserted in the same
         transaction. Then the chains of the new events are checked against their stored
         neighbours: a hash that does not match the content, a `prev_hash` that does not link
@@ -817,6 +845,17 @@ class AuditStore:
         `close_open_gaps`), but a recorded gap that this batch fills is removed. A loss report
         (`events.loss`: a sink found events a dead process never spooled) records a gap at its
         first seq at once, unless that event is stored.
+
+        The envelope is what a `KafkaSink` writes around an event: the key is its `producer_id`, the
+        CloudEvents header `ce_id` its `event_id`, `ce_type` the prefix `dev.callgate.` and its
+        `type`. A record that carries any `ce_` header claims that form, and is held to it: it must
+        have a key, the key must be the producer_id, and each of `ce_id` and `ce_type` it carries
+        (every copy, when a name repeats) must match; an absent header is not checked. A record with
+        no `ce_` header at all was not written by a sink (a hand-made producer, a replay tool); its
+        key says nothing checkable, and it is read by its value alone. A mismatch is the dead letter
+        `envelope_mismatch`, its error naming each field that disagreed with both values (the
+        record's key stays in the row). Loss reports (`events.loss`) are not events and are not
+        checked.
 
         Idempotent: the same records again change nothing. Raises `StoreError` on a read-only store,
         and re-raises whatever went wrong inside the transaction (a negative offset, a closed store)
@@ -897,7 +936,10 @@ class AuditStore:
         for ord_, record in enumerate(records):
             value = record.value
             if value is None:
-                _add_dead(dead, record, "no_value", "the record has no value (a tombstone or an empty message)")
+                _add_dead(dead, record, "no_value", "the record has no value (a tombstone)")
+                continue
+            if not value:
+                _add_dead(dead, record, "no_value", "the record's value is empty (0 bytes)")
                 continue
             if len(value) > self.max_value_bytes:
                 _add_dead(
@@ -911,7 +953,11 @@ class AuditStore:
                 if (report := parse_loss_report(value)) is not None:
                     losses.append(report)
                     continue
-                rows.append(_event_row(read_event(value), ord_, record.topic, record.partition, record.offset))
+                read = read_event(value)
+                if (mismatch := _envelope_mismatch(record, read.event)) is not None:
+                    _add_dead(dead, record, "envelope_mismatch", mismatch)
+                    continue
+                rows.append(_event_row(read, ord_, record.topic, record.partition, record.offset))
             except EventParseError as exc:
                 _add_dead(dead, record, _reason_kind(exc.reason), exc.reason)
             except Exception as exc:  # a record must never block its partition: dead-letter it
@@ -939,7 +985,9 @@ class AuditStore:
                 event_id = None
             if isinstance(event_id, str):
                 row = con.execute("SELECT 1 FROM events WHERE event_id = $id", {"id": event_id}).fetchone()
-                return row is not None
+                if row is not None:
+                    return True
+                # Not stored as an event: it may be a dead letter (invalid, or its envelope disagreed).
             with contextlib.suppress(ValueError):
                 if (report := parse_loss_report(value)) is not None:
                     row = con.execute(
@@ -1016,13 +1064,43 @@ def _offsets_table(offsets: Mapping[tuple[str, int], int]) -> pa.Table:
 
 def _reason_kind(reason: str) -> str:
     """A short kind for `EventParseError.reason` (the dead-letter table keeps the whole reason too)."""
-    if reason.startswith(("not JSON", "expected a JSON object")):
+    # "not UTF-8: ..." from events.codec; older codecs said "not JSON: 'utf-8' codec can't decode ...".
+    if reason.startswith("not UTF-8") or (reason.startswith("not JSON") and "'utf-8' codec can't decode" in reason):
+        return "not_utf8"
+    if reason.startswith("not JSON"):
         return "not_json"
+    if reason.startswith("expected a JSON object"):
+        return "not_an_event"
     if reason.startswith("unknown event type"):
         return "unknown_type"
     if reason.startswith("schema_version"):
         return "newer_schema"
     return "invalid"
+
+
+def _envelope_mismatch(record: RawRecord, event: EventBase) -> str | None:
+    """What of the record's envelope disagrees with the event it carries (None: nothing), in the
+    words of the `envelope_mismatch` dead letter; the rules are in `AuditStore.ingest`."""
+    headers = record.headers
+    if not any(name.startswith("ce_") for name, _ in headers):
+        return None
+    problems: list[str] = []
+    if record.key is None:
+        problems.append(f"the record has no key; the event's producer_id is {event.producer_id!r}")
+    elif record.key != event.producer_id.encode():
+        problems.append(f"key {_shown(record.key)} is not the event's producer_id {event.producer_id!r}")
+    kind = str(getattr(event, "type", ""))
+    for name, value in headers:
+        if name == "ce_id" and value != event.event_id.encode():
+            problems.append(f"header ce_id {_shown(value)} is not the event's event_id {event.event_id!r}")
+        elif name == "ce_type" and value != (wanted := CE_TYPE_PREFIX + kind).encode():
+            problems.append(f"header ce_type {_shown(value)} is not {wanted!r} (the event's type {kind!r})")
+    return "; ".join(problems) or None
+
+
+def _shown(value: bytes | None) -> str:
+    """A key or header value as a person reads it in an error: quoted text, or null."""
+    return "null" if value is None else repr(value.decode("utf-8", "backslashreplace"))
 
 
 def _add_dead(dead: dict[str, list[Any]], record: RawRecord, reason: str, error: str) -> None:

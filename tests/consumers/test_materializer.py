@@ -27,7 +27,7 @@ from callgate.broker import EmbeddedBroker, free_port
 from consumers.materializer import Materializer
 from consumers.store import AuditStore, StoreLockedError
 from events import MemorySink, Producer, ToolUseEvent, encode_event, event_hash
-from events.kafka import KafkaSink
+from events.kafka import KafkaSink, _headers, _spool_key
 from interceptor_core import Deny, Gate, RunContext, Substitute, before_tool_call, tool
 
 pytestmark = pytest.mark.integration
@@ -192,6 +192,63 @@ class TestIncrementalDrain:
         summary = await drain(kafka_broker.bootstrap, topic, db, group, assignment)
         assert (summary.records, summary.stored, summary.duplicates) == (12, 12, 0)
         assert sorted(stored_ids(db)) == sorted(e.event_id for e in events)
+
+
+def sink_envelope(event: Any, **changes: bytes) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """The key and headers a KafkaSink sends with the event (made by its own functions), with the key
+    and the headers named in `changes` replaced."""
+    key, headers = _headers(_spool_key(event), 0)
+    return changes.pop("key", key), [(name, changes.get(name, value)) for name, value in headers]
+
+
+class TestEnvelope:
+    async def test_an_event_whose_envelope_disagrees_is_a_dead_letter(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """Valid events produced with a foreign key, `ce_id` or `ce_type` (or a foreign key and `ce_id`) are
+        `envelope_mismatch` dead letters naming the field and both values, and leave gaps; the events sent as
+        a sink sends them are stored."""
+        events = sealed_events(6)
+        sends = [
+            (events[0], {}),
+            (events[1], {"key": b"intruder"}),
+            (events[2], {"ce_id": b"forged-id"}),
+            (events[3], {"ce_type": b"dev.callgate.Blocked"}),
+            (events[4], {"key": b"intruder", "ce_id": b"forged-id"}),
+            (events[5], {}),
+        ]
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all", enable_idempotence=False)
+        await producer.start()
+        try:
+            for event, changes in sends:
+                key, headers = sink_envelope(event, **changes)
+                await producer.send_and_wait(topic, encode_event(event), key=key, headers=headers, partition=0)
+        finally:
+            await producer.stop()
+        db = tmp_path / "audit.duckdb"
+        summary = await drain(kafka_broker.bootstrap, topic, db)
+        assert (summary.stored, summary.dead_letters, summary.gaps_recorded) == (2, 4, 4)
+        assert sorted(stored_ids(db)) == sorted([events[0].event_id, events[5].event_id])
+        with AuditStore(db, read_only=True) as store:
+            con = store.cursor()
+            rows = con.execute('select "offset", reason, error from dead_letters order by 1').fetchall()
+            con.close()
+        pid = events[0].producer_id
+        key_error = f"key 'intruder' is not the event's producer_id {pid!r}"
+        assert rows == [
+            (1, "envelope_mismatch", key_error),
+            (2, "envelope_mismatch", f"header ce_id 'forged-id' is not the event's event_id {events[2].event_id!r}"),
+            (
+                3,
+                "envelope_mismatch",
+                "header ce_type 'dev.callgate.Blocked' is not 'dev.callgate.ToolUse' (the event's type 'ToolUse')",
+            ),
+            (
+                4,
+                "envelope_mismatch",
+                f"{key_error}; header ce_id 'forged-id' is not the event's event_id {events[4].event_id!r}",
+            ),
+        ]
 
 
 class TestDrain:

@@ -19,13 +19,17 @@ from hypothesis import strategies as st
 
 from consumers import (
     MIGRATIONS,
+    QUERIES,
     SCHEMA_VERSION,
     AuditStore,
     RawRecord,
     StoreError,
     StoreLockedError,
 )
+from consumers import metrics as materializer_metrics
+from consumers.store import DEAD_LETTER_REASONS, _reason_kind
 from events import EventBase, MemorySink, encode_event, event_hash, parse_event
+from events.kafka import _headers, _spool_key
 from events.loss import LossReport, encode_loss_report
 from events.models import ZERO_HASH
 from interceptor_core import Deny, Gate, RunContext, Substitute, ToolCall, before_tool_call, tool
@@ -94,6 +98,15 @@ def forged(event: EventBase, *, rehash: bool, **changes: Any) -> bytes:
 
 def record(value: bytes | None, offset: int, partition: int = 0) -> RawRecord:
     return RawRecord(TOPIC, partition, offset, b"key", value)
+
+
+def sent(event: EventBase, offset: int, **changes: bytes | None) -> RawRecord:
+    """The record a KafkaSink sends for the event (the key and headers its own functions make), with the
+    `key` and the headers named in `changes` replaced (`key=None`: no key)."""
+    key, headers = _headers(_spool_key(event), 0)
+    key = changes.pop("key", key)
+    envelope = tuple((name, changes.get(name) or value) for name, value in headers)
+    return RawRecord(TOPIC, 0, offset, key, encode_event(event), 1_700_000_000_000, envelope)
 
 
 def breaks(store: AuditStore) -> list[tuple[str, int, str]]:
@@ -204,48 +217,73 @@ class TestIngest:
 
 class TestDeadLetters:
     def test_bad_records_are_dead_letters_and_the_good_ones_around_them_are_stored(self, db: Path) -> None:
-        """Invalid JSON, unknown type, newer schema, missing fields, no value and oversize each become a dead
-        letter with its reason; the events between them are stored."""
+        """No value (None or empty), oversize, not UTF-8, not JSON, JSON that is not an object, unknown type,
+        newer schema and missing fields each become a dead letter with its reason; the events between them
+        are stored."""
         events = gate_events(2)
         good = json.loads(encode_event(events[1]))
         missing = {k: v for k, v in good.items() if k != "producer_id"}
-        bad = [
-            b"{not json",
-            json.dumps({**good, "type": "Teleported"}).encode(),
-            json.dumps({**good, "schema_version": 99}).encode(),
-            json.dumps(missing).encode(),
-            None,
-            b"x" * 9000,
+        bad: list[tuple[bytes | None, str]] = [
+            (None, "no_value"),
+            (b"", "no_value"),
+            (b"x" * 9000, "oversize"),
+            (b'{"type": "ToolUse", "note": "caf\xe9"}', "not_utf8"),  # Latin-1, not UTF-8
+            (b"{not json", "not_json"),
+            (b"[1, 2]", "not_an_event"),
+            (b'"ToolUse"', "not_an_event"),
+            (b"42", "not_an_event"),
+            (json.dumps({**good, "type": "Teleported"}).encode(), "unknown_type"),
+            (json.dumps({**good, "schema_version": 99}).encode(), "newer_schema"),
+            (json.dumps(missing).encode(), "invalid"),
         ]
         batch = [record(encode_event(events[0]), 0)]
-        batch += [record(value, 1 + i) for i, value in enumerate(bad)]
-        batch += [record(encode_event(events[1]), 7), record(encode_event(events[2]), 8)]
+        batch += [record(value, 1 + i) for i, (value, _) in enumerate(bad)]
+        batch += [record(encode_event(events[1]), 20), record(encode_event(events[2]), 21)]
         with AuditStore(db, max_value_bytes=8192) as store:
             result = ingest(store, batch)
-            assert (result.stored, result.dead_letters) == (3, 6)
+            assert (result.stored, result.dead_letters) == (3, len(bad))
             assert result.dead_letters_by_reason == {
+                "no_value": 2,
+                "oversize": 1,
+                "not_utf8": 1,
                 "not_json": 1,
+                "not_an_event": 3,
                 "unknown_type": 1,
                 "newer_schema": 1,
                 "invalid": 1,
-                "no_value": 1,
-                "oversize": 1,
             }
             rows = store.cursor().execute('SELECT "offset", reason, error, key, value FROM dead_letters ORDER BY 1')
             dead = rows.fetchall()
-        assert [(o, r) for o, r, *_ in dead] == [
-            (1, "not_json"),
-            (2, "unknown_type"),
-            (3, "newer_schema"),
-            (4, "invalid"),
-            (5, "no_value"),
-            (6, "oversize"),
-        ]
-        assert "Teleported" in dead[1][2]
-        assert "producer_id" in dead[3][2]
-        assert "8192" in dead[5][2]
-        assert dead[0][3:] == (b"key", b"{not json")
-        assert dead[5][4] == b"x" * 9000  # kept whole: a dead letter is set aside, never lost
+        assert [(o, r) for o, r, *_ in dead] == [(1 + i, reason) for i, (_, reason) in enumerate(bad)]
+        errors = [error for _, _, error, *_ in dead]
+        assert "tombstone" in errors[0]
+        assert "empty" in errors[1]
+        assert "8192" in errors[2]
+        assert "utf-8" in errors[3].lower()
+        assert "Teleported" in errors[8]
+        assert "producer_id" in errors[10]
+        assert dead[4][3:] == (b"key", b"{not json")
+        assert dead[2][4] == b"x" * 9000  # kept whole: a dead letter is set aside, never lost
+
+    @pytest.mark.parametrize(
+        ("reason", "kind"),
+        [
+            ("not UTF-8: 'utf-8' codec can't decode byte 0xe9 in position 31: invalid continuation byte", "not_utf8"),
+            # The wording of events.codec before it told UTF-8 from JSON apart.
+            ("not JSON: 'utf-8' codec can't decode byte 0xe9 in position 31: invalid continuation byte", "not_utf8"),
+            ("not JSON: Expecting value: line 1 column 1 (char 0)", "not_json"),
+            ("expected a JSON object, got list", "not_an_event"),
+        ],
+    )
+    def test_both_wordings_of_a_parse_failure_have_one_kind(self, reason: str, kind: str) -> None:
+        """A UTF-8 failure is `not_utf8` in the parser's old wording and its new one; JSON that is not an
+        object is `not_an_event`, never `not_json`."""
+        assert _reason_kind(reason) == kind
+
+    def test_readers_and_metrics_know_every_reason(self) -> None:
+        """The `dead_letter_records` query accepts exactly the store's reasons, and the metrics start with them."""
+        assert QUERIES["dead_letter_records"].params["reason"].choices == DEAD_LETTER_REASONS
+        assert materializer_metrics.DEAD_LETTER_REASONS == DEAD_LETTER_REASONS
 
     def test_any_other_error_while_reading_is_a_dead_letter(self, store: AuditStore) -> None:
         """A value that breaks the parser in an unplanned way (JSON nested too deep) is dead-lettered, not raised."""
@@ -261,7 +299,121 @@ class TestDeadLetters:
         first = ingest(store, [record(b"[1, 2]", 3)])
         second = ingest(store, [record(b"[1, 2]", 3)])
         assert (first.dead_letters, second.dead_letters, second.duplicates) == (1, 0, 1)
-        assert store.counts().dead_letters == {"not_json": 1}
+        assert store.counts().dead_letters == {"not_an_event": 1}
+
+    def test_a_dead_lettered_event_is_held(self, store: AuditStore) -> None:
+        """`holds` knows a record whose value names an event id but was dead-lettered (invalid, or its
+        envelope disagreed), so the materializer does not take the broker's log for a new one."""
+        events = gate_events(1)
+        invalid = json.dumps({**json.loads(encode_event(events[0])), "seq": "not a number"}).encode()
+        foreign = sent(events[1], 1, key=b"intruder")
+        ingest(store, [record(invalid, 0), foreign])
+        assert store.holds(TOPIC, 0, 0, invalid)
+        assert store.holds(TOPIC, 0, 1, foreign.value)
+        assert store.counts().dead_letters == {"invalid": 1, "envelope_mismatch": 1}
+        assert not store.holds(TOPIC, 0, 2, encode_event(events[0]))
+
+
+class TestEnvelope:
+    def test_what_a_sink_sends_is_stored(self, store: AuditStore) -> None:
+        """Records with the key and headers a KafkaSink sends are stored as events, nothing dead-lettered."""
+        events = gate_events(3)
+        result = ingest(store, [sent(e, i) for i, e in enumerate(events)])
+        assert (result.stored, result.dead_letters) == (len(events), 0)
+
+    def test_each_field_that_disagrees_is_named_with_both_values(self, store: AuditStore) -> None:
+        """A foreign key, `ce_id` or `ce_type` makes the event an `envelope_mismatch` dead letter whose error
+        names the field, what the record said and what the event says; two at once are both named."""
+        events = gate_events(3)
+        use = events[1]
+        pid, eid = use.producer_id, use.event_id
+        assert use.type == "ToolUse"  # type: ignore[attr-defined]
+        batch = [
+            sent(events[0], 0),
+            sent(use, 1, key=b"intruder"),
+            sent(use, 2, ce_id=b"forged-id"),
+            sent(use, 3, ce_type=b"dev.callgate.ToolDenied"),
+            sent(use, 4, key=b"intruder", ce_id=b"forged-id"),
+        ]
+        result = ingest(store, batch)
+        assert (result.stored, result.dead_letters_by_reason) == (1, {"envelope_mismatch": 4})
+        rows = store.cursor().execute('SELECT "offset", reason, error, key FROM dead_letters ORDER BY 1').fetchall()
+        key_error = f"key 'intruder' is not the event's producer_id {pid!r}"
+        id_error = f"header ce_id 'forged-id' is not the event's event_id {eid!r}"
+        type_error = (
+            "header ce_type 'dev.callgate.ToolDenied' is not 'dev.callgate.ToolUse' (the event's type 'ToolUse')"
+        )
+        assert rows == [
+            (1, "envelope_mismatch", key_error, b"intruder"),
+            (2, "envelope_mismatch", id_error, pid.encode()),
+            (3, "envelope_mismatch", type_error, pid.encode()),
+            (4, "envelope_mismatch", f"{key_error}; {id_error}", b"intruder"),
+        ]
+
+    def test_a_record_with_cloudevents_headers_and_no_key_is_a_mismatch(self, store: AuditStore) -> None:
+        """A sink keys every event by its producer: a record in the sink's form without a key is dead-lettered."""
+        event = gate_events(0)[0]
+        result = ingest(store, [sent(event, 0, key=None)])
+        assert result.dead_letters_by_reason == {"envelope_mismatch": 1}
+        (error,) = store.cursor().execute("SELECT error FROM dead_letters").fetchone() or ("",)
+        assert error == f"the record has no key; the event's producer_id is {event.producer_id!r}"
+
+    def test_every_copy_of_a_repeated_header_must_match(self, store: AuditStore) -> None:
+        """A second `ce_id` header that disagrees is a mismatch, though the first one agrees."""
+        event = gate_events(0)[0]
+        good = sent(event, 0)
+        doubled = RawRecord(TOPIC, 0, 0, good.key, good.value, None, (*good.headers, ("ce_id", b"other")))
+        assert ingest(store, [doubled]).dead_letters_by_reason == {"envelope_mismatch": 1}
+
+    def test_absent_headers_are_not_checked(self, store: AuditStore) -> None:
+        """Headers a record does not carry are not required: `ce_type` alone, or `ce_specversion` alone, with
+        the right key, is stored."""
+        events = gate_events(1)
+        first, second = events
+        batch = [
+            RawRecord(
+                TOPIC,
+                0,
+                0,
+                first.producer_id.encode(),
+                encode_event(first),
+                None,
+                (("ce_type", b"dev.callgate.ToolsRegistered"),),
+            ),
+            RawRecord(
+                TOPIC, 0, 1, second.producer_id.encode(), encode_event(second), None, (("ce_specversion", b"1.0"),)
+            ),
+        ]
+        result = ingest(store, batch)
+        assert (result.stored, result.dead_letters) == (2, 0)
+
+    def test_a_record_without_cloudevents_headers_is_read_by_its_value(self, store: AuditStore) -> None:
+        """A record with no `ce_` header (not a sink's: a hand-made producer, a replay) is stored whatever its
+        key: none, another, or with other headers only."""
+        events = gate_events(2)
+        batch = [
+            RawRecord(TOPIC, 0, 0, None, encode_event(events[0])),
+            RawRecord(TOPIC, 0, 1, b"someone-else", encode_event(events[1])),
+            RawRecord(
+                TOPIC, 0, 2, b"someone-else", encode_event(events[2]), None, (("content-type", b"application/json"),)
+            ),
+        ]
+        result = ingest(store, batch)
+        assert (result.stored, result.dead_letters) == (3, 0)
+
+    def test_a_loss_report_is_not_checked(self, store: AuditStore) -> None:
+        """A loss report is not an event: a foreign key and headers leave it a gap, as before."""
+        events = gate_events(1)
+        producer = events[0].producer_id
+        value = encode_loss_report(
+            LossReport(report_id="r-5", producer_id=producer, first_seq=5, last_seq=6, spool="/s")
+        )
+        report = RawRecord(
+            TOPIC, 0, 9, b"intruder", value, None, (("ce_id", b"x"), ("ce_type", b"dev.callgate.ToolUse"))
+        )
+        result = ingest(store, [*records(events), report])
+        assert (result.dead_letters, result.chain_breaks_by_kind) == (0, {"gap": 1})
+        assert breaks(store) == [(producer, 5, "gap")]
 
 
 class TestChainChecks:
