@@ -1,10 +1,13 @@
 """Redaction of tool-call arguments before any audit event leaves the process.
 
 `Redactor.redact_args` turns a tool call's arguments into a JSON-safe copy in which every secret is
-replaced by `REDACTED`, with the RFC 6901 JSON pointer of each replaced value. Three rules find secrets:
+replaced by `REDACTED`, with the RFC 6901 JSON pointer of each replaced value. Four rules find secrets:
 
 * key names: a value whose key contains one of the secret key words (`DEFAULT_SECRET_KEYS`, compared
   case-insensitively after removing "-" and "_") is replaced whole, whatever its type;
+* key names in text: inside every string, a value written after such a key name and ":" or "="
+  ('password="hunter2"', "api_key: ...", '{"token": "..."}', "?token=...&x=1") is replaced in
+  place, the key name kept ('password="[REDACTED]"');
 * paths: JSON pointers configured per tool name ("*" for every tool) are replaced whole;
 * content detectors: every string leaf is scanned, and each matched span is replaced in place
   ("card 4111 1111 1111 1111 exp" becomes "card [REDACTED] exp").
@@ -14,8 +17,9 @@ detectors share one gate pattern made of short anchors, each starting with a cha
 in ordinary text ("-" of "sk-", "_" of "ghp_", "J" of "eyJ", ...); `re` compiles it to a scan over a
 character set, so a clean string costs one C call, and a detector's own pattern runs only on strings
 in which its anchor occurs. Card numbers have no such character: a string needs 13 digits before the
-card detector runs. Redaction fails closed: `redact_args` never raises, and when anything goes wrong
-it drops the arguments rather than let them through.
+card detector runs. Key names in text are looked for only in strings holding ":" or "=", and only
+just before those characters. Redaction fails closed: `redact_args` never raises, and when anything
+goes wrong it drops the arguments rather than let them through.
 
 This module imports no transport (no opentelemetry, aiokafka or duckdb); detect-secrets is imported
 when the default detectors are first built.
@@ -78,11 +82,16 @@ A key matches when, lower-cased and with "-" and "_" removed, it contains one of
 "author"), "pwd" (shell tools use it for the working directory), "pin" and "ssn" (they occur inside
 ordinary words such as "shipping" and "business"). "token" also matches counters such as
 "max_tokens"; that costs a number in the audit trail, never a secret.
+
+The same test applies to the key name before ":" or "=" inside text, so "max_tokens: 512" loses its
+number there too, and so does "Password: must be 12 characters" its first word; "passwords are
+rotated", with no separator after the key word, is left alone.
 """
 
 _KEY_CACHE_LIMIT = 4096
 # Keys come from model-written arguments, so the set of distinct keys is open-ended; past this many
-# the memo stops growing (decisions are still computed, just not remembered).
+# the memo stops growing (decisions are still computed, just not remembered). The same holds, in a
+# memo of their own, for the names before ":" and "=" in free text (JSON keys must not be crowded out).
 
 _SIZE_PER_NODE = 32
 # An upper bound on what one JSON value adds besides its string characters: quotes, ", ", ": ",
@@ -307,13 +316,33 @@ _PEM = (
 )
 # The whole block, body included; a block cut before its END line is redacted to the end of the text.
 _PUTTY = r"PuTTY-User-Key-File-[0-9]+:[\s\S]*?(?:Private-MAC:[ ]*[0-9A-Fa-f]+|\Z)"
+_AUTH_SCHEME = r"(?:(?:basic|bearer|digest|negotiate|ntlm|token|apikey|aws4-hmac-sha256)[ \t]+)"
+# The words before the credentials of an Authorization value; they stay visible, the credentials go.
 _AUTHORIZATION = (
     r"(?i)\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?"
-    r"(?:(?:basic|bearer|digest|negotiate|ntlm|token|apikey|aws4-hmac-sha256)[ \t]+)?"
+    rf"{_AUTH_SCHEME}?"
     r"([^\s\"',;]+(?:[ \t]+[^\s\"',;]+)*)"
 )
 # The value runs to the end of the line (or a quote, comma or semicolon): a scheme this list does not
 # know is then redacted along with the credentials rather than mistaken for them.
+_SECRET_VALUE = re.compile(
+    r"[=>]?[ \t]*(?:"
+    rf"\"(?i:{_AUTH_SCHEME})?((?:[^\"\\\r\n]++|\\.)*+)"
+    rf"|'(?i:{_AUTH_SCHEME})?((?:[^'\\\r\n]++|\\.)*+)"
+    rf"|\\\"(?i:{_AUTH_SCHEME})?((?:[^\\\r\n]++|\\[^\"\r\n])*+)"
+    rf"|(?i:{_AUTH_SCHEME})?([^\s&;,\"']++(?:[\"']++[^\s&;,\"']++)*+)"
+    r")"
+)
+# What follows the separator of a secret key in free text; the one group that takes part is the
+# secret. A quoted value ("...", '...', or \"...\" of JSON inside a JSON string) runs to its closing
+# quote, or to the end of the line when there is none; an unquoted one to whitespace, "&", ";", "," or
+# the end, quotes at its end excluded (they close the string around it: curl 'https://x?token=abc').
+# "=>" and ":=" are one separator. An Authorization scheme before the value stays visible.
+_OPENS_QUOTE = re.compile(r"[=>]?[ \t]*\\?[\"']")
+# A value after a separator that starts with a quote (see _SECRET_VALUE).
+_KEY_BEFORE = re.compile(r"[ \t]*[\"']?\\?([\w.-]+)")
+# The key name before a separator, matched in the reversed text: blanks, a closing quote (perhaps
+# escaped by a backslash), then the name, last letter first.
 _GITLAB_PREFIX_ANCHOR = r"(?:(?<=gl[dfr]t-)|(?<=gl(?:pat|cbt|imt|ptt|oas)-)|(?<=glsoat-)|(?<=glagent-))"
 
 
@@ -623,18 +652,19 @@ def _scoped(pattern: re.Pattern[str]) -> str:
 class Redactor:
     """Replaces secrets in tool-call arguments and error texts by `REDACTED`.
 
-    Construct once and share: a Redactor is immutable after construction (its only mutable part is a
-    bounded memo of key-name decisions, which needs no lock) and safe to use from many threads at once.
-    The constructor raises `ValueError` or `TypeError` for an invalid configuration; `redact_args` and
-    `redact_text` never raise.
+    Construct once and share: a Redactor is immutable after construction (its only mutable parts are
+    two bounded memos of key-name decisions, which need no lock) and safe to use from many threads at
+    once. The constructor raises `ValueError` or `TypeError` for an invalid configuration;
+    `redact_args` and `redact_text` never raise.
 
     `detectors`: the content detectors (None = `default_detectors()`, [] = none); `extra_detectors`
     are added to them. `secret_keys`: key words marking secret values (None = `DEFAULT_SECRET_KEYS`);
-    each matches case-insensitively as a substring of a key after "-" and "_" are removed. `paths`:
-    JSON pointers per tool name that are always replaced when present (the tool name "*" applies to
-    every tool); pointers match exactly, list indices included. `max_chars`: arguments whose JSON text
-    is longer are cut (after redaction). `enabled=False` passes arguments through unredacted (still
-    as a JSON-safe copy, never cut) and makes `redact_text` return its input.
+    each matches case-insensitively as a substring of a key after "-" and "_" are removed, and of a
+    key name written before ":" or "=" inside any string (see `redact_text`). `paths`: JSON pointers
+    per tool name that are always replaced when present (the tool name "*" applies to every tool);
+    pointers match exactly, list indices included. `max_chars`: arguments whose JSON text is longer
+    are cut (after redaction). `enabled=False` passes arguments through unredacted (still as a
+    JSON-safe copy, never cut) and makes `redact_text` return its input.
     """
 
     __slots__ = (
@@ -652,6 +682,7 @@ class Redactor:
         "_other",
         "_quick",
         "_star_paths",
+        "_text_key_cache",
         "_tool_paths",
         "_user_gate",
         "_user_gated",
@@ -677,6 +708,7 @@ class Redactor:
         self._max_chars = max_chars
         self._key_pattern = _compile_keys(DEFAULT_SECRET_KEYS if secret_keys is None else secret_keys)
         self._key_cache: dict[str, tuple[bool, str]] = {}
+        self._text_key_cache: dict[str, bool] = {}
         self._tool_paths, self._star_paths = _compile_paths(paths or {})
 
         anchored = [detector for detector in chosen if isinstance(detector, _AnchoredDetector)]
@@ -725,8 +757,18 @@ class Redactor:
     def redact_text(self, text: str) -> str:
         """`text` with every span the content detectors find replaced by `REDACTED` (for error messages).
 
-        Secret keys and paths do not apply to free text. Returns `text` unchanged when disabled. Never
-        raises: if a detector fails, the whole text is replaced by `REDACTED` (fails closed).
+        Secret keys apply to the values written after them: where a key name holding a secret key word
+        (tested as a JSON key is) is followed by ":" or "=" (blanks around it allowed, the key perhaps
+        quoted, as in JSON), the value after it is replaced and the key name kept. A quoted value
+        ("...", '...', or \\"...\\" of JSON inside a JSON string) is replaced up to its closing quote
+        (the end of the line if there is none), an unquoted one up to whitespace, "&", ";", "," or the
+        end (quotes closing the surrounding string are kept). "password: 'hunter2'" becomes
+        "password: '[REDACTED]'", "?token=abc&page=2" becomes "?token=[REDACTED]&page=2". An
+        Authorization scheme ("Bearer", "Basic", ...) before the value stays. Paths do not apply to
+        free text. `redact_args` applies the same to every string in the arguments.
+
+        Returns `text` unchanged when disabled. Never raises: if a detector fails, the whole text is
+        replaced by `REDACTED` (fails closed).
         """
         if not self._enabled:
             return text
@@ -739,9 +781,11 @@ class Redactor:
     def redact_args(self, tool: str, args: Mapping[str, Any]) -> RedactedArgs:
         """The redacted, JSON-safe copy of one tool call's arguments, with the pointers of what was replaced.
 
-        The input is never mutated. Never raises: if anything fails (a detector raising, a cycle in
-        the arguments, a value that cannot be converted), the result has `args=None` and `error` set,
-        so the raw arguments never leave. Arguments whose JSON text (json.dumps, default=str) is longer
+        Inside every string, the values after secret key names are replaced as `redact_text` says, and
+        the string's pointer is recorded (like any other in-text detection). The input is never
+        mutated. Never raises: if anything fails (a detector raising, a cycle in the arguments, a value
+        that cannot be converted), the result has `args=None` and `error` set, so the raw arguments
+        never leave. Arguments whose JSON text (json.dumps, default=str) is longer
         than `max_chars` come back as `{"_truncated": "<its first max_chars characters>"}`, cut after
         redaction so the cut text holds no secret either.
         """
@@ -825,7 +869,74 @@ class Redactor:
                     spans += detector.find(text)
             for detector in self._other:
                 spans += detector.find(text)
+        if self._key_pattern is not None and ("=" in text or ":" in text):
+            spans += self._key_value_spans(text)
         return spans
+
+    def _key_value_spans(self, text: str) -> list[tuple[int, int]]:
+        """The spans of the values written after secret key names in `text`: "password=...", "api_key: ...".
+
+        Each ":" or "=" is a candidate separator, in the order they occur; the key name before it (the
+        run of word characters, "." and "-" that ends there, optionally closed by a quote, itself
+        backslash-escaped or not) is normalised and tested as a JSON key is. What follows is
+        `_SECRET_VALUE`. str.find skips to the separators far faster than a regular expression scans
+        for them, and ordinary text holds few, so the loop runs a handful of times: the key words are
+        never tried at every letter. The cost stays linear in the length of the text, whatever it holds.
+        """
+        spans: list[tuple[int, int]] = []
+        cache = self._text_key_cache
+        after = len(text) + 1
+        reverse = text[::-1]
+        covered = -1  # where the values found so far end: a separator before it lies inside one
+        colon = text.find(":")
+        equals = text.find("=")
+        while colon >= 0 or equals >= 0:
+            if equals < 0 or 0 <= colon < equals:
+                at = colon
+                colon = text.find(":", at + 1)
+            else:
+                at = equals
+                equals = text.find("=", at + 1)
+            # In the reversed text, the key name starts right after the separator.
+            key = _KEY_BEFORE.match(reverse, after - at - 1)
+            if key is None:
+                continue
+            name = key.group(1)
+            secret = cache.get(name)
+            if secret is None:
+                secret = self._text_key_info(name)
+            if not secret:
+                continue
+            if at < covered and _OPENS_QUOTE.match(text, at + 1) is None:
+                # An unquoted value that starts inside one already found ends where that one ends, or
+                # runs on only past the closing quote of a quoted one. Scanning it again would make
+                # "token=token=token=..." cost the square of its length.
+                continue
+            value = _SECRET_VALUE.match(text, at + 1)
+            if value is not None and value.lastindex is not None:
+                start, end = value.span(value.lastindex)
+                if start < end:
+                    spans.append((start, end))
+                    covered = max(covered, end)
+        return spans
+
+    def _text_key_info(self, reversed_name: str) -> bool:
+        """Is the key name spelled backwards by `reversed_name` secret? Remembered while the memo has room."""
+        pattern = self._key_pattern
+        secret = pattern is not None and pattern.search(_normalize_key(reversed_name[::-1])) is not None
+        if len(self._text_key_cache) < _KEY_CACHE_LIMIT:
+            self._text_key_cache[reversed_name] = secret
+        return secret
+
+    def _redact_key_values(self, text: str, path: str, found: list[str]) -> str:
+        """`_redact_string` for a string in which no detector can fire: only values after key names go."""
+        spans = self._key_value_spans(text)
+        if not spans:
+            return text
+        redacted = _apply(text, spans)
+        if redacted is not text:
+            found.append(path)
+        return redacted
 
     def _redact_string(
         self, text: str, hit: re.Match[str] | None, path: str, found: list[str], enough_digits: bool | None = None
@@ -852,6 +963,7 @@ class Redactor:
         quick = self._quick
         only_gated = self._only_gated
         min_digits = self._min_digits
+        keyed = self._key_pattern is not None
         copied: dict[str, Any] = {}
         bound = 0
         for raw_key, item in value.items():
@@ -865,15 +977,19 @@ class Redactor:
                 bound += _REDACTED_SIZE
                 copied[key] = REDACTED
                 continue
-            # The common leaves (a string with no anchor and too few digits, a short number) are settled
-            # here: a method call per leaf would cost as much as the scan itself.
+            # The common leaves (a string with no anchor, too few digits and no ":" or "=", a short
+            # number) are settled here: a method call per leaf would cost as much as the scan itself.
             if extra is None and only_gated:
                 kind = type(item)
                 if kind is str:
                     bound += _SIZE_PER_CHAR * len(item) + _SIZE_PER_NODE
                     hit = quick(item)
                     if hit is None and (len(item) < min_digits or _digit_count(item) < min_digits):
-                        copied[key] = item
+                        # No detector can fire; only a value after a secret key name may be left.
+                        if keyed and (":" in item or "=" in item):
+                            copied[key] = self._redact_key_values(item, path + info[1], found)
+                        else:
+                            copied[key] = item
                     else:
                         # Without a hit, the digits are what brought the string here.
                         copied[key] = self._redact_string(
@@ -899,6 +1015,7 @@ class Redactor:
         quick = self._quick
         fast = extra is None and self._only_gated
         min_digits = self._min_digits
+        keyed = self._key_pattern is not None
         copied: list[Any] = []
         bound = 0
         for index, item in enumerate(value):
@@ -908,7 +1025,10 @@ class Redactor:
                     bound += _SIZE_PER_CHAR * len(item) + _SIZE_PER_NODE
                     hit = quick(item)
                     if hit is None and (len(item) < min_digits or _digit_count(item) < min_digits):
-                        copied.append(item)
+                        if keyed and (":" in item or "=" in item):
+                            copied.append(self._redact_key_values(item, f"{path}/{index}", found))
+                        else:
+                            copied.append(item)
                     else:
                         copied.append(
                             self._redact_string(item, hit, f"{path}/{index}", found, True if hit is None else None)

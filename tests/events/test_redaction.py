@@ -1,4 +1,4 @@
-"""Redaction of tool-call arguments: key names, paths, content detectors, oversize, failure, JSON safety."""
+"""Redaction of tool-call arguments: key names (JSON and text), paths, detectors, oversize, failure, JSON safety."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from detect_secrets.plugins.private_key import PrivateKeyDetector
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -417,6 +417,225 @@ class TestSecretKeys:
             Redactor(secret_keys=ONE_WORD)
 
 
+HK_LIVE = "hk_live_" + ALNUM[:24]
+# Not a key format any content detector knows: only the key name before it can give it away.
+
+LEAKED_RECORDS = [
+    # (free text as a tool received it, the secret in it): the twenty shapes measured leaking from outside.
+    ('Hi team,\nthe staging login is password="hunter2hunter2" until Friday.\nThanks, Bob', "hunter2hunter2"),
+    ("mysql -u app --password=hunter2hunter2-01 shop < dump.sql", "hunter2hunter2-01"),
+    (f'curl -s -H "X-Api-Key: {HK_LIVE}1" https://api.example.com/v1/orders', f"{HK_LIVE}1"),
+    (f"GET https://api.example.com/v1/orders?api_key={HK_LIVE}2&page=2 returned 200", f"{HK_LIVE}2"),
+    ('{"user": "bob", "password": "hunter2hunter2-05", "remember": true}', "hunter2hunter2-05"),
+    ("db:\n  host: db.internal\n  password: hunter2hunter2-06\n  pool: 5\n", "hunter2hunter2-06"),
+    (f"export API_KEY={HK_LIVE}7 && ./deploy.sh --prod", f"{HK_LIVE}7"),
+    (f"DEBUG=1\nSECRET_KEY={HK_LIVE}8\nALLOWED_HOSTS=*\n", f"{HK_LIVE}8"),
+    (f"client = Client(api_key='{HK_LIVE}9', timeout=5)", f"{HK_LIVE}9"),
+    ("login failed for bob (password=hunter2hunter2-10) from 10.0.0.7", "hunter2hunter2-10"),
+    (f"[auth]\nuser = deploy\ntoken = {HK_LIVE}11\n", f"{HK_LIVE}11"),
+    (f'{{\\"access_token\\": \\"{HK_LIVE}12\\", \\"expires_in\\": 3600}}', f"{HK_LIVE}12"),
+    ("Server=db;Database=shop;User Id=app;Password=hunter2hunter2-13;Encrypt=true", "hunter2hunter2-13"),
+    (f"Credentials for the sandbox: `api_key={HK_LIVE}14` (rotate monthly)", f"{HK_LIVE}14"),
+    ("UPDATE users SET password = 'hunter2 hunter2 15' WHERE id = 4", "hunter2 hunter2 15"),
+    (f"Post updates to https://hooks.example.com/in?channel=ops&token={HK_LIVE}16 please.", f"{HK_LIVE}16"),
+    (f'{{"API-KEY" : "{HK_LIVE}17"}}', f"{HK_LIVE}17"),
+    (f"Set-Cookie: session_id={HK_LIVE}18; Path=/; HttpOnly", f"{HK_LIVE}18"),
+    ("ssh deploy@host 'PGPASSWORD=hunter2hunter2-19 psql -h db shop'", "hunter2hunter2-19"),
+    (f"Reminder: apiKey: {HK_LIVE}20, clientSecret: hunter2hunter2-20", f"{HK_LIVE}20"),
+]
+
+
+class TestSecretKeysInText:
+    @pytest.mark.parametrize(
+        ("text", "expected"),
+        [
+            ("password=hunter2hunter2", f"password={REDACTED}"),
+            ("password: hunter2hunter2", f"password: {REDACTED}"),
+            ('password = "hunter2 hunter2"', f'password = "{REDACTED}"'),
+            ("password='hunter2 hunter2'", f"password='{REDACTED}'"),
+            ('{"password": "hunter2", "user": "bob"}', f'{{"password": "{REDACTED}", "user": "bob"}}'),
+            ("{'api_key': 'hk', 'n': 1}", f"{{'api_key': '{REDACTED}', 'n': 1}}"),
+            ('{\\"password\\": \\"hunter2\\"}', f'{{\\"password\\": \\"{REDACTED}\\"}}'),
+            ("mysql --password=hunter2 shop", f"mysql --password={REDACTED} shop"),
+            ("https://x.example/a?token=abc123&page=2", f"https://x.example/a?token={REDACTED}&page=2"),
+            ("password := hunter2", f"password := {REDACTED}"),
+            ("'password' => 'hunter2'", f"'password' => '{REDACTED}'"),
+            ("token:\thunter2", f"token:\t{REDACTED}"),
+        ],
+    )
+    def test_each_form_keeps_the_key_and_loses_the_value(self, text: str, expected: str) -> None:
+        """key=value, key: value, quoted values, embedded JSON and query strings keep the key name only."""
+        assert redactor().redact_text(text) == expected
+
+    def test_the_string_pointer_is_reported(self) -> None:
+        """In the arguments the value is replaced inside its string, and that string's pointer is recorded."""
+        args = {"to": "a@b.example", "body": 'login with password="hunter2hunter2" today', "n": 1}
+        result = redactor().redact_args("send_email", args)
+        assert result.args == {"to": "a@b.example", "body": f'login with password="{REDACTED}" today', "n": 1}
+        assert result.redacted_paths == ("/body",)
+
+    def test_nested_strings_are_reported_by_their_own_pointer(self) -> None:
+        """A string deep in lists and dicts is reported by its full pointer, once however many values it loses."""
+        args = {"messages": [{"text": "hi"}, {"text": f"api_key={HK_LIVE} token: abc"}], "cmd": ["sh", "-c", "x=1"]}
+        result = redactor().redact_args("t", args)
+        assert result.args == {
+            "messages": [{"text": "hi"}, {"text": f"api_key={REDACTED} token: {REDACTED}"}],
+            "cmd": ["sh", "-c", "x=1"],
+        }
+        assert result.redacted_paths == ("/messages/1/text",)
+
+    def test_text_and_arguments_agree(self) -> None:
+        """redact_text (messages, reasons, errors) redacts a string exactly as redact_args redacts it as an argument."""
+        for text, _secret in LEAKED_RECORDS:
+            result = redactor().redact_args("t", {"text": text})
+            assert result.args == {"text": redactor().redact_text(text)}
+
+    @pytest.mark.parametrize(
+        "key",
+        [
+            "PASSWORD",
+            "Password",
+            "db_password",
+            "db.password",
+            "API-Key",
+            "apiKey",
+            "x-api-key",
+            "X_API_KEY",
+            "access_token",
+            "refreshToken",
+            "aws_access_key_id",
+            "client-Secret",
+            "private_key",
+            "SESSION_ID",
+            "pass_word",
+        ],
+    )
+    def test_key_names_are_normalised_as_json_keys_are(self, key: str) -> None:
+        """Case and '-'/'_' are ignored and the key word may sit anywhere in the name, as for JSON keys."""
+        assert redactor().redact_args("t", {key: "v"}).args == {key: REDACTED}
+        assert redactor().redact_text(f"{key}=v1 {key}: v2") == f"{key}={REDACTED} {key}: {REDACTED}"
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "user=alice page=2 limit: 50",
+            "Note: the author: Bob, subject: quarterly report",
+            "cwd=/tmp pwd=/home/bob shipping: 2 days",
+            "meet at 10:30, ratio 3:1, see https://example.com/a?q=1&sort=asc",
+            "passwords are rotated every 90 days",
+            "the password policy requires: 12 characters",
+            "send the api key by phone; the token arrives tomorrow",
+            "keys: password, token and secret are redacted",
+            "password=",
+            'password = "" and token: ',
+        ],
+    )
+    def test_other_keys_and_prose_are_left_alone(self, text: str) -> None:
+        """Keys without a key word, key words not right before a separator, and empty values change nothing."""
+        assert redactor().redact_text(text) == text
+        assert redactor().redact_args("t", {"body": text}) == RedactedArgs({"body": text}, (), False, None)
+
+    def test_a_key_word_before_a_colon_loses_the_next_word_even_in_prose(self) -> None:
+        """Safety over prose: 'Password: must be ...' is read as a key and a value, like 'Password: hunter2'."""
+        assert redactor().redact_text("Password: must be 12 characters") == f"Password: {REDACTED} be 12 characters"
+
+    @pytest.mark.parametrize(
+        ("text", "expected"),
+        [
+            ("token=abc&x=1", f"token={REDACTED}&x=1"),
+            ("token=abc;x=1", f"token={REDACTED};x=1"),
+            ("token=abc,x=1", f"token={REDACTED},x=1"),
+            ("token=abc x=1", f"token={REDACTED} x=1"),
+            ("token=abc\nx=1", f"token={REDACTED}\nx=1"),
+            ("token=a'b\"c=d", f"token={REDACTED}"),
+            ("curl 'https://x.example/?token=abc'", f"curl 'https://x.example/?token={REDACTED}'"),
+            ('secret="a, b; c & d" x', f'secret="{REDACTED}" x'),
+            ('secret="a \\" b" x', f'secret="{REDACTED}" x'),
+            ('secret="never closed\nnext line', f'secret="{REDACTED}\nnext line'),
+            ("secret='a b' c", f"secret='{REDACTED}' c"),
+        ],
+    )
+    def test_where_a_value_ends(self, text: str, expected: str) -> None:
+        """Unquoted values end at whitespace, '&', ';', ',' or a closing quote; quoted ones at their closing quote."""
+        assert redactor().redact_text(text) == expected
+
+    @pytest.mark.parametrize(
+        ("text", "expected"),
+        [
+            ("token: Bearer abc.def", f"token: Bearer {REDACTED}"),
+            ('{"Authorization": "Basic dXNlcjpwdw=="}', f'{{"Authorization": "Basic {REDACTED}"}}'),
+            ("password: bearer", f"password: {REDACTED}"),
+        ],
+    )
+    def test_an_authorization_scheme_stays_visible(self, text: str, expected: str) -> None:
+        """A scheme word before the value is kept, as for Authorization headers; alone, it is the value."""
+        assert redactor().redact_text(text) == expected
+
+    def test_the_configured_key_words_apply(self) -> None:
+        """secret_keys decides the key names in text too; [] and Redactor.none() turn the rule off."""
+        custom = Redactor(detectors=[], secret_keys=["ssn"])
+        assert custom.redact_text("Customer-SSN: 123-45-6789, password: kept") == (
+            f"Customer-SSN: {REDACTED}, password: kept"
+        )
+        assert Redactor(secret_keys=[]).redact_text("password=x") == "password=x"
+        assert Redactor.none().redact_args("t", {"q": "password=x"}).args == {"q": "password=x"}
+        assert Redactor(detectors=[]).redact_args("t", {"q": "password=x"}).args == {"q": f"password={REDACTED}"}
+
+    def test_combines_with_the_detectors(self) -> None:
+        """Values after key names and detector matches in one string are all replaced, the rest kept."""
+        text = f"password=hunter2 card {CARD} token: {GITHUB_PAT} ok"
+        assert redactor().redact_text(text) == f"password={REDACTED} card {REDACTED} token: {REDACTED} ok"
+
+    def test_error_texts_are_covered(self) -> None:
+        """A failing detector's message quoting the arguments is cleaned of values after key names too."""
+        result = Redactor(extra_detectors=[Exploding()]).redact_args("t", {"q": "password=hunter2hunter2"})
+        assert result.args is None
+        assert result.error == f"RuntimeError: cannot scan 'password={REDACTED}'"
+
+    def test_a_quoted_value_inside_another_value_is_replaced_whole(self) -> None:
+        """A key inside a value already found still has its own quoted value replaced to its closing quote."""
+        assert redactor().redact_text('password=a:token="b c d" e') == f'password={REDACTED}" e'
+
+    def test_cost_is_linear_in_nested_keys(self) -> None:
+        """A long run of "token=token=..." is one value, found in one pass (a rescan per key would take minutes)."""
+        assert redactor().redact_text("token=" * 100_000) == f"token={REDACTED}"
+        assert redactor().redact_text('password="' + "token:" * 100_000) == f'password="{REDACTED}'
+
+    def test_many_distinct_key_names_do_not_change_results(self) -> None:
+        """Past the memo's size, key names are still judged, just no longer remembered."""
+        shared = redactor()
+        for index in range(5000):
+            shared.redact_text(f"k{index}=v")
+        assert shared.redact_text("key9999=v password=x") == f"key9999=v password={REDACTED}"
+
+    def test_twenty_free_text_records_leak_nothing(self) -> None:
+        """The twenty records measured leaking verbatim from outside: no secret is left, every body is reported."""
+        leaked = []
+        for text, secret in LEAKED_RECORDS:
+            result = redactor().redact_args("send_email", {"to": "a@b.example", "subject": "hi", "body": text})
+            if secret in json.dumps(result.args) or result.redacted_paths != ("/body",):
+                leaked.append(text)
+        assert len(LEAKED_RECORDS) == 20
+        assert len({secret for _text, secret in LEAKED_RECORDS}) == 20
+        assert leaked == []
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        key=st.sampled_from(["password", "api_key", "X-Api-Key", "accessToken", "client_secret", "Cookie"]),
+        form=st.sampled_from(["{k}={v}", "{k}: {v}", '{k} = "{v}"', '"{k}": "{v}"', "{k}='{v}'", "?{k}={v}&a=1"]),
+        value=st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZ0123456789", min_size=6, max_size=24),
+        prefix=st.text(alphabet=st.characters(max_codepoint=127), max_size=30),
+        suffix=st.text(alphabet=st.characters(max_codepoint=127), max_size=30),
+    )
+    def test_any_value_after_a_secret_key_disappears(
+        self, key: str, form: str, value: str, prefix: str, suffix: str
+    ) -> None:
+        """Whatever ASCII text surrounds it, a value written after a secret key name is not in the output."""
+        secret = "Zq" + value
+        assume(secret not in prefix and secret not in suffix)
+        assert secret not in redactor().redact_text(prefix + form.format(k=key, v=secret) + suffix)
+
+
 class TestPaths:
     def test_nested_pointers_and_escaping(self) -> None:
         """Pointers walk dicts and lists, and escape '~' as '~0' and '/' as '~1'."""
@@ -701,9 +920,9 @@ class TestJsonSafeCopy:
 
 
 class TestRedactText:
-    def test_content_detectors_only(self) -> None:
-        """redact_text replaces detector matches; key words in free text mean nothing."""
-        assert redactor().redact_text(f"password: hunter2, card {CARD}") == f"password: hunter2, card {REDACTED}"
+    def test_detectors_and_secret_keys(self) -> None:
+        """redact_text replaces detector matches and the values after secret key names."""
+        assert redactor().redact_text(f"password: hunter2, card {CARD}") == f"password: {REDACTED}, card {REDACTED}"
 
     def test_multi_line_error_message(self) -> None:
         """A traceback-like message with a token and a key block is cleaned line by line."""
