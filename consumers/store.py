@@ -848,11 +848,10 @@ class AuditStore:
 
         The envelope is what a `KafkaSink` writes around an event: the key is its `producer_id`, the
         CloudEvents header `ce_id` its `event_id`, `ce_type` the prefix `dev.callgate.` and its
-        `type`. A record that carries any `ce_` header claims that form, and is held to it: it must
-        have a key, the key must be the producer_id, and each of `ce_id` and `ce_type` it carries
-        (every copy, when a name repeats) must match; an absent header is not checked. A record with
-        no `ce_` header at all was not written by a sink (a hand-made producer, a replay tool); its
-        key says nothing checkable, and it is read by its value alone. A mismatch is the dead letter
+        `type`. Every record must have a key, and the key must be the producer_id (it decides the
+        partition that keeps the producer's chain in order); each of `ce_id` and `ce_type` it
+        carries (every copy, when a name repeats) must match; an absent header is not checked (a
+        hand-made producer may send none). A mismatch is the dead letter
         `envelope_mismatch`, its error naming each field that disagreed with both values (the
         record's key stays in the row). Loss reports (`events.loss`) are not events and are not
         checked.
@@ -1082,8 +1081,6 @@ def _envelope_mismatch(record: RawRecord, event: EventBase) -> str | None:
     """What of the record's envelope disagrees with the event it carries (None: nothing), in the
     words of the `envelope_mismatch` dead letter; the rules are in `AuditStore.ingest`."""
     headers = record.headers
-    if not any(name.startswith("ce_") for name, _ in headers):
-        return None
     problems: list[str] = []
     if record.key is None:
         problems.append(f"the record has no key; the event's producer_id is {event.producer_id!r}")

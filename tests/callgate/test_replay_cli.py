@@ -67,7 +67,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     asyncio.run(work())
     path = tmp_path_factory.mktemp("replay") / "audit.duckdb"
-    records = [RawRecord("callgate.events", 0, i, None, encode_event(e)) for i, e in enumerate(sink.events)]
+    records = [
+        RawRecord("callgate.events", 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(sink.events)
+    ]
     with AuditStore(path) as audit:
         audit.ingest(records, {("callgate.events", 0): len(records)})
     return path

@@ -154,7 +154,7 @@ def record(
 
 
 def store_of(path: Path, events: Sequence[EventBase]) -> Path:
-    records = [RawRecord(TOPIC, 0, i, None, encode_event(e)) for i, e in enumerate(events)]
+    records = [RawRecord(TOPIC, 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(events)]
     with AuditStore(path) as store:
         store.ingest(records, {(TOPIC, 0): len(records)})
     return path

@@ -84,9 +84,14 @@ def gate_events(*, calls: Sequence[str] = ("read_file", "delete_file"), bypass: 
     return list(sink.events)
 
 
+def _key(event: EventBase | bytes) -> bytes:
+    # Keyed by the producer, as a sink sends it (the store checks the key against the event).
+    return str(json.loads(event)["producer_id"] if isinstance(event, bytes) else event.producer_id).encode()
+
+
 def store_of(path: Path, events: Sequence[EventBase | bytes]) -> Path:
     records = [
-        RawRecord(TOPIC, 0, i, None, e if isinstance(e, bytes) else encode_event(e)) for i, e in enumerate(events)
+        RawRecord(TOPIC, 0, i, _key(e), e if isinstance(e, bytes) else encode_event(e)) for i, e in enumerate(events)
     ]
     with AuditStore(path) as store:
         store.ingest(records, {(TOPIC, 0): len(records)})

@@ -57,12 +57,20 @@ async def publish_calls(bootstrap: str, topic: str, spool: Path, n: int, start: 
     return [e.event_id for e in memory.events]
 
 
+def _producer_key(value: bytes) -> bytes:
+    """The key a sink gives the record: the event's producer (b"raw" for what is no event)."""
+    try:
+        return str(json.loads(value)["producer_id"]).encode()
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return b"raw"
+
+
 async def produce_raw(bootstrap: str, topic: str, values: list[bytes]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:
         for value in values:
-            await producer.send_and_wait(topic, value=value, key=b"raw", partition=0)
+            await producer.send_and_wait(topic, value=value, key=_producer_key(value), partition=0)
     finally:
         await producer.stop()
 
@@ -502,7 +510,9 @@ async def produce_to(bootstrap: str, topic: str, events: list[Any], partitions: 
     await producer.start()
     try:
         for i, event in enumerate(events):
-            await producer.send_and_wait(topic, encode_event(event), key=b"k", partition=i % partitions)
+            await producer.send_and_wait(
+                topic, encode_event(event), key=event.producer_id.encode(), partition=i % partitions
+            )
     finally:
         await producer.stop()
 

@@ -162,8 +162,8 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
     record that is not JSON."""
     shop, lab = shop_events(), lab_events()
     kept_lab = [e for e in lab if e.seq != 2]
-    batch = [RawRecord(TOPIC, 0, i, b"shop", encode_event(e)) for i, e in enumerate(shop)]
-    batch += [RawRecord(TOPIC, 1, i, b"lab", encode_event(e)) for i, e in enumerate(kept_lab)]
+    batch = [RawRecord(TOPIC, 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(shop)]
+    batch += [RawRecord(TOPIC, 1, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(kept_lab)]
     batch.append(RawRecord(TOPIC, 1, 50, b"lab", b"{oops"))
     store = AuditStore(tmp_path_factory.mktemp("queries") / "audit.duckdb")
     store.ingest(batch, {(TOPIC, 0): len(shop), (TOPIC, 1): 51})

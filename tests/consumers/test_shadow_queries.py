@@ -189,7 +189,7 @@ def archive_events() -> list[EventBase]:
 
 
 def records(events: list[EventBase], start: int = 0) -> list[RawRecord]:
-    return [RawRecord(TOPIC, 0, start + i, None, encode_event(e)) for i, e in enumerate(events)]
+    return [RawRecord(TOPIC, 0, start + i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(events)]
 
 
 def store_of(path: Path, events: list[EventBase]) -> Path:

@@ -97,7 +97,12 @@ def forged(event: EventBase, *, rehash: bool, **changes: Any) -> bytes:
 
 
 def record(value: bytes | None, offset: int, partition: int = 0) -> RawRecord:
-    return RawRecord(TOPIC, partition, offset, b"key", value)
+    """A record as a sink sends it: keyed by the producer of the event it carries (when it is one)."""
+    try:
+        key = str(json.loads(value or b"")["producer_id"]).encode()
+    except (ValueError, TypeError, KeyError, RecursionError):
+        key = b"key"
+    return RawRecord(TOPIC, partition, offset, key, value)
 
 
 def sent(event: EventBase, offset: int, **changes: bytes | None) -> RawRecord:
@@ -387,19 +392,18 @@ class TestEnvelope:
         result = ingest(store, batch)
         assert (result.stored, result.dead_letters) == (2, 0)
 
-    def test_a_record_without_cloudevents_headers_is_read_by_its_value(self, store: AuditStore) -> None:
-        """A record with no `ce_` header (not a sink's: a hand-made producer, a replay) is stored whatever its
-        key: none, another, or with other headers only."""
+    def test_without_cloudevents_headers_the_key_is_still_checked(self, store: AuditStore) -> None:
+        """A record with no `ce_` header (a hand-made producer, a replay) is stored when keyed by its
+        producer; with no key, or another producer's, it is an envelope mismatch all the same."""
         events = gate_events(2)
+        own = events[2].producer_id.encode()
         batch = [
             RawRecord(TOPIC, 0, 0, None, encode_event(events[0])),
             RawRecord(TOPIC, 0, 1, b"someone-else", encode_event(events[1])),
-            RawRecord(
-                TOPIC, 0, 2, b"someone-else", encode_event(events[2]), None, (("content-type", b"application/json"),)
-            ),
+            RawRecord(TOPIC, 0, 2, own, encode_event(events[2]), None, (("content-type", b"application/json"),)),
         ]
         result = ingest(store, batch)
-        assert (result.stored, result.dead_letters) == (3, 0)
+        assert (result.stored, result.dead_letters, result.dead_letters_by_reason) == (1, 2, {"envelope_mismatch": 2})
 
     def test_a_loss_report_is_not_checked(self, store: AuditStore) -> None:
         """A loss report is not an event: a foreign key and headers leave it a gap, as before."""
@@ -422,7 +426,7 @@ class TestChainChecks:
         events = gate_events(4)
         batch = records(events)
         victim = events[2]
-        batch[2] = RawRecord(TOPIC, 0, 2, b"k", forged(victim, rehash=False, tenant="globex"))
+        batch[2] = record(forged(victim, rehash=False, tenant="globex"), 2)
         result = ingest(store, batch)
         assert (result.stored, result.chain_breaks, result.chain_breaks_by_kind) == (5, 1, {"tamper": 1})
         ((detail, event_id),) = store.cursor().execute("SELECT detail, event_id FROM chain_breaks").fetchall()
@@ -439,7 +443,7 @@ class TestChainChecks:
         data["args"] = {"order_id": "A-1", "amount_cents": 999}
         wire = encode_event(parse_event(data))
         assert wire != encode_event(victim)
-        batch[2] = RawRecord(TOPIC, 0, 2, b"k", wire)
+        batch[2] = record(wire, 2)
         result = ingest(store, batch)
         assert (result.stored, result.chain_breaks_by_kind) == (5, {"tamper": 1})
         assert breaks(store) == [(victim.producer_id, victim.seq, "tamper")]
@@ -453,7 +457,7 @@ class TestChainChecks:
         events = gate_events(4)
         batch = records(events)
         victim = events[2]
-        batch[2] = RawRecord(TOPIC, 0, 2, b"k", forged(victim, rehash=True, tenant="globex"))
+        batch[2] = record(forged(victim, rehash=True, tenant="globex"), 2)
         ingest(store, batch)
         assert breaks(store) == [(victim.producer_id, victim.seq + 1, "tamper")]
         (detail,) = store.cursor().execute("SELECT detail FROM chain_breaks").fetchone() or ("",)
@@ -462,7 +466,7 @@ class TestChainChecks:
     def test_a_broken_link_is_found_whichever_side_arrives_first(self, db: Path) -> None:
         """The forgery's successor is flagged whether it was stored before or after the forgery."""
         events = gate_events(4)
-        forgery = RawRecord(TOPIC, 0, 2, b"k", forged(events[2], rehash=True, tenant="globex"))
+        forgery = record(forged(events[2], rehash=True, tenant="globex"), 2)
         rest = [r for r in records(events) if r.offset != 2]
         for order in ([forgery, *rest], [*rest, forgery]):
             db.unlink(missing_ok=True)

@@ -195,8 +195,8 @@ def build_store(path: Path) -> SeededStore:
     shop, lab, old = shop_events(), lab_events(), old_denials(now)
     kept_lab = [e for e in lab if e.seq != 2]
     first = shop + old
-    batch = [RawRecord(TOPIC, 0, i, b"shop", encode_event(e)) for i, e in enumerate(first)]
-    batch += [RawRecord(TOPIC, 1, i, b"lab", encode_event(e)) for i, e in enumerate(kept_lab)]
+    batch = [RawRecord(TOPIC, 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(first)]
+    batch += [RawRecord(TOPIC, 1, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(kept_lab)]
     batch.append(RawRecord(TOPIC, 1, 50, b"lab", b"{not json <b>bold</b>"))
     with AuditStore(path) as store:
         store.ingest(batch, {(TOPIC, 0): len(first), (TOPIC, 1): 51})
@@ -309,8 +309,8 @@ def shadow_store(tmp_path_factory: pytest.TempPathFactory) -> ShadowStore:
     """The shop's shadow decisions and the hostile one, stored once per session (closed)."""
     path = tmp_path_factory.mktemp("dashboard-shadow") / "audit.duckdb"
     shop, hostile = shadow_shop_events(), hostile_shadow_event()
-    batch = [RawRecord(TOPIC, 0, i, b"shop", encode_event(e)) for i, e in enumerate(shop)]
-    batch.append(RawRecord(TOPIC, 1, 0, b"forged", encode_event(hostile)))
+    batch = [RawRecord(TOPIC, 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(shop)]
+    batch.append(RawRecord(TOPIC, 1, 0, hostile.producer_id.encode(), encode_event(hostile)))
     with AuditStore(path) as store:
         store.ingest(batch, {(TOPIC, 0): len(shop), (TOPIC, 1): 1})
     return ShadowStore(path, [*shop, hostile])
