@@ -1,4 +1,4 @@
-"""Per-call cost of the gate, as ratios to floors measured in the same run.
+"""Per-call cost of the gate and of its audit record, as ratios to floors measured in the same run.
 
     python bench/gate_overhead.py [--calls N] [--rounds R]
 
@@ -7,9 +7,15 @@ noise hits them alike; medians of the per-round means are reported.
 
 - gate: `desk.call` with three allowing interceptors and no sinks, against the floor (validate
   the input model, call the same tool, validate its output).
-- events: the same call with a `MemorySink` (events built, redacted, chained), against a floor that
-  does the minimum an auditing gate must do: validate input, call, build one event of the same
-  size, serialize it canonically and SHA-256 it.
+- audit: `desk.call` with one (and three) allowing interceptors and a `MemorySink` (each event
+  built, redacted, serialized, hashed and chained), against floor_audit: what any auditing gate
+  must do at least, as measured for peer libraries: pydantic validation of the input, the rule,
+  `json.dumps` of a small record and its SHA-256. A denying interceptor's path beside it.
+- sync tools: the same call of a sync tool in a worker thread (the default) and inline; their
+  difference is the thread hop.
+- the event's own cost split: redaction, serialization (orjson, against msgspec, pydantic and the
+  canonical stdlib form of version 1 when installed) and SHA-256 of one call's event, and the rest
+  of building it (ids, envelope, trail, digest, fan-out) as the remainder of the measured total.
 - OpenTelemetry: the extra per-call cost of adding `OtelSink` next to the `MemorySink`, as a ratio
   to one bare SDK span (`start_as_current_span` + end) on the same tracer provider.
 
@@ -21,19 +27,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
 import statistics
 import time
+import timeit
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from figures import report
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel, Field, TypeAdapter
 
-from events import MemorySink, ToolUseEvent, canonical_json
+from events import MemorySink, canonical_json, parse_event
+from events.chain import dumps
 from events.otel import OtelSink
-from interceptor_core import Allow, Gate, RunContext, ToolCall, tool
+from interceptor_core import Allow, Deny, Gate, RunContext, ToolCall, tool
 
 
 class OrderQuery(BaseModel):
@@ -52,6 +60,14 @@ async def _get_order(args: OrderQuery) -> OrderRecord:
 
 
 get_order = tool(_get_order, name="get_order", description="Loads an order record by ID")
+
+
+def _get_order_sync(args: OrderQuery) -> OrderRecord:
+    return OrderRecord(order_id=args.order_id, amount_cents=4200, status="shipped")
+
+
+get_order_thread = tool(name="get_order", description="Loads an order record by ID")(_get_order_sync)
+get_order_inline = tool(name="get_order", description="Loads an order record by ID", inline=True)(_get_order_sync)
 
 
 class AllowTenant:
@@ -75,16 +91,27 @@ class AllowTenantSync(AllowTenant):
         return Allow()
 
 
+class DenyOther(AllowTenant):
+    """Denies every call: the denied path, with a message the model can act on."""
+
+    async def before_tool_call(self, call: ToolCall) -> Deny:  # type: ignore[override]
+        if call.run.tenant is None:
+            raise RuntimeError("no tenant")
+        return Deny("order ACME-42 belongs to another tenant")
+
+
 ARGS = {"order_id": "ACME-42", "include_items": False}
 RUN = RunContext(tenant="acme", principal="u-1")
 
 
-def build_desk(kind: type[AllowTenant] = AllowTenant, count: int = 3, sinks: list[object] | None = None) -> Any:
-    """`desk` with `count` (0 to 3) allowing interceptors, one per scope level."""
+def build_desk(
+    kind: type[AllowTenant] = AllowTenant, count: int = 3, sinks: list[object] | None = None, tools: Any = None
+) -> Any:
+    """`desk` with `count` (0 to 3) interceptors of `kind`, one per scope level."""
     made = [[kind(name)] if i < count else [] for i, name in enumerate("abc")]
     gate = Gate("bench", interceptors=made[0], sinks=sinks or [])
     wf = gate.workflow("support", interceptors=made[1])
-    return wf.agent("desk", tools=[get_order], interceptors=made[2])
+    return wf.agent("desk", tools=tools or [get_order], interceptors=made[2])
 
 
 async def measure(fn: Callable[[], Awaitable[Any]], calls: int) -> float:
@@ -108,83 +135,125 @@ def build_paths() -> tuple[dict[str, Callable[[], Awaitable[Any]]], TracerProvid
     out_adapter = TypeAdapter(OrderRecord)
     provider = TracerProvider()  # no processors: the span's own cost, nothing exported
     tracer = provider.get_tracer("bench")
-    memory, memory_otel = MemorySink(), MemorySink()
 
     async def floor() -> Any:
         args = OrderQuery.model_validate(ARGS)
         return out_adapter.validate_python(await _get_order(args))
 
-    async def audit_floor() -> Any:
+    async def floor_audit() -> Any:
+        # Validate the input, apply the rule, write a small record and hash it: the least any
+        # auditing gate does per call (the peers' measured floor).
         args = OrderQuery.model_validate(ARGS)
-        output = out_adapter.validate_python(await _get_order(args))
-        event = ToolUseEvent(
-            event_id="e" * 32,
-            time=datetime.now(UTC),
-            producer_id="p" * 32,
-            seq=1,
-            prev_hash="0" * 64,
-            gate="bench",
-            workflow="support",
-            agent="desk",
-            tool="get_order",
-            call_id="c" * 32,
-            run_id=RUN.run_id,
-            tenant=RUN.tenant,
-            principal=RUN.principal,
-            decisions=[
-                {"interceptor": n, "scope": "application", "kind": "allow", "duration_ms": 0.001} for n in "abc"
-            ],
-            args=args.model_dump(mode="json"),
-            outcome="ok",
-            duration_ms=0.01,
-            output_digest="d" * 64,
-        )
-        data = event.model_dump(mode="json")
-        del data["hash"]
-        hashlib.sha256(canonical_json(data)).hexdigest()
-        return output
+        if RUN.tenant is None:
+            raise RuntimeError("no tenant")
+        record = {"tool": "get_order", "args": args.model_dump(mode="json"), "decision": "allow", "tenant": RUN.tenant}
+        hashlib.sha256(json.dumps(record).encode()).hexdigest()
+        return await _get_order(args)
 
     async def bare_span() -> None:
         with tracer.start_as_current_span("execute_tool get_order"):
             pass
 
+    def with_memory(
+        kind: type[AllowTenant] = AllowTenant, count: int = 1, tools: Any = None, otel: bool = False
+    ) -> Callable[[], Awaitable[Any]]:
+        memory = MemorySink()
+        sinks: list[object] = [OtelSink(provider), memory] if otel else [memory]
+        return gated(build_desk(kind, count, sinks, tools), memory.clear)
+
     paths: dict[str, Callable[[], Awaitable[Any]]] = {
         "floor": floor,
         "gate": gated(build_desk(AllowTenant)),
         "gate_sync": gated(build_desk(AllowTenantSync)),
+        "gate_1": gated(build_desk(AllowTenant, count=1)),
         "gate_bare": gated(build_desk(count=0)),
-        "audit_floor": audit_floor,
-        "gate_memory": gated(build_desk(sinks=[memory]), memory.clear),
-        "gate_memory_otel": gated(build_desk(sinks=[OtelSink(provider), memory_otel]), memory_otel.clear),
+        "floor_audit": floor_audit,
+        "audit_1": with_memory(count=1),
+        "audit_3": with_memory(count=3),
+        "audit_denied": with_memory(DenyOther, count=1),
+        "sync_thread": with_memory(count=1, tools=[get_order_thread]),
+        "sync_inline": with_memory(count=1, tools=[get_order_inline]),
+        "audit_3_otel": with_memory(count=3, otel=True),
+        "audit_3_for_otel": with_memory(count=3),
         "bare_span": bare_span,
     }
     return paths, provider
 
 
 ROWS = {
-    "floor": "floor: validate in + call + validate out",
-    "gate": "desk.call, 3 allowing async interceptors",
-    "gate_sync": "desk.call, 3 allowing sync interceptors",
-    "gate_bare": "desk.call, no interceptors",
-    "audit_floor": "audit floor: + build, serialize, hash 1 event",
-    "gate_memory": "desk.call + MemorySink",
-    "gate_memory_otel": "desk.call + MemorySink + OtelSink",
-    "bare_span": "one bare SDK span",
+    "floor": ("floor: validate in + call + validate out", "floor"),
+    "gate": ("desk.call, 3 allowing async interceptors", "floor"),
+    "gate_sync": ("desk.call, 3 allowing sync interceptors", "floor"),
+    "gate_1": ("desk.call, 1 allowing interceptor", "floor"),
+    "gate_bare": ("desk.call, no interceptors", "floor"),
+    "floor_audit": ("floor_audit: validate + rule + json.dumps + SHA-256", "floor_audit"),
+    "audit_1": ("desk.call, 1 interceptor + MemorySink", "floor_audit"),
+    "audit_3": ("desk.call, 3 interceptors + MemorySink", "floor_audit"),
+    "audit_denied": ("desk.call, 1 denying interceptor + MemorySink", "floor_audit"),
+    "sync_thread": ("sync tool in a worker thread, 1 int. + MemorySink", "floor_audit"),
+    "sync_inline": ("sync tool inline=True, 1 int. + MemorySink", "floor_audit"),
+    "audit_3_otel": ("desk.call, 3 interceptors + MemorySink + OtelSink", "floor_audit"),
+    "bare_span": ("one bare SDK span", "bare_span"),
 }
+
+
+def event_split(memory_event: bytes) -> dict[str, float]:
+    """µs per call of each part of one call's event: redaction of its args, serialization of its
+    fields (orjson as written; msgspec, pydantic and the canonical stdlib form for comparison) and
+    SHA-256 of the bytes."""
+    event = parse_event(memory_event)
+    fields = json.loads(memory_event)
+    redactor = Gate("split", sinks=[MemorySink()])._audit.redactor  # type: ignore[union-attr]
+    args = OrderQuery.model_validate(ARGS)
+    body = dumps(fields)
+    number = 20_000
+
+    def per_call(fn: Callable[[], Any]) -> float:
+        return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+
+    split = {
+        "redact": per_call(lambda: redactor.redact_args("get_order", args.model_dump(mode="json"))),
+        "serialize (orjson)": per_call(lambda: dumps(fields)),
+        "serialize (pydantic to_json)": per_call(lambda: event.__pydantic_serializer__.to_json(event)),
+        "serialize (v1 canonical: model_dump + stdlib)": per_call(
+            lambda: canonical_json(event.model_dump(mode="json"))
+        ),
+        "hash (SHA-256)": per_call(lambda: hashlib.sha256(body).hexdigest()),
+    }
+    try:
+        import msgspec
+
+        encoder = msgspec.json.Encoder()
+        split["serialize (msgspec)"] = per_call(lambda: encoder.encode(fields))
+    except ImportError:
+        pass
+    return split
 
 
 async def run(calls: int, rounds: int) -> dict[str, list[float]]:
     paths, _ = build_paths()
     for fn in paths.values():
         await measure(fn, calls // 5 or 1)  # warm-up
-    result = await paths["gate_memory"]()
-    if not result.ok:
-        raise SystemExit(f"bench setup is wrong: {result}")
+    for key in ("audit_1", "sync_thread", "sync_inline"):
+        result = await paths[key]()
+        if not result.ok:
+            raise SystemExit(f"bench setup is wrong: {key}: {result}")
+    if (await paths["audit_denied"]()).kind != "denied":
+        raise SystemExit("bench setup is wrong: the denying path allowed")
     samples: dict[str, list[float]] = {key: [] for key in paths}
     for _ in range(rounds):
         for key, fn in paths.items():
             samples[key].append(await measure(fn, calls))
     return samples
+
+
+def one_event() -> bytes:
+    """The wire bytes of one allowed call's outcome event, as the audited path writes it."""
+    memory = MemorySink()
+    desk = build_desk(AllowTenant, 1, [memory])
+    asyncio.run(desk.call("get_order", ARGS, run=RUN))
+    (sealed,) = [e for e in memory.sealed if e.type == "ToolUse"]
+    return bytes(sealed.data)  # type: ignore[union-attr]
 
 
 def main() -> None:
@@ -194,25 +263,43 @@ def main() -> None:
     opts = parser.parse_args()
     samples = asyncio.run(run(opts.calls, opts.rounds))
     med = {key: statistics.median(values) for key, values in samples.items()}
-    print(f"{'path':<48} {'median µs/call':>15} {'ratio':>8}  to")
-    for key, label in ROWS.items():
-        base = "audit_floor" if key in ("audit_floor", "gate_memory", "gate_memory_otel") else "floor"
-        if key == "bare_span":
-            base = "bare_span"
-        print(f"{label:<48} {med[key] * 1e6:>15.2f} {med[key] / med[base]:>8.2f}  {base}")
-    otel_extra = med["gate_memory_otel"] - med["gate_memory"]
-    print(f"gate overhead: desk.call (3 async interceptors) / floor = {med['gate'] / med['floor']:.2f} (target <= 2.0)")
-    print(
-        f"events: desk.call + MemorySink / audit floor = {med['gate_memory'] / med['audit_floor']:.2f} (target <= 1.5)"
-    )
+    print(f"{'path':<52} {'median µs/call':>15} {'ratio':>8}  to")
+    for key, (label, base) in ROWS.items():
+        print(f"{label:<52} {med[key] * 1e6:>15.2f} {med[key] / med[base]:>8.2f}  {base}")
+
+    event_us = (med["audit_1"] - med["gate_1"]) * 1e6
+    split = event_split(one_event())
+    measured = split["redact"] + split["serialize (orjson)"] + split["hash (SHA-256)"]
+    print(f"\nthe event of one call: {event_us:.2f} µs (desk.call + MemorySink - desk.call, 1 interceptor)")
+    for part, us in split.items():
+        print(f"  {part:<48} {us:>7.2f} µs")
+    print(f"  {'build (ids, envelope, trail, digest, fan-out)':<48} {event_us - measured:>7.2f} µs  (the remainder)")
+
+    hop = (med["sync_thread"] - med["sync_inline"]) * 1e6
+    otel_extra = med["audit_3_otel"] - med["audit_3_for_otel"]
+    print(f"\ngate overhead: desk.call (3 async interceptors) / floor = {med['gate'] / med['floor']:.2f}")
+    print(f"audit, 1 interceptor: {med['audit_1'] / med['floor_audit']:.2f} x floor_audit (target <= 4.0, goal 2.0)")
+    print(f"audit, 3 interceptors: {med['audit_3'] / med['floor_audit']:.2f} x floor_audit (target <= 5.0)")
+    print(f"denied / allowed: {med['audit_denied'] / med['audit_1']:.2f} (target <= 1.0)")
+    print(f"sync tool's thread hop: {hop:.1f} µs per call")
     print(
         f"OpenTelemetry: OtelSink extra {otel_extra * 1e6:.1f} µs/call / one bare span "
         f"{med['bare_span'] * 1e6:.1f} µs = {otel_extra / med['bare_span']:.2f} (target <= 1.3)"
     )
     report("desk.call, 3 async interceptors", med["gate"] * 1e6, "µs/call", floor=med["floor"] * 1e6, target="<= 2.0")
+    floor_us = med["floor_audit"] * 1e6
+    report("audited call, 1 interceptor + MemorySink", med["audit_1"] * 1e6, "µs/call", floor=floor_us, target="<= 4.0")
     report(
-        "desk.call + MemorySink", med["gate_memory"] * 1e6, "µs/call", floor=med["audit_floor"] * 1e6, target="<= 1.5"
+        "audited call, 3 interceptors + MemorySink", med["audit_3"] * 1e6, "µs/call", floor=floor_us, target="<= 5.0"
     )
+    report(
+        "denied call, 1 interceptor + MemorySink",
+        med["audit_denied"] * 1e6,
+        "µs/call",
+        floor=med["audit_1"] * 1e6,
+        target="<= 1.0 (to the allowed call)",
+    )
+    report("sync tool's worker-thread hop", hop, "µs/call", target="inline=True avoids it")
     report("OtelSink extra per call", otel_extra * 1e6, "µs/call", floor=med["bare_span"] * 1e6, target="<= 1.3")
 
 

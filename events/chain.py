@@ -156,7 +156,6 @@ class SealedEvent:
         self,
         data: bytes,
         hash: str,
-        *,
         event_id: str,
         type: str,
         producer_id: str,
@@ -243,13 +242,13 @@ class Producer:
         return SealedEvent(
             body[:-1] + HASH_MEMBER + digest.encode() + b'"}',
             digest,
-            event_id=fields["event_id"],
-            type=type_,
-            producer_id=self.producer_id,
-            seq=seq,
-            prev_hash=prev,
-            gate=fields["gate"],
-            time=fields["time"],
+            fields["event_id"],
+            type_,
+            self.producer_id,
+            seq,
+            prev,
+            fields["gate"],
+            fields["time"],
         )
 
     def seal(self, cls: type[E], fields: dict[str, Any]) -> E:
