@@ -11,6 +11,10 @@
    `callgate materialize --api` runs; the lag of an event is the time from its decision (`time`)
    to its commit in the store (`ingested_at`, the moment it is visible through the read API):
    p50 and p99.
+3. Per-event Python cost of reading a record into its row (`read_event`: parse, verify the hash,
+   keep the JSON; then the row), for the same events sealed as schema version 1 (before: the hash
+   needs the canonical JSON rebuilt from the parsed event) and version 2 (after: the hash is over
+   the bytes received). Medians of alternating rounds.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ from pipeline import make_events
 
 from callgate.broker import EmbeddedBroker, free_port
 from consumers.store import AuditStore, _event_row, _events_table, connect
-from events import MemorySink
-from events.codec import ReadEvent
+from events import MemorySink, encode_event
+from events.codec import ReadEvent, read_event
 from events.kafka import KafkaSink
 
 CLI = [sys.executable, "-c", "from callgate.cli import main; main()"]
@@ -161,6 +165,22 @@ async def _until_stored(port: int, n: int, timeout: float) -> None:
     raise SystemExit(f"fewer than {n} events visible after {timeout} s")
 
 
+def per_event_cost(n: int = 5_000, rounds: int = 7) -> dict[int, float]:
+    """µs per event of `read_event` + `_event_row` for version 1 and version 2 wire bytes."""
+    wires = {version: [encode_event(e) for e in make_events(n, schema_version=version)] for version in (1, 2)}
+    samples: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(rounds):
+        for version, values in wires.items():
+            started = time.perf_counter()
+            for i, value in enumerate(values):
+                read = read_event(value)
+                if read.content_hash != read.event.hash:
+                    raise SystemExit(f"bench setup is wrong: version {version} event {i} does not verify")
+                _event_row(read, i, "t", 0, i)
+            samples[version].append((time.perf_counter() - started) / n * 1e6)
+    return {version: statistics.median(values) for version, values in samples.items()}
+
+
 async def main_async(n: int, rate: int, seconds: float) -> None:
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -171,6 +191,7 @@ async def main_async(n: int, rate: int, seconds: float) -> None:
         full_s, full_rss = drain(broker.bootstrap, "full", tmp / "full.duckdb", n)
         floor_s = arrow_floor(n, tmp)
         p50, p99, counted = await lag(broker.bootstrap, rate, seconds, tmp)
+    cost = per_event_cost()
     rate_full, rate_floor = n / full_s, n / floor_s
     print(f"{'path':<58} {'value':>14}")
     print(f"{f'materialize --drain of {small:,} events (events/s)':<58} {small / small_s:>14,.0f}")
@@ -180,6 +201,8 @@ async def main_async(n: int, rate: int, seconds: float) -> None:
     print(f"{f'peak RSS of the materializer, {n:,} events (MiB)':<58} {full_rss:>14,}")
     print(f"{f'lag at {rate:,} events/s over {counted:,} events, p50 (s)':<58} {p50:>14.3f}")
     print(f"{f'lag at {rate:,} events/s over {counted:,} events, p99 (s)':<58} {p99:>14.3f}")
+    print(f"{'per-event Python cost, schema version 1 (µs), before':<58} {cost[1]:>14.2f}")
+    print(f"{'per-event Python cost, schema version 2 (µs), after':<58} {cost[2]:>14.2f}")
     print(f"throughput: materialize / Arrow floor = {rate_full / rate_floor:.3f} (target >= 0.5)")
     print(f"memory: peak RSS {small_rss} MiB at {small:,} events, {full_rss} MiB at {n:,} (target: flat)")
     print(f"lag: p99 {p99:.3f} s at {rate:,} events/s (target <= 2 s)")
@@ -187,6 +210,7 @@ async def main_async(n: int, rate: int, seconds: float) -> None:
            higher_is_better=True)  # fmt: skip
     report(f"peak RSS at {n:,} events", full_rss, "MiB", floor=small_rss, target=f"flat (floor: at {small:,})")
     report(f"lag at {rate:,} events/s, p99", p99, "s", target="<= 2 s")
+    report("materializer's per-event Python cost, v2", cost[2], "µs/event", floor=cost[1], target="v1 is the floor")
 
 
 def main() -> None:

@@ -40,8 +40,8 @@ from events.kafka import KafkaSink, _headers, _spool_key
 from events.models import EventBase
 
 
-def make_events(n: int) -> list[EventBase]:
-    producer = Producer()
+def make_events(n: int, schema_version: int = 2) -> list[EventBase]:
+    producer = Producer(schema_version=schema_version)
     return [
         producer.seal(
             ToolUseEvent,
