@@ -31,6 +31,7 @@ from consumers.store import DEAD_LETTER_REASONS, _reason_kind
 from events import EventBase, MemorySink, encode_event, event_hash, parse_event
 from events.kafka import _headers, _spool_key
 from events.loss import LossReport, encode_loss_report
+from events.chain import Producer
 from events.models import ZERO_HASH
 from interceptor_core import Deny, Gate, RunContext, Substitute, ToolCall, before_tool_call, tool
 
@@ -528,6 +529,37 @@ class TestChainChecks:
         assert (result.stored, result.chain_breaks_by_kind) == (0, {"conflict": 1})
         ((detail,),) = store.cursor().execute("SELECT detail FROM chain_breaks").fetchall()
         assert f"is already stored for producer {last.producer_id} seq {last.seq}" in detail
+
+
+class TestVersionOneEvents:
+    """Events of schema version 1 (hashed over their canonical JSON) stay readable and verifiable
+    beside version 2 ones (hashed over their bytes)."""
+
+    @staticmethod
+    def as_version_1(events: list[EventBase]) -> list[EventBase]:
+        producer = Producer(schema_version=1)
+        return [
+            producer.seal(type(e), e.model_dump(exclude={"producer_id", "seq", "prev_hash", "hash", "schema_version"}))
+            for e in events
+        ]
+
+    def test_both_versions_are_stored_and_verified(self, store: AuditStore) -> None:
+        old = self.as_version_1(gate_events(3, "old"))
+        new = gate_events(3, "new")
+        assert {e.schema_version for e in old} == {1}
+        assert {e.schema_version for e in new} == {2}
+        result = ingest(store, records(old) + records(new, start=len(old)))
+        assert (result.stored, result.chain_breaks, result.dead_letters) == (len(old) + len(new), 0, 0)
+        rows = store.cursor().execute("SELECT schema_version, hash = content_hash FROM events").fetchall()
+        assert sorted(rows) == sorted([(1, True)] * len(old) + [(2, True)] * len(new))
+
+    def test_a_changed_version_1_event_is_tamper(self, store: AuditStore) -> None:
+        old = self.as_version_1(gate_events(3, "old"))
+        batch = records(old)
+        batch[2] = record(forged(old[2], rehash=False, tenant="globex"), 2)
+        result = ingest(store, batch)
+        assert result.chain_breaks_by_kind == {"tamper": 1}
+        assert breaks(store) == [(old[2].producer_id, old[2].seq, "tamper")]
 
 
 class TestGaps:
