@@ -29,9 +29,9 @@ from consumers import (
 from consumers import metrics as materializer_metrics
 from consumers.store import DEAD_LETTER_REASONS, _reason_kind
 from events import EventBase, MemorySink, encode_event, event_hash, parse_event
+from events.chain import Producer
 from events.kafka import _headers, _spool_key
 from events.loss import LossReport, encode_loss_report
-from events.chain import Producer
 from events.models import ZERO_HASH
 from interceptor_core import Deny, Gate, RunContext, Substitute, ToolCall, before_tool_call, tool
 
