@@ -180,9 +180,9 @@ class SealedEvent:
         """The typed event these bytes decode to (decoded once; raises `EventParseError` if they
         are not a valid event, which would be a bug in the code that built it)."""
         if self._event is None:
-            from events.codec import parse_event
+            from events.codec import decode_sealed
 
-            self._event = parse_event(self.data)
+            self._event = decode_sealed(self.data)
         return self._event
 
     def __getattr__(self, name: str) -> Any:
