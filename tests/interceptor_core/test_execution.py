@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+from typing import Any
 
 import anyio
 import pytest
 
 from events import MemorySink
 from interceptor_core import (
+    Block,
     CallgateError,
     ConfigurationError,
     Gate,
@@ -18,6 +20,7 @@ from interceptor_core import (
     RunContext,
     ToolApprovalRequiredError,
     ToolBlockedError,
+    ToolCall,
     ToolContext,
     UnmediatedAccessError,
     tool,
@@ -324,6 +327,62 @@ class TestCancelledCallers:
         finally:
             hold.set()
             executor.shutdown(wait=True)
+
+    async def test_a_block_in_a_parallel_turn_records_the_siblings_real_outcome(self) -> None:
+        """As an adapter does with a parallel turn: the calls run in a task group, one is blocked,
+        the group cancels its sibling mid-body; the sibling's sync body finishes and says so."""
+        sink = MemorySink()
+        started, release = threading.Event(), threading.Event()
+
+        @tool
+        def export_report() -> str:
+            started.set()
+            assert release.wait(10)
+            return "exported"
+
+        @tool
+        async def drop_table() -> str:
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+            return "dropped"
+
+        class NoDrops:
+            name = "no-drops"
+
+            def before_tool_call(self, call: ToolCall) -> Block | None:
+                return Block("destructive SQL") if call.tool_name == "drop_table" else None
+
+        gate = Gate("g", interceptors=[NoDrops()], sinks=[sink])
+        desk = gate.agent("desk", tools=[export_report, drop_table])
+        run = RunContext(tenant="acme")
+
+        loop = asyncio.get_running_loop()
+        exporting: list[asyncio.Task[Any]] = []
+
+        async def release_once_cancelled() -> None:
+            # The export's body goes on only after the group has cancelled its caller.
+            deadline = loop.time() + 10
+            while not (exporting and exporting[0].cancelling()) and loop.time() < deadline:
+                await asyncio.sleep(0.001)  # sleep-ok: polling with a deadline for the group's cancel
+            release.set()
+
+        async def drop_after_export_started() -> None:
+            await loop.run_in_executor(None, started.wait, 10)
+            await desk.call("drop_table", {}, run=run)
+
+        async def parallel_turn() -> None:
+            async with asyncio.TaskGroup() as group:
+                exporting.append(group.create_task(desk.call("export_report", {}, run=run)))
+                group.create_task(drop_after_export_started())
+
+        releaser = asyncio.create_task(release_once_cancelled())
+        with pytest.raises(ExceptionGroup) as caught:
+            await parallel_turn()
+        await releaser
+        assert caught.group_contains(ToolBlockedError)
+        by_tool = {e.tool: e for e in sink.events if e.type in ("ToolUse", "Blocked")}
+        assert by_tool["drop_table"].type == "Blocked"
+        export = by_tool["export_report"]
+        assert (export.type, export.outcome, export.cancelled) == ("ToolUse", "ok", True)  # type: ignore[attr-defined]
 
     async def test_an_async_body_cut_short_says_it_had_started(self) -> None:
         sink = MemorySink()
