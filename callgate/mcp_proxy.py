@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from interceptor_core import Gate, RunContext
+from interceptor_core import ConfigurationError, Gate, RunContext
 
 DEFAULT_PRINCIPAL = "mcp-client"
 """Who the proxy's events say it acts for when the command line does not name a principal."""
@@ -30,16 +30,23 @@ class ProxyConfigError(Exception):
 def build_sinks(
     events: Path | None, kafka: str | None, topic: str, spool_dir: Path | None, confirm_group: str | None = None
 ) -> list[Any]:
-    """The sinks `--events` and `--kafka` (with `--confirm-group`) ask for (none when neither is given)."""
+    """The sinks `--events` and `--kafka` (with `--confirm-group`) ask for (none when neither is given).
+    The JSONL file is opened when the gate is built (a path that cannot be written is refused
+    then); a Kafka spool directory that cannot be made is a `ProxyConfigError` here."""
     sinks: list[Any] = []
     if events is not None:
         from events import JsonlSink
 
         sinks.append(JsonlSink(events))
     if kafka is not None:
-        from events.kafka import KafkaSink
+        from events.kafka import KafkaSink, SpoolLocked
 
-        sinks.append(KafkaSink(kafka, topic, spool_dir, confirm_group=confirm_group))
+        try:
+            sinks.append(KafkaSink(kafka, topic, spool_dir, confirm_group=confirm_group))
+        except SpoolLocked as exc:
+            raise ProxyConfigError(str(exc)) from None
+        except OSError as exc:
+            raise ProxyConfigError(f"the Kafka spool cannot be used: {exc}") from None
     return sinks
 
 
@@ -75,8 +82,9 @@ def gate_from_factory(spec: str, sinks: Sequence[Any]) -> Gate:
 def build_proxy_gate(spec: str | None, policies: Sequence[Path], sinks: Sequence[Any]) -> Gate:
     """The proxy's gate: `MODULE:FACTORY`'s (see `gate_from_factory`), with the policy files added
     as application interceptors, or a gate of the policy files alone. The policies reload when
-    their files change. `ProxyConfigError` for neither, or for a policy file that fails its checks
-    (every problem, one per line)."""
+    their files change. `ProxyConfigError` for neither, for a policy file that fails its checks
+    (every problem, one per line), or for a gate that cannot be built (a `ConfigurationError`,
+    such as an events file that cannot be written: its message as it is)."""
     from interceptor_core.policy import PolicyError, load_policy
 
     if spec is None and not policies:
@@ -87,9 +95,12 @@ def build_proxy_gate(spec: str | None, policies: Sequence[Path], sinks: Sequence
             loaded.append(load_policy(path, watch=True))
         except PolicyError as exc:
             raise ProxyConfigError(f"policy file refused:\n{exc}") from None
-    if spec is None:
-        return Gate("mcp-proxy", interceptors=loaded, sinks=sinks)
-    gate = gate_from_factory(spec, sinks)
+    try:
+        if spec is None:
+            return Gate("mcp-proxy", interceptors=loaded, sinks=sinks)
+        gate = gate_from_factory(spec, sinks)
+    except ConfigurationError as exc:
+        raise ProxyConfigError(str(exc)) from None
     for policy in loaded:
         gate.add_interceptor(policy)
     return gate

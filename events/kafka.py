@@ -29,12 +29,16 @@ Record key = `producer_id` (each producer's chain stays in order in one partitio
 event's JSON (`encode_event`); CloudEvents binary-mode headers (`ce_specversion`, `ce_id`, `ce_source`,
 `ce_type`, `ce_time`, `content-type`).
 
-When the spool is full (the broker, or with `confirm_group` the consumer group, has been away long
-enough), the default `when_full="block"` fails closed: `available` turns False and the gate ends
-new calls `Blocked` with reason "audit unavailable" until there is room again; a batch larger than
-the room left is split, so any spool size works. `when_full="drop_oldest"` discards the oldest
-spooled events instead; every discarded event is counted (`dropped`) and the count rides on the
-next delivered batch as the `callgate_dropped` header.
+`KafkaSink` is an audit sink: while it cannot take events, `available` is False and
+`unavailable_reason` says why, so a gate in `audit="required"` mode ends new calls `Blocked`
+("audit unavailable: KafkaSink(...): ...") until it can again. That is the case while the spool
+cannot be written (a full or read-only disk: the events wait in memory and the write is tried
+again), while the memory queue is full, after `close`, and when the spool is full: the default
+`when_full="block"` fails closed once the spool is full and nothing leaves it (the broker, or with
+`confirm_group` the consumer group, has been away for `STALLED_AFTER_S`); a batch larger than the
+room left is split, so any spool size works. `when_full="drop_oldest"` discards the oldest spooled
+events instead; every discarded event is counted (`dropped`) and the count rides on the next
+delivered batch as the `callgate_dropped` header. Each change of `available` is logged once.
 
 This module imports aiokafka; import it only when used.
 """
@@ -58,12 +62,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MethodType
-from typing import IO, Any, Literal, NamedTuple
+from typing import IO, Any, ClassVar, Literal, NamedTuple
 from urllib.parse import quote
 
 from events.codec import encode_event
 from events.loss import LOSS_REPORT_TYPE, LossReport, Watermarks, encode_loss_report
 from events.models import EventBase
+from events.sinks import SinkRole
 from events.spool import HEADER_SIZE, Spool, SpoolFull, SpoolLocked, SpoolRecord
 
 log = logging.getLogger("callgate.events.kafka")
@@ -271,6 +276,8 @@ class KafkaSink:
     and return within their timeout whatever the broker does.
     """
 
+    role: ClassVar[SinkRole] = "audit"
+
     def __init__(
         self,
         bootstrap_servers: str,
@@ -325,6 +332,10 @@ class KafkaSink:
         self._start_lock = threading.Lock()
         self._closed = False
         self._spool_full = False
+        # Why the last spool write failed (None once one succeeds); set by the sender thread.
+        self._spool_error: str | None = None
+        self._was_available = True
+        self._down_since = 0.0
         self._connected = False
         self._oversize_file: IO[bytes] | None = None
         self._unreported_drops = 0
@@ -372,13 +383,41 @@ class KafkaSink:
     # -- the sink interface ---------------------------------------------------------------------
 
     @property
+    def name(self) -> str:
+        """How logs and reasons name the sink: `KafkaSink(<topic> on <bootstrap servers>)`."""
+        return f"KafkaSink({self.topic} on {self.bootstrap_servers})"
+
+    @property
     def available(self) -> bool:
-        """False while the spool is full, `when_full="block"` and nothing leaves it (the broker or,
-        with `confirm_group`, the group is away): the gate then refuses new calls. A full spool
-        that is draining stays available and `congested`: the gate paces calls instead."""
+        """False while the sink cannot take events: the spool cannot be written, the memory queue
+        is full, the sink is closed, or the spool is full, `when_full="block"` and nothing leaves
+        it (the broker or, with `confirm_group`, the group is away): the gate then refuses new
+        calls. A full spool that is draining stays available and `congested`: the gate paces
+        calls instead. Read before every call: no lock, no I/O."""
+        if self._spool_error is not None or self._closed or len(self._queue) >= self.max_queue:
+            return False
         if not (self._spool_full and self.when_full == "block"):
             return True
         return self.max_backlog is not None and time.monotonic() - self._progress_at < STALLED_AFTER_S
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the sink is not `available` (None while it is), naming it and the spool."""
+        if self.available:
+            return None
+        spool_error = self._spool_error
+        if spool_error is not None:
+            return f"{self.name}: {spool_error}"
+        if self._closed:
+            return f"{self.name}: closed"
+        if len(self._queue) >= self.max_queue:
+            return f"{self.name}: memory queue full ({self.max_queue} events); dropping new events"
+        stalled = time.monotonic() - self._progress_at
+        why = f" ({self.last_error})" if self.last_error else ""
+        return (
+            f"{self.name}: spool full ({self._spool.size_hint} of {self._spool.max_bytes} bytes in "
+            f"{self.spool_dir}); nothing delivered for {stalled:.0f} s{why}"
+        )
 
     @property
     def connected(self) -> bool:
@@ -624,10 +663,16 @@ class KafkaSink:
                 try:
                     moved = self._spool_batch()
                     pause = self.linger_s
-                except Exception:
-                    # A disk that refuses (full, read-only): the events wait in memory; retry.
-                    log.exception("KafkaSink: cannot write the spool in %s; retrying", self.spool_dir)
+                    if moved and self._spool_error is not None:
+                        self._spool_error = None
+                except Exception as exc:
+                    # A disk that refuses (full, read-only): the events wait in memory, the sink is
+                    # unavailable (logged once, below) and the write is tried again.
+                    what = str(exc) if isinstance(exc, OSError) and exc.errno else f"{type(exc).__name__}: {exc}"
+                    self._spool_error = f"spool write failed in {self.spool_dir}: {what}"
+                    log.debug("KafkaSink: cannot write the spool", exc_info=True)
                     moved, pause = 0, min(pause * 2, 1.0)
+                self._watch_availability()
                 if moved:
                     self._notify()
                 if self._stop.is_set() and (not self._queue or not moved):
@@ -645,6 +690,18 @@ class KafkaSink:
                 sender.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sender
+
+    def _watch_availability(self) -> None:
+        """Log each change of `available` once (the spooler's loop calls it every pass)."""
+        now = self.available
+        if now == self._was_available or self._closed:
+            return
+        self._was_available = now
+        if not now:
+            self._down_since = time.monotonic()
+            log.warning("%s", self.unavailable_reason or f"{self.name} cannot take events")
+        else:
+            log.warning("%s takes events again after %.1f s", self.name, time.monotonic() - self._down_since)
 
     async def _send_loop(self) -> None:
         link: _Link | None = None

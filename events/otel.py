@@ -42,6 +42,7 @@ import os
 from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from time import time_ns
+from typing import ClassVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
@@ -65,7 +66,7 @@ from events.models import (
     ToolUseEvent,
     UnmediatedEvent,
 )
-from events.sinks import CallStart
+from events.sinks import CallStart, SinkRole
 
 __all__ = ["OtelSink"]
 
@@ -145,7 +146,13 @@ class OtelSink:
     Safe from any thread and task. `start_call`, `emit` and `TracedCall.end` never raise and never
     block on I/O (a failure is logged and counted in `failed`); `flush` and `close` do their
     blocking work in the default executor.
+
+    An observability sink (`role`): however it fails, the gate's calls go on; what failed is
+    counted in `failed` (and in `Gate.sink_stats()`), never a reason to refuse a call. What the
+    provider's exporters fail to send is theirs to report (the SDK logs it).
     """
+
+    role: ClassVar[SinkRole] = "observability"
 
     def __init__(
         self,

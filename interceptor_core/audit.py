@@ -2,7 +2,9 @@
 producer's chain and hands it to every sink.
 
 Nothing here raises into the call path: a sink that fails is counted, an event that cannot be
-built is logged and counted, and the call goes on.
+built is logged and counted. Whether the call then goes on is the gate's audit mode: with
+"required" (the default) a call does not start while an audit sink cannot take events
+(`unavailable()`); with "best_effort" it does, and the counters say what was lost.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
 from pydantic import BaseModel
@@ -35,7 +38,7 @@ from events.models import (
     UnmediatedEvent,
 )
 from events.redaction import RedactedArgs, Redactor
-from events.sinks import CallStart, CallTracer, SinkStats, TracedCall
+from events.sinks import CallStart, CallTracer, SinkStats, TracedCall, sink_label, sink_role
 from interceptor_core.approvals import Approval
 from interceptor_core.context import RunContext
 from interceptor_core.guard import UnmediatedAccess, current_call
@@ -49,6 +52,11 @@ log = logging.getLogger("callgate.gate")
 
 _WIRE_TYPES: dict[type[EventBase], str] = {cls: kind for kind, cls in EVENT_TYPES.items()}
 
+AuditMode = Literal["required", "best_effort"]
+AUDIT_MODES: tuple[AuditMode, ...] = ("required", "best_effort")
+"""`Gate(audit=...)`: "required" refuses new calls while an audit sink cannot take events;
+"best_effort" lets them run, and logs and counts what the sinks lose."""
+
 
 def digest(value: Any) -> str | None:
     """SHA-256 hex of a value's JSON (what the model would read), or None if it has no JSON form."""
@@ -60,9 +68,9 @@ def digest(value: Any) -> str | None:
 
 
 MAX_TEXT = 8192
+"""Longest message, reason or error text an event carries; longer ones are cut (after redaction)."""
 PACE_LIMIT_S = 1.0
 """The longest a new call waits for a congested sink before it runs anyway."""
-"""Longest message, reason or error text an event carries; longer ones are cut (after redaction)."""
 
 
 def _cap(text: str) -> str:
@@ -73,15 +81,39 @@ def _ms(seconds: float | None) -> float:
     return (seconds or 0.0) * 1000.0
 
 
+def _reason(sink: object) -> str:
+    """Why an audit sink that is not `available` cannot take events, naming it."""
+    why = getattr(sink, "unavailable_reason", None)
+    return why if isinstance(why, str) and why else f"{sink_label(sink)} cannot store events"
+
+
+def _count(sink: object, name: str) -> int:
+    value = getattr(sink, name, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 class Audit:
     """Builds, seals and fans out the events of one gate. Safe from any thread."""
 
-    def __init__(self, gate: str, sinks: Sequence[object], redactor: Redactor) -> None:
+    def __init__(self, gate: str, sinks: Sequence[object], redactor: Redactor, mode: AuditMode = "required") -> None:
         self.gate = gate
         self.sinks = tuple(sinks)
+        self.mode: AuditMode = mode
+        self.roles = tuple(sink_role(s) for s in sinks)
         self.tracers: tuple[CallTracer, ...] = tuple(s for s in sinks if isinstance(s, CallTracer))
-        # Sinks that can refuse (a full spool that fails closed): checked before every call.
-        self.gates = tuple(s for s in sinks if hasattr(type(s), "available"))
+        # Audit sinks that can refuse on their own (a failed write, a full disk, queue or spool):
+        # with "required", each is asked before every call (a plain attribute read each).
+        self.gates: tuple[Any, ...] = tuple(
+            s for s, role in zip(sinks, self.roles, strict=True) if role == "audit" and hasattr(s, "available")
+        )
+        # Sinks whose last emit raised: index -> (why, since, failed count then). Replaced whole,
+        # never mutated, so the emit path reads it without a lock.
+        self._broken: dict[int, tuple[str, float, int]] = {}
+        self._broken_lock = threading.Lock()
+        self.must_check = False
+        """Whether a new call must ask `unavailable()` first: mode "required" and an audit sink
+        that can refuse, or one whose emit raised. Kept current, read once per call."""
+        self._recheck()
         # Sinks that can fall behind (a store slower than the agents): new calls wait for them.
         self.pacers = tuple(s for s in sinks if hasattr(type(s), "congested"))
         # A sink that cannot take large records (Kafka's message limit) shrinks the args budget;
@@ -100,11 +132,46 @@ class Audit:
         self.taps: tuple[Callable[[SealedEvent], None], ...] = ()
 
     def unavailable(self) -> str | None:
-        """Why the audit path cannot take events now (None when it can)."""
+        """Why the audit path cannot take events now (None when it can): "audit unavailable:
+        <sink>: <why>" for the first audit sink that is not `available`, or whose last emit
+        raised. Cheap: attribute reads, no lock, no I/O."""
         for sink in self.gates:
-            if not sink.available:  # type: ignore[attr-defined]
-                return f"audit unavailable: {type(sink).__name__} cannot store events"
+            if not sink.available:
+                return "audit unavailable: " + _reason(sink)
+        for index, (why, _, _) in self._broken.items():
+            if self.roles[index] == "audit":
+                return "audit unavailable: " + why
         return None
+
+    def _recheck(self) -> None:
+        audit_broken = any(self.roles[index] == "audit" for index in self._broken)
+        self.must_check = self.mode == "required" and (bool(self.gates) or audit_broken)
+
+    def _emit_raised(self, index: int, sink: object, exc: Exception) -> None:
+        with self._broken_lock:
+            if index in self._broken:
+                return
+            why = f"{sink_label(sink)}: emit raised {type(exc).__name__}: {exc}"
+            self._broken = {**self._broken, index: (why, time.monotonic(), self.failed[index] - 1)}
+            self._recheck()
+        blocks = self.mode == "required" and self.roles[index] == "audit"
+        then = "new calls are refused until it takes one again" if blocks else "counted; calls go on"
+        log.error("%s (%s)", why, then, exc_info=exc)
+
+    def _emit_worked(self, index: int, sink: object) -> None:
+        with self._broken_lock:
+            entry = self._broken.get(index)
+            if entry is None:
+                return
+            self._broken = {k: v for k, v in self._broken.items() if k != index}
+            self._recheck()
+        _, since, failed_then = entry
+        log.warning(
+            "%s takes events again after %.1f s; %d events failed meanwhile",
+            sink_label(sink),
+            time.monotonic() - since,
+            self.failed[index] - failed_then,
+        )
 
     def congested(self) -> bool:
         """Whether a sink is congested now (cheap: read before every call)."""
@@ -131,13 +198,18 @@ class Audit:
             self.unbuilt += 1
             log.exception("callgate could not build a %s event", cls.__name__)
             return None
+        broken = self._broken
         for index, sink in enumerate(self.sinks):
             try:
                 sink.emit(event)  # type: ignore[attr-defined]
                 self.emitted[index] += 1
-            except Exception:
+            except Exception as exc:
                 self.failed[index] += 1
-                log.exception("sink %r failed to take an event", sink)
+                # Logged once per state change: a sink that keeps raising does not flood the log.
+                self._emit_raised(index, sink, exc)
+            else:
+                if broken and index in broken:
+                    self._emit_worked(index, sink)
         for tap in self.taps:
             try:
                 tap(event)
@@ -146,16 +218,27 @@ class Audit:
         return event
 
     def stats(self) -> dict[str, SinkStats]:
-        """Per sink (keyed `index:ClassName`): emitted, failed inside emit, dropped by its queue."""
-        return {
-            f"{index}:{type(sink).__name__}": SinkStats(
+        """Per sink (keyed `index:ClassName`): see `SinkStats`. `failed` adds the failures inside
+        `emit` to what the sink itself reports as never stored (its `failed`)."""
+        broken = self._broken
+        out: dict[str, SinkStats] = {}
+        for index, sink in enumerate(self.sinks):
+            entry = broken.get(index)
+            error = entry[0] if entry is not None else None
+            available = entry is None
+            if available and getattr(sink, "available", True) is False:
+                available, error = False, _reason(sink)
+            out[f"{index}:{type(sink).__name__}"] = SinkStats(
                 emitted=self.emitted[index],
-                failed=self.failed[index],
-                dropped=int(getattr(sink, "dropped", 0)),
+                failed=self.failed[index] + _count(sink, "failed"),
+                dropped=_count(sink, "dropped"),
                 exported=getattr(sink, "exported", None),
+                pending=pending if isinstance(pending := getattr(sink, "pending", None), int) else None,
+                available=available,
+                error=error,
+                role=self.roles[index],
             )
-            for index, sink in enumerate(self.sinks)
-        }
+        return out
 
     # -- envelopes -------------------------------------------------------------------------------
 

@@ -16,10 +16,10 @@ from typing import Any, Literal, NoReturn, assert_never
 from pydantic import BaseModel, ValidationError
 
 from events.redaction import Redactor
-from events.sinks import SinkStats
+from events.sinks import SINK_ROLES, SinkStartError, SinkStats, sink_label, sink_role
 from interceptor_core._eager import InContext, finish, start
 from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest
-from interceptor_core.audit import Audit
+from interceptor_core.audit import AUDIT_MODES, Audit, AuditMode
 from interceptor_core.context import RunContext, ScopePath, ToolCall, ToolContext, new_id
 from interceptor_core.decisions import Allow, Block, Deny, PolicyDecision, RequireApproval, Rewrite, Substitute
 from interceptor_core.exceptions import (
@@ -227,6 +227,26 @@ class _CallState:
         self.late: tuple[bool, Any] | None = None
 
 
+def _start_sinks(sinks: Sequence[object]) -> None:
+    """Call each sink's `start()` (if it has one): a sink that cannot store anything fails here,
+    when the gate is built, not at its first event."""
+    for sink in sinks:
+        start = getattr(sink, "start", None)
+        if not callable(start):
+            continue
+        try:
+            started = start()
+        except SinkStartError as exc:
+            raise ConfigurationError(str(exc)) from exc
+        except Exception as exc:
+            raise ConfigurationError(f"{sink_label(sink)} cannot start: {type(exc).__name__}: {exc}") from exc
+        if inspect.isawaitable(started):
+            close = getattr(started, "close", None)
+            if callable(close):
+                close()
+            raise ConfigurationError(f"{sink_label(sink)}.start() is async; the gate starts sinks when it is built")
+
+
 class Gate:
     """The application scope and the one path every tool call takes.
 
@@ -239,6 +259,14 @@ class Gate:
     - `interceptor_timeout_s`: an interceptor running longer fails closed, as one that raises or
       returns something that is not a decision does: `on_interceptor_error` "deny" (default; the
       model reads a denial) or "block" (the run stops with `ToolBlockedError`).
+    - `sinks`: where events go. Each sink's `start()`, if it has one, is called here; a sink that
+      cannot start (an unwritable path, a missing directory) raises `ConfigurationError` naming it.
+      A sink's `role` is "audit" (the default) or "observability".
+    - `audit`: "required" (default): while an audit sink cannot take events (its writes fail, its
+      disk, queue or spool is full, its `emit` raised), new calls end `Blocked` with cause
+      "audit_unavailable" and the reason "audit unavailable: <sink>: <why>", and no tool body
+      runs, until it takes events again. "best_effort": calls go on; the sinks log each change of
+      state once and `sink_stats()` counts what was lost. Observability sinks never block.
     """
 
     def __init__(
@@ -252,7 +280,10 @@ class Gate:
         interceptor_timeout_s: float = 5.0,
         on_interceptor_error: OnInterceptorError = "deny",
         redactor: Redactor | None = None,
+        audit: AuditMode = "required",
     ) -> None:
+        if audit not in AUDIT_MODES:
+            raise ConfigurationError(f"audit must be 'required' or 'best_effort', got {audit!r}")
         if on_interceptor_error not in ("deny", "block"):
             raise ConfigurationError(f"on_interceptor_error must be 'deny' or 'block', got {on_interceptor_error!r}")
         if interceptor_timeout_s <= 0 or approval_timeout_s <= 0:
@@ -265,10 +296,16 @@ class Gate:
         for sink in sinks:
             if not callable(getattr(sink, "emit", None)):
                 raise ConfigurationError(f"sink {sink!r} has no emit(event) method")
+            if sink_role(sink) not in SINK_ROLES:
+                raise ConfigurationError(
+                    f"sink {sink_label(sink)} has role {sink_role(sink)}: a sink is 'audit' or 'observability'"
+                )
+        _start_sinks(sinks)
         self.sinks = tuple(sinks)
+        self.audit_mode: AuditMode = audit
         self.redactor = redactor if redactor is not None else Redactor()
         # No sinks, no events: the call path then skips building them altogether.
-        self._audit: Audit | None = Audit(name, self.sinks, self.redactor) if self.sinks else None
+        self._audit: Audit | None = Audit(name, self.sinks, self.redactor, audit) if self.sinks else None
         self._level = _Level("application", name, _bind_all(interceptors, "application"), ())
         self._lock = threading.Lock()
         self._generation = 0
@@ -471,7 +508,9 @@ class Gate:
         return self._audit.producer.producer_id if self._audit else None
 
     def sink_stats(self) -> dict[str, SinkStats]:
-        """Per sink: events handed to it, failures inside its emit, events its queue dropped."""
+        """Per sink (keyed `index:ClassName`): events handed to it, never stored (`failed`: its
+        emit raised, or it gave up on them), dropped, stored, still pending, whether it takes
+        events now and why not (`SinkStats`). Cheap; safe from any thread."""
         return self._audit.stats() if self._audit else {}
 
     async def flush(self) -> None:
@@ -505,7 +544,7 @@ class Gate:
             await audit.pace()
         audit.begin(state)
         try:
-            if audit.gates and (why := audit.unavailable()) is not None:
+            if audit.must_check and (why := audit.unavailable()) is not None:
                 # Fail closed: a call whose decision cannot be recorded does not run.
                 state.raw_args = args
                 self._block(state, why, "audit", "audit_unavailable")

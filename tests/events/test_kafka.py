@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -191,8 +192,10 @@ class TestOutages:
 
 
 class TestSpoolFull:
-    async def test_full_spool_fails_closed(self, tmp_path: Path) -> None:
-        """With the broker away and the spool full, new calls end Blocked: audit unavailable."""
+    async def test_full_spool_fails_closed(self, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        """With the broker away and the spool full, new calls end Blocked: audit unavailable, the
+        reason naming the sink and its spool; the change is logged once."""
+        caplog.set_level("WARNING", logger="callgate.events.kafka")
         port = free_port("127.0.0.1")
         sink = KafkaSink(f"127.0.0.1:{port}", "t", tmp_path, spool_max_bytes=16_000, connect_timeout_s=1)
         agent = gate_with(sink)
@@ -207,8 +210,12 @@ class TestSpoolFull:
             n += 1
             await spooled(sink)
         assert blocked is not None
-        assert "audit unavailable" in blocked.reason
+        named = f"audit unavailable: KafkaSink(t on 127.0.0.1:{port}): spool full ("
+        assert blocked.reason.startswith(named), blocked.reason
+        assert f" bytes in {tmp_path}); nothing delivered for " in blocked.reason
         assert not sink.available
+        full = [r for r in caplog.records if r.name == "callgate.events.kafka" and "spool full" in r.getMessage()]
+        assert len(full) == 1  # once, however many calls were refused
         await sink.close(timeout=0.5)
 
     async def test_drop_oldest_counts_and_reports(self, tmp_path: Path, topic: str) -> None:
@@ -229,6 +236,75 @@ class TestSpoolFull:
             reported = [int(decode_headers(r.headers).get(DROPPED_HEADER, "0")) for r in records]
             assert sum(reported) == sink.dropped
             await sink.close()
+
+
+SPOOL_WRITE_FAILS = """
+import asyncio, json, logging, resource, time
+from pathlib import Path
+from events.kafka import KafkaSink
+from events.spool import Spool
+from interceptor_core import Gate, RunContext, ToolBlockedError, tool
+
+logged = []
+handler = logging.Handler()
+handler.emit = lambda record: logged.append(record.getMessage())
+logging.getLogger("callgate.events.kafka").addHandler(handler)
+logging.getLogger("callgate.events.kafka").setLevel(logging.WARNING)
+
+@tool
+def refund(order_id: str, note: str = "") -> str:
+    \"\"\"Refunds an order.\"\"\"
+    return "ok"
+
+async def main():
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    # Segment files may not grow past 20 kB: a disk that fills up (Python ignores SIGXFSZ).
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))
+    sink = KafkaSink({bootstrap!r}, "t", {spool!r}, connect_timeout_s=1)
+    agent = Gate("shop", sinks=[sink]).agent("desk", tools=[refund])
+    ran, reason, deadline = 0, None, time.monotonic() + 30
+    while reason is None and time.monotonic() < deadline:
+        try:
+            await agent.call("refund", {{"order_id": f"A-{{ran}}", "note": "x" * 1000}}, run=RunContext())
+            ran += 1
+        except ToolBlockedError as exc:
+            reason = exc.reason
+        await asyncio.sleep(0.005)  # sleep-ok: the sender thread spools between calls
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    deadline = time.monotonic() + 30
+    while not sink.available and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)  # sleep-ok: polling with a deadline for the next spool write
+    available, pending = sink.available, sink.pending
+    await sink.close(timeout=1)
+    with Spool(Path({spool!r}) / "segments") as spool:
+        kept = spool.pending
+    print(json.dumps(dict(reason=reason, ran=ran, available=available, pending=pending, kept=kept, logged=logged)))
+
+asyncio.run(main())
+"""
+
+
+class TestSpoolWriteFailure:
+    def test_a_spool_that_cannot_be_written_blocks_calls_until_it_can(self, tmp_path: Path) -> None:
+        """A spool whose files cannot grow (RLIMIT_FSIZE, in a process of its own: a full disk)
+        makes the sink unavailable: calls end Blocked naming the spool and the error, logged
+        once; once writes work again the held events are spooled, nothing lost."""
+        bootstrap = f"127.0.0.1:{free_port('127.0.0.1')}"  # no broker: everything stays spooled
+        script = SPOOL_WRITE_FAILS.format(bootstrap=bootstrap, spool=str(tmp_path))
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90, check=False)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        down = f"KafkaSink(t on {bootstrap}): spool write failed in {tmp_path}: [Errno 27] File too large"
+        assert report["reason"] == f"audit unavailable: {down}"
+        assert report["ran"] > 0
+        assert report["available"]
+        # Every event the gate emitted is in the spool: the calls that ran, the refused one, the
+        # ToolsRegistered event.
+        assert report["kept"] == report["pending"] == report["ran"] + 2
+        changes = [line for line in report["logged"] if line.startswith(f"KafkaSink(t on {bootstrap})")]
+        assert len(changes) == 2, report["logged"]  # once down, once up: not once per attempt
+        assert changes[0] == down
+        assert changes[1].startswith(f"KafkaSink(t on {bootstrap}) takes events again after ")
 
 
 class TestOversize:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
 import threading
 import uuid
 from datetime import UTC, datetime
@@ -13,7 +19,14 @@ import pytest
 
 from events import JsonlSink, MemorySink, Producer, ToolUseEvent, event_hash, parse_event, read_jsonl, verify_chain
 from events.models import EventBase
-from events.sinks import BackgroundSink
+from events.sinks import BackgroundSink, SinkStartError
+
+ENOSPC = "write failed: [Errno 28] No space left on device"
+
+
+def sink_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the sinks logged, one message per record."""
+    return [r.getMessage() for r in caplog.records if r.name == "callgate.events"]
 
 
 def events(n: int, producer: Producer | None = None) -> list[EventBase]:
@@ -100,6 +113,7 @@ class TestMemorySink(SinkContract):
 
 class TestJsonlSink(SinkContract):
     def make_sink(self, tmp_path: Path) -> JsonlSink:
+        (tmp_path / "audit").mkdir(exist_ok=True)
         return JsonlSink(tmp_path / "audit" / "events.jsonl")
 
     def stored(self, sink: JsonlSink, tmp_path: Path) -> list[EventBase]:
@@ -133,11 +147,179 @@ class TestJsonlSink(SinkContract):
         assert all(event_hash(parse_event(line)) == parse_event(line).hash for line in lines)
 
     async def test_emit_after_close_is_counted_not_raised(self, tmp_path: Path) -> None:
-        """An event emitted after close is dropped and counted; emit never raises."""
+        """An event emitted after close is dropped and counted; emit never raises; a closed sink
+        is not available."""
         sink = JsonlSink(tmp_path / "e.jsonl")
         await sink.close()
         sink.emit(events(1)[0])
         assert sink.dropped == 1
+        assert (sink.available, sink.unavailable_reason) == (False, f"JsonlSink({tmp_path / 'e.jsonl'}): closed")
+
+
+class TestJsonlSinkStart:
+    def test_start_creates_the_file(self, tmp_path: Path) -> None:
+        """start() opens the file, creating it, before any event; twice is the same as once."""
+        sink = JsonlSink(tmp_path / "events.jsonl")
+        sink.start()
+        sink.start()
+        assert (tmp_path / "events.jsonl").read_bytes() == b""
+
+    @pytest.mark.parametrize(
+        ("where", "why"),
+        [
+            ("file/events.jsonl", "{tmp}/file is not a directory"),
+            ("file/deeper/events.jsonl", "{tmp}/file is not a directory"),
+            ("missing/events.jsonl", "the directory {tmp}/missing does not exist"),
+            ("dir", "{tmp}/dir is a directory"),
+        ],
+        ids=["parent-is-a-file", "ancestor-is-a-file", "missing-directory", "path-is-a-directory"],
+    )
+    def test_a_path_that_cannot_be_written_is_refused_naming_it(self, tmp_path: Path, where: str, why: str) -> None:
+        """start() raises SinkStartError naming the sink's path and what is wrong; nothing is created."""
+        (tmp_path / "file").write_text("not a directory")
+        (tmp_path / "dir").mkdir()
+        path = tmp_path / where
+        with pytest.raises(SinkStartError) as raised:
+            JsonlSink(path).start()
+        assert str(raised.value) == f"JsonlSink({path}) cannot start: {why.format(tmp=tmp_path)}"
+        assert not (tmp_path / "missing").exists()
+
+
+class TestJsonlSinkFailing:
+    """A JsonlSink whose writes fail: /dev/full (every write ENOSPC) and real partial writes."""
+
+    async def test_a_full_disk_makes_it_unavailable_and_holds_the_events(self) -> None:
+        """On /dev/full the first write fails: not available, the reason names the sink and the
+        error, every event is held (pending), none counted as stored or failed yet."""
+        sink = JsonlSink("/dev/full")
+        sink.start()
+        for event in events(3):
+            sink.emit(event)
+        await asyncio.wait_for(sink.flush(), 10)
+        assert (sink.available, sink.unavailable_reason) == (False, f"JsonlSink(/dev/full): {ENOSPC}")
+        assert (sink.pending, sink.exported, sink.failed, sink.dropped) == (3, 0, 0, 0)
+        await sink.close()
+
+    async def test_flush_returns_after_an_attempt_and_close_counts_what_was_never_stored(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """flush() returns while the sink fails (each one an attempt); close() makes a last one
+        and counts every event still held as failed; the log has one line when the writes start
+        failing and one at close, however many batches failed."""
+        caplog.set_level(logging.WARNING, logger="callgate.events")
+        sink = JsonlSink("/dev/full", max_batch=2)
+        sink.start()
+        for _ in range(5):
+            for event in events(10):
+                sink.emit(event)
+            await asyncio.wait_for(sink.flush(), 10)
+        assert sink.export_failures >= 5
+        await asyncio.wait_for(sink.close(), 10)
+        assert (sink.failed, sink.exported, sink.pending) == (50, 0, 0)
+        failing, closing = sink_lines(caplog)
+        assert re.fullmatch(
+            rf"JsonlSink\(/dev/full\): {re.escape(ENOSPC)}; holding \d+ events and trying again", failing
+        )
+        assert closing == f"JsonlSink(/dev/full) closed with 50 events it could not store ({ENOSPC})"
+
+    async def test_held_events_are_bounded_by_the_queue_size(self) -> None:
+        """While writes fail, at most max_queue events are held; newer ones are dropped and counted."""
+        sink = JsonlSink("/dev/full", max_queue=5)
+        for event in events(20):
+            sink.emit(event)
+            await asyncio.wait_for(sink.flush(), 10)
+        assert (sink.pending, sink.dropped) == (5, 15)
+        await sink.close()
+        assert (sink.failed, sink.dropped) == (5, 15)
+
+    async def test_a_path_that_becomes_writable_again_gets_every_held_event_in_order(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The path points at /dev/full, then at a real file: the next attempt reopens it, writes
+        every held event before the newer ones, and the sink is available again, logged once."""
+        caplog.set_level(logging.WARNING, logger="callgate.events")
+        path = tmp_path / "events.jsonl"
+        path.symlink_to("/dev/full")
+        sink = JsonlSink(path)
+        sink.start()
+        producer = Producer()
+        batch = events(30, producer)
+        for event in batch[:20]:
+            sink.emit(event)
+        await sink.flush()
+        assert not sink.available
+        (tmp_path / "repointed").symlink_to(tmp_path / "real.jsonl")
+        os.replace(tmp_path / "repointed", path)
+        for event in batch[20:]:
+            sink.emit(event)
+        await sink.flush()
+        assert (sink.available, sink.unavailable_reason, sink.pending) == (True, None, 0)
+        stored = read_jsonl(tmp_path / "real.jsonl")
+        assert [e.seq for e in stored] == list(range(1, 31))
+        assert verify_chain(stored).ok
+        await sink.close()
+        assert (sink.exported, sink.failed) == (30, 0)
+        lines = sink_lines(caplog)
+        assert len(lines) == 2
+        assert lines[0] == f"JsonlSink({path}): {ENOSPC}; holding 20 events and trying again"
+        assert lines[1].startswith(f"JsonlSink({path}) recovered after ")
+        assert lines[1].endswith(" s; wrote 30 held events")
+
+    def test_a_write_cut_off_midway_leaves_no_torn_line(self, tmp_path: Path) -> None:
+        """A file size limit (RLIMIT_FSIZE, in a process of its own) stops a batch midway: the
+        file is cut back to the last whole batch; with the limit lifted, every event is written
+        once, each line whole."""
+        script = PARTIAL_WRITE.format(path=str(tmp_path / "events.jsonl"))
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["failed_at"] == "write failed: [Errno 27] File too large"
+        # Only whole lines remain: the events written before the batch that was cut off.
+        assert report["tail"] == "\n"
+        assert report["lines_after_failure"] == report["exported_before_lift"] < 25
+        stored = read_jsonl(tmp_path / "events.jsonl")
+        assert [e.seq for e in stored] == list(range(1, 26))
+        assert verify_chain(stored).ok
+
+
+PARTIAL_WRITE = """
+import asyncio, json, os, resource, uuid
+from datetime import UTC, datetime
+from events import Producer, ToolUseEvent
+from events.sinks import JsonlSink
+
+producer = Producer()
+def event():
+    fields = dict(event_id=uuid.uuid4().hex, time=datetime.now(UTC), gate="g", outcome="ok", duration_ms=0.0)
+    return producer.seal(ToolUseEvent, fields)
+
+async def main():
+    sink = JsonlSink({path!r})
+    sink.start()
+    for _ in range(5):
+        sink.emit(event())
+    await sink.flush()
+    size_before = os.path.getsize({path!r})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    # Room for ten and a half more lines: a write stops midway in a line (Python ignores SIGXFSZ).
+    line = size_before // 5
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size_before + 10 * line + line // 2, hard))
+    for _ in range(20):
+        sink.emit(event())
+    await sink.flush()
+    failed_at = sink.unavailable_reason.split(": ", 1)[1]
+    exported = sink.exported
+    with open({path!r}, "rb") as handle:
+        data = handle.read()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    await sink.flush()
+    assert sink.available, sink.unavailable_reason
+    await sink.close()
+    print(json.dumps(dict(failed_at=failed_at, tail=data[-1:].decode(), lines_after_failure=data.count(10),
+                          exported_before_lift=exported)))
+
+asyncio.run(main())
+"""
 
 
 class _Stuck(BackgroundSink):
@@ -170,25 +352,63 @@ class TestBackgroundSink:
         assert len(sink.got) == 4
         assert sink.exported == 4
 
-    async def test_failing_export_is_counted(self) -> None:
-        """An export that raises is logged and counted; the sink keeps working."""
+    async def test_full_queue_makes_the_sink_unavailable_until_it_has_room(self) -> None:
+        """A full queue is a sink that cannot take events: not available while it is full,
+        available again once the worker has emptied it."""
+        sink = _Stuck()
+        batch = events(10)
+        sink.emit(batch[0])
+        assert sink.entered.wait(5)
+        for event in batch[1:]:
+            sink.emit(event)
+        assert (sink.available, sink.unavailable_reason) == (
+            False,
+            "_Stuck: queue full (3 events waiting); dropping new events",
+        )
+        sink.release.set()
+        await sink.flush()
+        assert sink.available
+        await sink.close()
+
+    async def test_failed_export_is_retried_not_lost(self) -> None:
+        """An export that raises keeps its batch and gives it again, before newer events: nothing
+        is lost, the failure is counted, the sink is available again."""
 
         class Flaky(BackgroundSink):
             def __init__(self) -> None:
                 super().__init__()
                 self.calls = 0
+                self.got: list[EventBase] = []
 
             def export(self, batch: Any) -> None:
                 self.calls += 1
                 if self.calls == 1:
                     raise OSError("disk full")
+                self.got.extend(batch)
 
         sink = Flaky()
+        first, second = events(2)
+        sink.emit(first)
+        await sink.flush()
+        sink.emit(second)
+        await sink.close()
+        assert [e.event_id for e in sink.got] == [first.event_id, second.event_id]
+        assert (sink.export_failures, sink.exported, sink.failed) == (1, 2, 0)
+
+    async def test_reason_of_a_failed_export(self) -> None:
+        """A failed export's reason names the sink, the action and the error."""
+
+        class Refusing(BackgroundSink):
+            def export(self, batch: Any) -> None:
+                raise ConnectionError("collector went away")
+
+        sink = Refusing(name="Refusing(collector)")
         sink.emit(events(1)[0])
         await sink.flush()
-        sink.emit(events(1)[0])
+        assert sink.unavailable_reason == "Refusing(collector): export failed: ConnectionError: collector went away"
+        assert sink.pending == 1
         await sink.close()
-        assert (sink.failed_exports, sink.exported) == (1, 1)
+        assert sink.failed == 1
 
 
 @pytest.fixture(autouse=True)

@@ -213,8 +213,9 @@ class TestWhatLeavesTheProcess:
         assert "ghp_" in (result.message or "")
         assert "ghp_" not in (sink.events[-1].error or "")  # type: ignore[attr-defined]
 
-    async def test_failing_sink_never_breaks_the_call(self) -> None:
-        """A sink whose emit raises is counted; the call and the other sinks carry on."""
+    async def test_failing_sink_never_raises_into_the_call(self) -> None:
+        """A sink whose emit raises is counted and never raises into the call; with
+        audit="best_effort" the call and the other sinks carry on."""
 
         class Broken:
             def emit(self, event: Any) -> None:
@@ -225,13 +226,30 @@ class TestWhatLeavesTheProcess:
             async def close(self) -> None: ...
 
         good = MemorySink()
-        gate = Gate("shop", sinks=[Broken(), good])
+        gate = Gate("shop", sinks=[Broken(), good], audit="best_effort")
         result = await gate.agent("desk", tools=[refund]).call("refund", ARGS)
         assert result.ok
         stats = gate.sink_stats()
         assert stats["0:Broken"].failed == 2  # ToolsRegistered and ToolUse
+        assert (stats["0:Broken"].available, stats["0:Broken"].error) == (
+            False,
+            "Broken: emit raised OSError: disk gone",
+        )
         assert stats["1:MemorySink"].emitted == 2
         assert types(good) == ["ToolUse"]
+
+    async def test_failing_sink_blocks_calls_when_the_audit_is_required(self) -> None:
+        """By default a sink whose emit raised is unavailable: the next call ends Blocked."""
+
+        class Broken:
+            def emit(self, event: Any) -> None:
+                raise OSError("disk gone")
+
+        good = MemorySink()
+        gate = Gate("shop", sinks=[Broken(), good])
+        with pytest.raises(ToolBlockedError, match="audit unavailable: Broken: emit raised OSError: disk gone"):
+            await gate.agent("desk", tools=[refund]).call("refund", ARGS)
+        assert types(good) == ["Blocked"]
 
 
 class TestCoverageEvents:

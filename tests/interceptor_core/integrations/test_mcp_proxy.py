@@ -16,6 +16,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
 
 from events import MemorySink, read_jsonl, verify_chain
 from interceptor_core import Gate, RunContext
@@ -36,10 +37,10 @@ def free_port() -> int:
 class HttpProxy:
     """`callgate mcp-proxy --http` in front of the test server, as a process of its own."""
 
-    def __init__(self, root: Path, tmp_path: Path) -> None:
+    def __init__(self, root: Path, tmp_path: Path, events: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
-        self.events = tmp_path / "events.jsonl"
+        self.events = events or tmp_path / "events.jsonl"
         self.stderr = tmp_path / "proxy.stderr"
         params = proxy_params(root, self.events, "--http", f"127.0.0.1:{self.port}")
         with self.stderr.open("wb") as err:
@@ -105,6 +106,38 @@ class TestProxyOverHttp:
         outcomes = [(e.type, e.tool, e.principal) for e in found if e.type != "ToolsRegistered"]
         assert outcomes == [("ToolUse", "write_file", "mcp-client"), ("ToolDenied", "delete_file", "mcp-client")]
         assert verify_chain(found).ok
+
+
+ENOSPC = "write failed: [Errno 28] No space left on device"
+
+
+class TestProxyWithAnAuditThatCannotWrite:
+    async def test_events_on_a_full_disk_refuse_every_call(self, root: Path, tmp_path: Path) -> None:
+        """`callgate mcp-proxy --events /dev/full`: every tool call is refused with "audit
+        unavailable" naming the sink and the error, the upstream does nothing, and stderr has one
+        line when the writes fail and one when the proxy stops, no traceback."""
+        proxy = HttpProxy(root, tmp_path, events=Path("/dev/full"))
+        try:
+            await proxy.wait_until_listening()
+            async with Client(proxy.url) as client:
+                for name, args in [
+                    ("write_file", {"path": "note.txt", "text": "hi"}),
+                    ("delete_file", {"path": "old.txt"}),
+                ]:
+                    with pytest.raises(MCPError) as refused:
+                        await client.call_tool(name, args)
+                    assert f"audit unavailable: JsonlSink(/dev/full): {ENOSPC}" in str(refused.value)
+        finally:
+            proxy.stop()
+        assert effects(root) == []
+        assert (root / "old.txt").read_text() == "old"
+        stderr = proxy.stderr.read_text()
+        assert "Traceback" not in stderr
+        about_the_sink = [line for line in stderr.splitlines() if "JsonlSink" in line]
+        assert about_the_sink == [
+            f"JsonlSink(/dev/full): {ENOSPC}; holding 1 events and trying again",
+            f"JsonlSink(/dev/full) closed with 3 events it could not store ({ENOSPC})",
+        ]
 
 
 class TestProxyRunContext:
@@ -200,6 +233,28 @@ class TestProxyConfiguration:
         assert culprit in " ".join(done.stderr.split()), done.stderr
         assert done.stdout == ""
         assert not (tmp_path / "audit.jsonl").exists()
+
+    @pytest.mark.parametrize(
+        ("options", "events", "line"),
+        [
+            (["--gate", "files_policy:build_gate"], "notes.txt/audit.jsonl", "notes.txt is not a directory"),
+            (["--gate", "files_policy:build_gate"], "logs/audit.jsonl", "the directory logs does not exist"),
+            (["--policy", "files.policy.yaml"], "notes.txt/audit.jsonl", "notes.txt is not a directory"),
+        ],
+        ids=["parent-is-a-file", "missing-directory", "policy-only"],
+    )
+    def test_an_events_file_that_cannot_be_written_exits_2_with_one_line(
+        self, tmp_path: Path, options: list[str], events: str, line: str
+    ) -> None:
+        """`--events` naming a path that cannot be written stops the proxy before it starts:
+        exit 2, one line naming the sink, the path and what is wrong, nothing on stdout."""
+        (tmp_path / "notes.txt").write_text("a file, not a directory")
+        (tmp_path / "files.policy.yaml").write_text(FILES_POLICY)
+        done = self.run_proxy_command(tmp_path, *options, "--events", events)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [f"error: JsonlSink({events}) cannot start: {line}"]
+        assert done.stdout == ""
+        assert not (tmp_path / "logs").exists()
 
 
 FILES_POLICY = """\
