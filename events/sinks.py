@@ -158,6 +158,12 @@ class _Flush:
 _STOP = object()
 
 
+def _wait_for(marker: _Flush, worker: threading.Thread) -> None:
+    # Returns if the worker ended without reaching the marker: a flush never hangs on a dead one.
+    while not marker.done.wait(0.5) and worker.is_alive():
+        pass
+
+
 def _error_text(exc: BaseException) -> str:
     # An OSError with an errno says it best itself ("[Errno 28] No space left on device").
     return str(exc) if isinstance(exc, OSError) and exc.errno is not None else f"{type(exc).__name__}: {exc}"
@@ -229,7 +235,8 @@ class BackgroundSink:
         """Make what was exported durable; runs on the worker thread."""
 
     def shutdown(self) -> None:
-        """Release resources; runs on the worker thread, once."""
+        """Release resources; runs on the worker thread, once (on the closing task's thread when
+        the sink was started but never given an event)."""
 
     # -- the interface --------------------------------------------------------------------------
 
@@ -265,11 +272,12 @@ class BackgroundSink:
         """Wait until every event emitted before this call is exported and synced; while writes
         fail, until one more attempt was made (`pending` and `available` then say what is held).
         Never waits on a backoff."""
-        if self._thread is None or self._closed:
+        thread = self._thread
+        if thread is None or self._closed:
             return
         marker = _Flush()
         self._queue.put(marker)
-        await asyncio.get_running_loop().run_in_executor(None, marker.done.wait)
+        await asyncio.get_running_loop().run_in_executor(None, _wait_for, marker, thread)
 
     async def close(self) -> None:
         """Flush, make a last attempt at what is held, stop the worker and release resources.
@@ -279,10 +287,14 @@ class BackgroundSink:
         await self.flush()
         self._closed = True
         self._refresh()
-        thread = self._thread
+        with self._start_lock:
+            thread = self._thread
         if thread is not None:
             self._queue.put(_STOP)
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
+        elif self._started:
+            # Started (its storage open) but never given an event: no worker to release it.
+            self.shutdown()
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -351,6 +363,20 @@ class BackgroundSink:
                 self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._work()
+        except BaseException as exc:
+            # A bug of the loop itself: the sink says it cannot store rather than dying quietly.
+            self._write_failed(f"worker stopped: {type(exc).__name__}: {exc}")
+            log.exception("%s: its worker stopped", self.name)
+        finally:
+            self._give_up()
+            try:
+                self.shutdown()
+            except Exception:
+                log.exception("%s failed to shut down", self.name)
+
+    def _work(self) -> None:
         held = self._held
         backoff = RETRY_FIRST_S
         retry_at = 0.0
@@ -393,11 +419,6 @@ class BackgroundSink:
                 self._sync()
                 for marker in markers:
                     marker.done.set()
-        self._give_up()
-        try:
-            self.shutdown()
-        except Exception:
-            log.exception("%s failed to shut down", self.name)
 
     def _hold(self, event: SealedEvent | EventBase) -> None:
         if len(self._held) < self._max_queue:

@@ -87,6 +87,23 @@ def _reason(sink: object) -> str:
     return why if isinstance(why, str) and why else f"{sink_label(sink)} cannot store events"
 
 
+def _has_available(sink: object) -> bool:
+    try:
+        return hasattr(sink, "available")
+    except Exception:
+        return True  # it has one; reading it failed (and will say so before every call)
+
+
+def _state(sink: object) -> tuple[bool, str | None]:
+    """(available, why not) of a sink as it reports itself; one without `available` is available."""
+    try:
+        if getattr(sink, "available", True):
+            return True, None
+        return False, _reason(sink)
+    except Exception as exc:
+        return False, f"{sink_label(sink)}: available raised {type(exc).__name__}: {exc}"
+
+
 def _count(sink: object, name: str) -> int:
     value = getattr(sink, name, 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
@@ -104,7 +121,7 @@ class Audit:
         # Audit sinks that can refuse on their own (a failed write, a full disk, queue or spool):
         # with "required", each is asked before every call (a plain attribute read each).
         self.gates: tuple[Any, ...] = tuple(
-            s for s, role in zip(sinks, self.roles, strict=True) if role == "audit" and hasattr(s, "available")
+            s for s, role in zip(sinks, self.roles, strict=True) if role == "audit" and _has_available(s)
         )
         # Sinks whose last emit raised: index -> (why, since, failed count then). Replaced whole,
         # never mutated, so the emit path reads it without a lock.
@@ -136,8 +153,12 @@ class Audit:
         <sink>: <why>" for the first audit sink that is not `available`, or whose last emit
         raised. Cheap: attribute reads, no lock, no I/O."""
         for sink in self.gates:
-            if not sink.available:
-                return "audit unavailable: " + _reason(sink)
+            try:
+                if not sink.available:
+                    return "audit unavailable: " + _reason(sink)
+            except Exception as exc:
+                # A sink that cannot even say whether it can store is not a sink that can.
+                return f"audit unavailable: {sink_label(sink)}: available raised {type(exc).__name__}: {exc}"
         for index, (why, _, _) in self._broken.items():
             if self.roles[index] == "audit":
                 return "audit unavailable: " + why
@@ -224,10 +245,7 @@ class Audit:
         out: dict[str, SinkStats] = {}
         for index, sink in enumerate(self.sinks):
             entry = broken.get(index)
-            error = entry[0] if entry is not None else None
-            available = entry is None
-            if available and getattr(sink, "available", True) is False:
-                available, error = False, _reason(sink)
+            available, error = (False, entry[0]) if entry is not None else _state(sink)
             out[f"{index}:{type(sink).__name__}"] = SinkStats(
                 emitted=self.emitted[index],
                 failed=self.failed[index] + _count(sink, "failed"),

@@ -510,7 +510,8 @@ class Gate:
     def sink_stats(self) -> dict[str, SinkStats]:
         """Per sink (keyed `index:ClassName`): events handed to it, never stored (`failed`: its
         emit raised, or it gave up on them), dropped, stored, still pending, whether it takes
-        events now and why not (`SinkStats`). Cheap; safe from any thread."""
+        events now and why not (`SinkStats`). Safe from any thread; no I/O (a Kafka sink's
+        `pending` may wait for the batch it is spooling)."""
         return self._audit.stats() if self._audit else {}
 
     async def flush(self) -> None:

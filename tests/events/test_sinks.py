@@ -164,6 +164,19 @@ class TestJsonlSinkStart:
         sink.start()
         assert (tmp_path / "events.jsonl").read_bytes() == b""
 
+    async def test_a_started_sink_closed_without_events_releases_its_file(self, tmp_path: Path) -> None:
+        """close() releases the file start() opened, even when no event ever came."""
+        path = tmp_path / "events.jsonl"
+
+        def holding() -> int:
+            return sum(os.path.realpath(f"/proc/self/fd/{fd}") == str(path) for fd in os.listdir("/proc/self/fd"))
+
+        sink = JsonlSink(path)
+        sink.start()
+        assert holding() == 1
+        await sink.close()
+        assert holding() == 0
+
     @pytest.mark.parametrize(
         ("where", "why"),
         [

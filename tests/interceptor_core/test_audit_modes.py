@@ -159,6 +159,24 @@ class TestRequired:
         assert logged[1].startswith("Unplugged takes events again after ")
         assert logged[1].endswith(" s; 2 events failed meanwhile")
 
+    async def test_a_sink_whose_available_raises_blocks(self, refund: Tool[Any, Any], effects: Effects) -> None:
+        """An audit sink that cannot even say whether it can store counts as one that cannot."""
+
+        class Confused:
+            @property
+            def available(self) -> bool:
+                raise RuntimeError("state unknown")
+
+            def emit(self, event: Any) -> None: ...
+
+        gate = Gate("shop", sinks=[Confused()])
+        agent = gate.agent("desk", tools=[refund])
+        (error,) = await refused(agent, 1)
+        assert error.reason == "audit unavailable: Confused: available raised RuntimeError: state unknown"
+        assert effects.names() == []
+        (stats,) = gate.sink_stats().values()
+        assert (stats.available, stats.error) == (False, "Confused: available raised RuntimeError: state unknown")
+
 
 class TestBestEffort:
     async def test_calls_run_and_the_counters_say_what_was_lost(
