@@ -433,10 +433,13 @@ def mcp_proxy(
     try:
         listen_on = _host_port(http) if http else None
         built = build_proxy_gate(gate, policy or [], build_sinks(events, kafka, topic, spool_dir, confirm_group))
-        asyncio.run(run_proxy(built, list(ctx.args), http=listen_on, agent=agent, tenant=tenant, principal=principal))
+        code = asyncio.run(
+            run_proxy(built, list(ctx.args), http=listen_on, agent=agent, tenant=tenant, principal=principal)
+        )
     except ProxyConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    raise typer.Exit(code)
 
 
 @app.command()

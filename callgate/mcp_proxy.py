@@ -115,12 +115,13 @@ async def run_proxy(
     prefix: str = "",
     tenant: str | None = None,
     principal: str = DEFAULT_PRINCIPAL,
-) -> None:
+) -> int:
     """Start `upstream` (a command and its arguments, speaking MCP on stdio), register its tools
     in `gate.agent(agent)` and serve them through the gate until the client side closes (stdio)
     or the process is stopped (HTTP). Every call is made for `tenant` and `principal` (one
     `RunContext` for the life of the process), so events name who the proxy acts for. Closes the
-    gate's sinks on the way out."""
+    gate's sinks on the way out. Returns the exit status: 0, or 1 when an audit sink lost events
+    (never stored or dropped), said in one line on stderr."""
     if not upstream:
         raise ProxyConfigError("no upstream command: put it after --, e.g. -- python my_server.py")
     if upstream[0].startswith("-"):
@@ -153,6 +154,20 @@ async def run_proxy(
                 tasks.cancel_scope.cancel()
     finally:
         await gate.close()
+    return audit_loss_status(gate)
+
+
+def audit_loss_status(gate: Gate) -> int:
+    """1, with one line on stderr, when an audit sink of the closed `gate` lost events; else 0."""
+    lost = [
+        f"{stats.failed + stats.dropped} never stored by {stats.error or name}"
+        for name, stats in gate.sink_stats().items()
+        if stats.role == "audit" and stats.failed + stats.dropped
+    ]
+    if not lost:
+        return 0
+    print(f"error: audit events were lost: {'; '.join(lost)}", file=sys.stderr)
+    return 1
 
 
 async def _stop_on_signals(stop: anyio.Event) -> None:

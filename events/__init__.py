@@ -4,7 +4,16 @@ Importing this package loads neither aiokafka nor opentelemetry: `events.kafka` 
 are imported only when used.
 """
 
-from events.chain import ChainReport, Producer, Tampering, canonical_json, event_hash, verify_chain
+from events.chain import (
+    ChainReport,
+    Producer,
+    SealedEvent,
+    Tampering,
+    canonical_json,
+    event_hash,
+    new_event_id,
+    verify_chain,
+)
 from events.codec import encode_event, event_json_schema, parse_event
 from events.errors import EventError, EventParseError
 from events.models import (
@@ -27,7 +36,17 @@ from events.models import (
     UnmediatedEvent,
 )
 from events.redaction import REDACTED, Detector, RedactedArgs, Redactor, RegexDetector
-from events.sinks import BackgroundSink, JsonlSink, MemorySink, Sink, SinkStats, read_jsonl
+from events.sinks import (
+    BackgroundSink,
+    JsonlSink,
+    MemorySink,
+    Sink,
+    SinkError,
+    SinkRole,
+    SinkStartError,
+    SinkStats,
+    read_jsonl,
+)
 
 __all__ = [
     "EVENT_TYPES",
@@ -53,7 +72,11 @@ __all__ = [
     "RegexDetector",
     "RegisteredTool",
     "RuleMatch",
+    "SealedEvent",
     "Sink",
+    "SinkError",
+    "SinkRole",
+    "SinkStartError",
     "SinkStats",
     "SubstituteEvent",
     "Tampering",
@@ -66,6 +89,7 @@ __all__ = [
     "encode_event",
     "event_hash",
     "event_json_schema",
+    "new_event_id",
     "parse_event",
     "read_jsonl",
     "verify_chain",

@@ -114,9 +114,11 @@ ENOSPC = "write failed: [Errno 28] No space left on device"
 class TestProxyWithAnAuditThatCannotWrite:
     async def test_events_on_a_full_disk_refuse_every_call(self, root: Path, tmp_path: Path) -> None:
         """`callgate mcp-proxy --events /dev/full`: every tool call is refused with "audit
-        unavailable" naming the sink and the error, the upstream does nothing, and stderr has one
-        line when the writes fail and one when the proxy stops, no traceback."""
+        unavailable" naming the sink and the error, the upstream does nothing, stderr has one
+        line when the writes fail and one when the proxy stops, no traceback, and the proxy exits 1
+        saying how many audit events were lost."""
         proxy = HttpProxy(root, tmp_path, events=Path("/dev/full"))
+        code = None
         try:
             await proxy.wait_until_listening()
             async with Client(proxy.url) as client:
@@ -128,7 +130,8 @@ class TestProxyWithAnAuditThatCannotWrite:
                         await client.call_tool(name, args)
                     assert f"audit unavailable: JsonlSink(/dev/full): {ENOSPC}" in str(refused.value)
         finally:
-            proxy.stop()
+            code = proxy.stop()
+        assert code == 1
         assert effects(root) == []
         assert (root / "old.txt").read_text() == "old"
         stderr = proxy.stderr.read_text()
@@ -137,6 +140,7 @@ class TestProxyWithAnAuditThatCannotWrite:
         assert about_the_sink == [
             f"JsonlSink(/dev/full): {ENOSPC}; holding 1 events and trying again",
             f"JsonlSink(/dev/full) closed with 3 events it could not store ({ENOSPC})",
+            f"error: audit events were lost: 3 never stored by JsonlSink(/dev/full): {ENOSPC}",
         ]
 
 
