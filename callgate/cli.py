@@ -151,6 +151,23 @@ def demo(
 
 
 @app.command()
+def keygen(
+    out: Annotated[Path, typer.Option(help="Directory for the key files (created, mode 0700, if missing).")],
+    name: Annotated[str, typer.Option(help="The key name: in signed checkpoints and the file names.")] = "callgate",
+) -> None:
+    """Write a new Ed25519 signing key: OUT/NAME.key (0600, secret) and OUT/NAME.pub (for verifiers).
+    Never overwrites a file."""
+    from callgate.keygen import run_keygen
+    from events.signing import SigningError
+
+    try:
+        run_keygen(out, name, echo=typer.echo)
+    except SigningError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
 def tour() -> None:
     """The support-desk example in-process, call by call, with the decision each call met."""
     from callgate.tour import run_tour
