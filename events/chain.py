@@ -207,7 +207,9 @@ class Producer:
     seals events the way older producers did (for tests and measurements of old stores).
     """
 
-    def __init__(self, producer_id: str | None = None, *, schema_version: int = SCHEMA_VERSION) -> None:
+    def __init__(
+        self, producer_id: str | None = None, *, schema_version: int = SCHEMA_VERSION, collect_leaves: bool = False
+    ) -> None:
         if schema_version not in (1, SCHEMA_VERSION):
             raise ValueError(f"schema_version must be 1 or {SCHEMA_VERSION}, got {schema_version!r}")
         self.producer_id = producer_id or new_producer_id()
@@ -215,12 +217,24 @@ class Producer:
         self._lock = threading.Lock()
         self._seq = 0
         self._prev = ZERO_HASH
+        # With `collect_leaves`, the raw hash of every event sealed since the last `take_leaves`,
+        # in seq order: what a checkpointer folds into the producer's Merkle tree off the call path.
+        self._leaves: list[bytes] | None = [] if collect_leaves else None
         self._head = b'{"schema_version":%d,"producer_id":%s,"seq":' % (SCHEMA_VERSION, orjson.dumps(self.producer_id))
 
     @property
     def seq(self) -> int:
         """The last sequence number handed out (0 before the first event)."""
         return self._seq
+
+    def take_leaves(self) -> tuple[int, list[bytes]]:
+        """(the last seq, the raw hashes of the events sealed since the previous call, in seq
+        order), atomically; for a producer built with `collect_leaves=True`."""
+        if self._leaves is None:
+            raise ValueError("this producer does not collect leaves (collect_leaves=False)")
+        with self._lock:
+            leaves, self._leaves = self._leaves, []
+            return self._seq, leaves
 
     def seal_fields(self, type_: str, fields: dict[str, Any]) -> SealedEvent:
         """Seal an event of wire type `type_` from `fields` (JSON-ready values and datetimes;
@@ -237,8 +251,11 @@ class Producer:
             seq = self._seq + 1
             prev = self._prev
             body = b'%s%d,"prev_hash":"%s",%s' % (self._head, seq, prev.encode(), rest[1:])
-            digest = hashlib.sha256(body).hexdigest()
+            raw = hashlib.sha256(body).digest()
+            digest = raw.hex()
             self._seq, self._prev = seq, digest
+            if self._leaves is not None:
+                self._leaves.append(raw)
         return SealedEvent(
             body[:-1] + HASH_MEMBER + digest.encode() + b'"}',
             digest,

@@ -270,6 +270,25 @@ class ToolsRegisteredEvent(EventBase):
     tools: tuple[RegisteredTool, ...]
 
 
+class CheckpointEvent(EventBase):
+    """A signed statement of the producer's chain so far: the RFC 6962 Merkle tree root over the
+    hashes of its events 1..`tree_size`, signed with the gate's Ed25519 key (docs/events.md,
+    *Checkpoints*). Emitted every `checkpoint_events` events or `checkpoint_s` after the first
+    event it has not covered, when the gate closes (`closing`), and every `heartbeat_s` while idle,
+    so silence is provable."""
+
+    type: Literal["Checkpoint"] = "Checkpoint"
+    tree_size: int = Field(ge=0, description="The seq it covers: events 1..tree_size of this producer.")
+    root: str = Field(description="Hex of the RFC 6962 tree root; each leaf is the 32 bytes of one event's hash.")
+    closing: bool = Field(default=False, description="The producer's last checkpoint: its gate closed.")
+    heartbeat_s: float = Field(description="The producer checkpoints at least this often while idle.")
+    key_id: str = Field(description="C2SP key hash (8 hex) of the signing key.")
+    note: str = Field(
+        description="The C2SP signed note: the checkpoint body (origin callgate/<producer_id>, tree_size, "
+        "base64 root, extension lines) and the Ed25519 signature line."
+    )
+
+
 Event: TypeAlias = Annotated[
     ToolUseEvent
     | ToolDeniedEvent
@@ -279,7 +298,8 @@ Event: TypeAlias = Annotated[
     | ApprovalResolvedEvent
     | UnmediatedEvent
     | ToolsRegisteredEvent
-    | TurnDecisionEvent,
+    | TurnDecisionEvent
+    | CheckpointEvent,
     Field(discriminator="type"),
 ]
 """Any event, discriminated on `type`."""
@@ -294,6 +314,7 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
     "Unmediated": UnmediatedEvent,
     "ToolsRegistered": ToolsRegisteredEvent,
     "TurnDecision": TurnDecisionEvent,
+    "Checkpoint": CheckpointEvent,
 }
 """Wire `type` -> model class."""
 

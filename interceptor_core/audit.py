@@ -28,6 +28,7 @@ from events.models import (
     ApprovalRequestedEvent,
     ApprovalResolvedEvent,
     BlockedEvent,
+    CheckpointEvent,
     EventBase,
     RegisteredTool,
     SubstituteEvent,
@@ -46,6 +47,7 @@ from interceptor_core.interceptors import policy_version
 from interceptor_core.results import DecisionRecord, ToolResult
 
 if TYPE_CHECKING:
+    from events.checkpoints import Checkpointer
     from interceptor_core.gate import AgentScope, CompiledChain, _CallState
 
 log = logging.getLogger("callgate.gate")
@@ -112,7 +114,18 @@ def _count(sink: object, name: str) -> int:
 class Audit:
     """Builds, seals and fans out the events of one gate. Safe from any thread."""
 
-    def __init__(self, gate: str, sinks: Sequence[object], redactor: Redactor, mode: AuditMode = "required") -> None:
+    def __init__(
+        self,
+        gate: str,
+        sinks: Sequence[object],
+        redactor: Redactor,
+        mode: AuditMode = "required",
+        *,
+        signing_key: Any = None,
+        checkpoint_events: int = 1000,
+        checkpoint_s: float = 5.0,
+        heartbeat_s: float = 60.0,
+    ) -> None:
         self.gate = gate
         self.sinks = tuple(sinks)
         self.mode: AuditMode = mode
@@ -140,7 +153,19 @@ class Audit:
         # The redactor already cuts at its max_chars; a budget above that never needs checking.
         self.args_budget: int | None = budget if budget is not None and budget < redactor.max_chars else None
         self.redactor = redactor
-        self.producer = Producer()
+        self.producer = Producer(collect_leaves=signing_key is not None)
+        self.checkpointer: Checkpointer | None = None
+        if signing_key is not None:
+            from events.checkpoints import Checkpointer
+
+            self.checkpointer = Checkpointer(
+                self.producer,
+                signing_key,
+                self._emit_checkpoint,
+                checkpoint_events=checkpoint_events,
+                checkpoint_s=checkpoint_s,
+                heartbeat_s=heartbeat_s,
+            )
         self.emitted = [0] * len(self.sinks)
         self.failed = [0] * len(self.sinks)
         self.unbuilt = 0
@@ -236,7 +261,16 @@ class Audit:
                 tap(event)
             except Exception:
                 log.exception("an event tap failed")
+        checkpointer = self.checkpointer
+        if checkpointer is not None and cls is not CheckpointEvent:
+            checkpointer.noted()
         return event
+
+    def _emit_checkpoint(self, fields: dict[str, Any]) -> SealedEvent | None:
+        envelope = self._envelope(None, None, None, None)
+        envelope["parent_call_id"] = None
+        envelope.update(fields)
+        return self._emit(CheckpointEvent, envelope)
 
     def stats(self) -> dict[str, SinkStats]:
         """Per sink (keyed `index:ClassName`): see `SinkStats`. `failed` adds the failures inside

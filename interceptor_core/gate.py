@@ -281,6 +281,10 @@ class Gate:
         on_interceptor_error: OnInterceptorError = "deny",
         redactor: Redactor | None = None,
         audit: AuditMode = "required",
+        signing_key: object | None = None,
+        checkpoint_events: int = 1000,
+        checkpoint_s: float = 5.0,
+        heartbeat_s: float = 60.0,
     ) -> None:
         if audit not in AUDIT_MODES:
             raise ConfigurationError(f"audit must be 'required' or 'best_effort', got {audit!r}")
@@ -300,12 +304,33 @@ class Gate:
                 raise ConfigurationError(
                     f"sink {sink_label(sink)} has role {sink_role(sink)}: a sink is 'audit' or 'observability'"
                 )
+        key = _signing_key(signing_key)
+        if checkpoint_events < 1 or checkpoint_s <= 0 or heartbeat_s <= 0:
+            raise ConfigurationError(
+                "checkpoint_events must be at least 1, checkpoint_s and heartbeat_s positive; got "
+                f"{checkpoint_events!r}, {checkpoint_s!r}, {heartbeat_s!r}"
+            )
+        if key is not None and not sinks:
+            raise ConfigurationError("signing_key needs an audit sink: the checkpoints are events")
         _start_sinks(sinks)
         self.sinks = tuple(sinks)
         self.audit_mode: AuditMode = audit
         self.redactor = redactor if redactor is not None else Redactor()
         # No sinks, no events: the call path then skips building them altogether.
-        self._audit: Audit | None = Audit(name, self.sinks, self.redactor, audit) if self.sinks else None
+        self._audit: Audit | None = (
+            Audit(
+                name,
+                self.sinks,
+                self.redactor,
+                audit,
+                signing_key=key,
+                checkpoint_events=checkpoint_events,
+                checkpoint_s=checkpoint_s,
+                heartbeat_s=heartbeat_s,
+            )
+            if self.sinks
+            else None
+        )
         self._level = _Level("application", name, _bind_all(interceptors, "application"), ())
         self._lock = threading.Lock()
         self._generation = 0
@@ -522,7 +547,10 @@ class Gate:
                 await flush()
 
     async def close(self) -> None:
-        """Flush and close every sink; idempotent."""
+        """Emit the closing checkpoint (with a signing key), then flush and close every sink;
+        idempotent."""
+        if self._audit is not None and self._audit.checkpointer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._audit.checkpointer.close)
         for sink in self.sinks:
             close = getattr(sink, "close", None)
             if close is not None:
@@ -1007,6 +1035,18 @@ class Gate:
             return True, f"{type(exc).__name__}: {exc}"
         except Exception as exc:
             return True, f"{type(exc).__name__}: {exc}"
+
+
+def _signing_key(value: object | None) -> Any:
+    """The gate's `SigningKey` from what `signing_key=` was given (a key or a path to its file)."""
+    if value is None:
+        return None
+    from events.signing import SigningError, signing_key
+
+    try:
+        return signing_key(value)  # type: ignore[arg-type]
+    except (SigningError, OSError, TypeError, ValueError) as exc:
+        raise ConfigurationError(f"signing_key: {exc}") from None
 
 
 class _SyncBody:

@@ -50,6 +50,14 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "agent": "desk",
         "tools": [{"name": "refund", "input_schema_sha256": "cd" * 32, "interceptors": ("a", "b")}],
     },
+    "Checkpoint": {
+        "gate": "shop",
+        "tree_size": 7,
+        "root": "ef" * 32,
+        "heartbeat_s": 60.0,
+        "key_id": "c74f20a3",
+        "note": "callgate/p\n7\n7+8=\n\n— shop x7yz\n",
+    },
 }
 
 
