@@ -41,6 +41,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from events import MemorySink, canonical_json, parse_event
 from events.chain import dumps
 from events.otel import OtelSink
+from events.signing import SigningKey
 from interceptor_core import Allow, Deny, Gate, RunContext, ToolCall, tool
 
 
@@ -105,11 +106,15 @@ RUN = RunContext(tenant="acme", principal="u-1")
 
 
 def build_desk(
-    kind: type[AllowTenant] = AllowTenant, count: int = 3, sinks: list[object] | None = None, tools: Any = None
+    kind: type[AllowTenant] = AllowTenant,
+    count: int = 3,
+    sinks: list[object] | None = None,
+    tools: Any = None,
+    signing_key: Any = None,
 ) -> Any:
     """`desk` with `count` (0 to 3) interceptors of `kind`, one per scope level."""
     made = [[kind(name)] if i < count else [] for i, name in enumerate("abc")]
-    gate = Gate("bench", interceptors=made[0], sinks=sinks or [])
+    gate = Gate("bench", interceptors=made[0], sinks=sinks or [], signing_key=signing_key)
     wf = gate.workflow("support", interceptors=made[1])
     return wf.agent("desk", tools=tools or [get_order], interceptors=made[2])
 
@@ -155,11 +160,15 @@ def build_paths() -> tuple[dict[str, Callable[[], Awaitable[Any]]], TracerProvid
             pass
 
     def with_memory(
-        kind: type[AllowTenant] = AllowTenant, count: int = 1, tools: Any = None, otel: bool = False
+        kind: type[AllowTenant] = AllowTenant,
+        count: int = 1,
+        tools: Any = None,
+        otel: bool = False,
+        signing_key: Any = None,
     ) -> Callable[[], Awaitable[Any]]:
         memory = MemorySink()
         sinks: list[object] = [OtelSink(provider), memory] if otel else [memory]
-        return gated(build_desk(kind, count, sinks, tools), memory.clear)
+        return gated(build_desk(kind, count, sinks, tools, signing_key), memory.clear)
 
     paths: dict[str, Callable[[], Awaitable[Any]]] = {
         "floor": floor,
@@ -170,6 +179,8 @@ def build_paths() -> tuple[dict[str, Callable[[], Awaitable[Any]]], TracerProvid
         "floor_audit": floor_audit,
         "audit_1": with_memory(count=1),
         "audit_3": with_memory(count=3),
+        # Checkpoints at the default cadence (every 1,000 events or 5 s), signed with Ed25519.
+        "audit_1_signed": with_memory(count=1, signing_key=SigningKey.generate("bench")),
         "audit_denied": with_memory(DenyOther, count=1),
         "sync_thread": with_memory(count=1, tools=[get_order_thread]),
         "sync_inline": with_memory(count=1, tools=[get_order_inline]),
@@ -189,6 +200,7 @@ ROWS = {
     "floor_audit": ("floor_audit: validate + rule + json.dumps + SHA-256", "floor_audit"),
     "audit_1": ("desk.call, 1 interceptor + MemorySink", "floor_audit"),
     "audit_3": ("desk.call, 3 interceptors + MemorySink", "floor_audit"),
+    "audit_1_signed": ("the same 1 interceptor, signed checkpoints", "audit_1"),
     "audit_denied": ("desk.call, 1 denying interceptor + MemorySink", "floor_audit"),
     "sync_thread": ("sync tool in a worker thread, 1 int. + MemorySink", "floor_audit"),
     "sync_inline": ("sync tool inline=True, 1 int. + MemorySink", "floor_audit"),
@@ -281,6 +293,7 @@ def main() -> None:
     print(f"audit, 1 interceptor: {med['audit_1'] / med['floor_audit']:.2f} x floor_audit (target <= 4.0, goal 2.0)")
     print(f"audit, 3 interceptors: {med['audit_3'] / med['floor_audit']:.2f} x floor_audit (target <= 5.0)")
     print(f"denied / allowed: {med['audit_denied'] / med['audit_1']:.2f} (target <= 1.0)")
+    print(f"signed checkpoints / no key: {med['audit_1_signed'] / med['audit_1']:.3f} (target <= 1.05)")
     print(f"sync tool's thread hop: {hop:.1f} µs per call")
     print(
         f"OpenTelemetry: OtelSink extra {otel_extra * 1e6:.1f} µs/call / one bare span "
@@ -298,6 +311,13 @@ def main() -> None:
         "µs/call",
         floor=med["audit_1"] * 1e6,
         target="<= 1.0 (to the allowed call)",
+    )
+    report(
+        "audited call with signed checkpoints (default cadence)",
+        med["audit_1_signed"] * 1e6,
+        "µs/call",
+        floor=med["audit_1"] * 1e6,
+        target="<= 1.05 (to no key)",
     )
     report("sync tool's worker-thread hop", hop, "µs/call", target="inline=True avoids it")
     report("OtelSink extra per call", otel_extra * 1e6, "µs/call", floor=med["bare_span"] * 1e6, target="<= 1.3")

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel
 
+from events.merkle import MerkleTree
 from events.models import SCHEMA_VERSION, ZERO_HASH, EventBase
 
 E = TypeVar("E", bound=EventBase)
@@ -217,9 +218,10 @@ class Producer:
         self._lock = threading.Lock()
         self._seq = 0
         self._prev = ZERO_HASH
-        # With `collect_leaves`, the raw hash of every event sealed since the last `take_leaves`,
-        # in seq order: what a checkpointer folds into the producer's Merkle tree off the call path.
-        self._leaves: list[bytes] | None = [] if collect_leaves else None
+        # With `collect_leaves`, the producer's RFC 6962 Merkle tree over its events' hashes, kept
+        # as its frontier (`events.merkle.MerkleTree`) and grown as each event is sealed: about
+        # 1 µs per event, and a checkpoint then needs only the root.
+        self._tree: MerkleTree | None = MerkleTree() if collect_leaves else None
         self._head = b'{"schema_version":%d,"producer_id":%s,"seq":' % (SCHEMA_VERSION, orjson.dumps(self.producer_id))
 
     @property
@@ -227,14 +229,13 @@ class Producer:
         """The last sequence number handed out (0 before the first event)."""
         return self._seq
 
-    def take_leaves(self) -> tuple[int, list[bytes]]:
-        """(the last seq, the raw hashes of the events sealed since the previous call, in seq
-        order), atomically; for a producer built with `collect_leaves=True`."""
-        if self._leaves is None:
-            raise ValueError("this producer does not collect leaves (collect_leaves=False)")
+    def tree_root(self) -> tuple[int, bytes]:
+        """(the last seq, the Merkle tree root over the hashes of events 1..seq), atomically; for a
+        producer built with `collect_leaves=True`."""
+        if self._tree is None:
+            raise ValueError("this producer keeps no tree (collect_leaves=False)")
         with self._lock:
-            leaves, self._leaves = self._leaves, []
-            return self._seq, leaves
+            return self._seq, self._tree.root()
 
     def seal_fields(self, type_: str, fields: dict[str, Any]) -> SealedEvent:
         """Seal an event of wire type `type_` from `fields` (JSON-ready values and datetimes;
@@ -254,8 +255,8 @@ class Producer:
             raw = hashlib.sha256(body).digest()
             digest = raw.hex()
             self._seq, self._prev = seq, digest
-            if self._leaves is not None:
-                self._leaves.append(raw)
+            if self._tree is not None:
+                self._tree.extend((raw,))
         return SealedEvent(
             body[:-1] + HASH_MEMBER + digest.encode() + b'"}',
             digest,

@@ -1,9 +1,9 @@
 """Signed checkpoints of a producer's chain: the RFC 6962 Merkle root over its events' hashes,
 signed with the gate's Ed25519 key as a C2SP signed note, emitted into the chain itself.
 
-A `Checkpointer` belongs to one producer (built with `collect_leaves=True`). Its thread folds the
-hashes of newly sealed events into the producer's tree, off the call path, and emits a
-`Checkpoint` event through the gate's fan-out:
+A `Checkpointer` belongs to one producer (built with `collect_leaves=True`, so it grows its
+Merkle tree as it seals). Its thread signs the tree's root and emits a `Checkpoint` event through
+the gate's fan-out:
 
 - after `checkpoint_events` events not yet covered by a checkpoint;
 - `checkpoint_s` seconds after the first such event;
@@ -33,7 +33,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from events.chain import Producer
-from events.merkle import MerkleTree
 from events.signing import SigningKey, checkpoint_body, signed_note
 
 log = logging.getLogger("callgate.events.checkpoints")
@@ -81,8 +80,7 @@ class Checkpointer:
         self.heartbeat_s = heartbeat_s
         self._emit = emit
         self._clock = clock
-        self._tree = MerkleTree()
-        self._tree_lock = threading.Lock()
+        self._start_lock = threading.Lock()
         self._uncovered = 0
         self._wake = threading.Event()
         self._closed = False
@@ -95,7 +93,9 @@ class Checkpointer:
     def noted(self) -> None:
         """One more event that no checkpoint covers yet (racy by design: a trigger, not a count)."""
         self._uncovered += 1
-        if self._uncovered == 1 or self._uncovered >= self.checkpoint_events:
+        # Only at the two thresholds: waking the thread costs more than the rest of this. A count
+        # that races past one is caught by `checkpoint_s`.
+        if self._uncovered == 1 or self._uncovered == self.checkpoint_events:
             if self._thread is None:
                 self._start()
             self._wake.set()
@@ -103,7 +103,7 @@ class Checkpointer:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        with self._tree_lock:
+        with self._start_lock:
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="callgate-checkpoints", daemon=True)
                 self._thread.start()
@@ -144,14 +144,8 @@ class Checkpointer:
     def checkpoint(self, *, closing: bool = False) -> None:
         """Fold the new hashes into the tree, sign its root and emit the checkpoint now."""
         try:
-            with self._tree_lock:
-                self._uncovered = 0
-                size, leaves = self.producer.take_leaves()
-                for leaf in leaves:
-                    self._tree.append(leaf)
-                if self._tree.size != size:
-                    raise RuntimeError(f"the tree holds {self._tree.size} events, the chain {size}")
-                root = self._tree.root()
+            self._uncovered = 0
+            size, root = self.producer.tree_root()
             at = datetime.now(UTC)
             body = checkpoint_body(
                 ORIGIN_PREFIX + self.producer.producer_id,

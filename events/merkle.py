@@ -25,7 +25,7 @@ are pure.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 
 HASH_SIZE = 32
@@ -141,6 +141,26 @@ class MerkleTree:
             n >>= 1
         self._frontier.append(node)
         self._size += 1
+
+    def extend(self, entries: Iterable[bytes]) -> None:
+        """`append` each of `entries` (32-byte entries: event hashes), in one tight loop: about
+        twice as fast per entry as `append`. Raises `ValueError` at an entry of another length
+        (the entries before it stay appended)."""
+        sha256 = hashlib.sha256
+        frontier = self._frontier
+        size = self._size
+        try:
+            for entry in entries:
+                if len(entry) != HASH_SIZE:
+                    raise ValueError(f"extend takes {HASH_SIZE}-byte entries, got {entry!r:.80}")
+                node, n = sha256(b"\x00" + entry).digest(), size
+                while n & 1:
+                    node = sha256(b"\x01" + frontier.pop() + node).digest()
+                    n >>= 1
+                frontier.append(node)
+                size += 1
+        finally:
+            self._size = size
 
     @property
     def size(self) -> int:

@@ -601,3 +601,23 @@ class TestMalformedProofRequests:
             root_from_leaf_hashes(hex_leaves)
         with pytest.raises(ValueError, match="must be 32 bytes"):
             subtree_root([*CT_LEAVES, b"short"], 4, 9)
+
+
+class TestExtend:
+    @settings(max_examples=50, deadline=None)
+    @given(st.lists(st.binary(min_size=32, max_size=32), max_size=70), st.integers(0, 70))
+    def test_extend_is_append_in_a_loop(self, entries: list[bytes], split: int) -> None:
+        """Extending in two goes gives the roots appending one by one gives."""
+        one, two = MerkleTree(), MerkleTree()
+        for entry in entries:
+            one.append(entry)
+        two.extend(entries[:split])
+        two.extend(entries[split:])
+        assert (two.size, two.root()) == (one.size, one.root()) == (len(entries), root_of(entries))
+
+    def test_an_entry_of_another_length_stops_it(self) -> None:
+        tree = MerkleTree()
+        with pytest.raises(ValueError, match="32-byte entries"):
+            tree.extend([b"a" * 32, b"short", b"b" * 32])
+        assert tree.size == 1
+        assert tree.root() == root_of([b"a" * 32])
