@@ -382,6 +382,30 @@ def coverage(
 
 
 @app.command()
+def verify(
+    db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
+    api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
+    event: Annotated[str | None, typer.Option(help="The event to prove (its event_id), with --db or --api.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the proof here instead of printing it.")] = None,
+    proof: Annotated[Path | None, typer.Option(help="Check this proof offline (with --key; no store).")] = None,
+    key: Annotated[Path | None, typer.Option(help="The gate's verifier key file (NAME.pub), with --proof.")] = None,
+) -> None:
+    """Prove an event is in its producer's signed checkpoint (--db | --api, --event), or check such a proof
+    offline (--proof, --key): exit 0 valid, 1 invalid or not covered, 2 cannot read."""
+    from callgate.verify import EXIT_CANNOT_READ, run_build, run_check
+
+    def err(line: str) -> None:
+        typer.echo(line, err=True)
+
+    if proof is not None and key is not None and db is None and api is None and event is None and out is None:
+        raise typer.Exit(run_check(proof=proof, key=key, echo=typer.echo, err=err))
+    if event is not None and proof is None and key is None:
+        raise typer.Exit(run_build(db=db, api=api, event_id=event, out=out, echo=typer.echo, err=err))
+    err("error: give --db FILE or --api URL with --event ID [--out P], or --proof P with --key K")
+    raise typer.Exit(EXIT_CANNOT_READ)
+
+
+@app.command()
 def replay(
     policy: Annotated[Path | None, typer.Option(help="The candidate policy file.")] = None,
     interceptor: Annotated[

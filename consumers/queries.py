@@ -987,6 +987,30 @@ _REPLAY_CALLS_DESCRIPTION = (
 )
 
 
+# The event column is JSON: cast to text so the bytes come back as stored, never re-encoded.
+_INCLUSION_MATERIAL = """
+WITH target AS (
+    SELECT producer_id, seq, hash, event::VARCHAR AS text FROM events WHERE event_id = $event_id
+), covering AS (
+    SELECT c.seq, c.hash, c.event::VARCHAR AS text, CAST(json_extract_string(c.event, '$.tree_size') AS BIGINT) AS n
+    FROM events c JOIN target t ON c.producer_id = t.producer_id
+    WHERE c.type = 'Checkpoint' AND CAST(json_extract_string(c.event, '$.tree_size') AS BIGINT) >= t.seq
+    ORDER BY c.seq DESC
+    LIMIT 1
+)
+SELECT part, producer_id, seq, hash, text FROM (
+    SELECT 0 AS o, 'event' AS part, producer_id, seq, hash, text FROM target
+    UNION ALL
+    SELECT 1, 'checkpoint', t.producer_id, c.seq, c.hash, c.text FROM covering c, target t
+    UNION ALL
+    SELECT 2, 'leaf', e.producer_id, e.seq, e.hash, NULL
+    FROM events e JOIN target t ON e.producer_id = t.producer_id, covering c
+    WHERE e.seq <= c.n
+)
+ORDER BY o, seq
+"""
+
+
 def _query(name: str, description: str, sql: str, params: Mapping[str, Param]) -> tuple[str, NamedQuery]:
     return name, NamedQuery(name, description, sql, dict(params))
 
@@ -1316,6 +1340,14 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 ),
                 "limit": Param("int", "How many rows at most.", default=MAX_LIMIT, minimum=1, maximum=MAX_REPLAY_LIMIT),
             },
+        ),
+        _query(
+            "inclusion_material",
+            "What an inclusion proof of one event is built from (callgate verify): a row `event` (the event's stored "
+            "text), a row `checkpoint` (its producer's latest Checkpoint covering it), then one row `leaf` per event "
+            "seq 1..tree_size of that producer with its hash, in seq order. O(tree_size) rows.",
+            _INCLUSION_MATERIAL,
+            {"event_id": Param("str", "The event's id (no rows without it).")},
         ),
     ]
 )
