@@ -4,6 +4,7 @@ real CLI and by docs/verify_proof.mjs in Node.js."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from consumers.api import ApiServer, HealthStatus, build_app
 from consumers.metrics import MaterializerMetrics
 from consumers.runner import StoreQueryRunner
 from events import CheckpointEvent, MemorySink, encode_event
+from events.chain import SUFFIX_BYTES
 from events.signing import SigningKey
 from interceptor_core import Gate, RunContext, tool
 
@@ -124,10 +126,20 @@ def _change_root(doc: dict[str, Any]) -> None:
     doc["root"] = _flip_hex(doc["root"])
 
 
+def _forge_signature(doc: dict[str, Any]) -> None:
+    # A forger who rewrites the checkpoint event too (and its hash): only the signature stops it.
+    encoded = doc["note"].rstrip("\n").rsplit(" ", 1)[1]
+    forged = encoded[:20] + ("A" if encoded[20] != "A" else "B") + encoded[21:]
+    doc["note"] = doc["note"].replace(encoded, forged)
+    body = doc["checkpoint"][:-SUFFIX_BYTES].replace(encoded, forged) + "}"
+    doc["checkpoint"] = body[:-1] + f',"hash":"{hashlib.sha256(body.encode()).hexdigest()}"}}'
+
+
 TAMPERINGS = [
     pytest.param(_change_event, "event_hash", id="event-byte"),
     pytest.param(_change_path, "inclusion", id="audit-path"),
     pytest.param(_change_root, "inclusion", id="root"),
+    pytest.param(_forge_signature, "signature", id="signature"),
 ]
 
 
