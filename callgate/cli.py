@@ -277,6 +277,20 @@ def materialize(
             "/healthz says unavailable."
         ),
     ] = 10.0,
+    trusted_keys: Annotated[
+        Path | None,
+        typer.Option(
+            help="Verify every checkpoint with these public keys: a .pub file of verifier-key lines, or a "
+            "directory of *.pub files (callgate keygen)."
+        ),
+    ] = None,
+    require_signed: Annotated[
+        bool,
+        typer.Option(
+            help="With --trusted-keys: also record producers without a valid checkpoint (unsigned), events no "
+            "checkpoint covered in time (uncovered) and producers silent without closing (silent)."
+        ),
+    ] = False,
 ) -> None:
     """Consume decision events into the DuckDB audit store (until Ctrl-C / SIGTERM, or --drain)."""
     import signal
@@ -288,6 +302,18 @@ def materialize(
     if assignment not in ("all", "group"):
         typer.echo(f"error: --assignment must be 'all' or 'group', got {assignment!r}", err=True)
         raise typer.Exit(2)
+    keys = None
+    if require_signed and trusted_keys is None:
+        typer.echo("error: --require-signed needs --trusted-keys", err=True)
+        raise typer.Exit(2)
+    if trusted_keys is not None:
+        from events.signing import SigningError, load_trusted_keys
+
+        try:
+            keys = load_trusted_keys(trusted_keys)
+        except SigningError as exc:
+            typer.echo(f"error: --trusted-keys: {exc}", err=True)
+            raise typer.Exit(2) from None
     api_address = _host_port(api) if api else None
     # Checked before the store is opened or Kafka is reached: a refused bind leaves nothing behind.
     if api_address is not None and not is_loopback(api_address[0]):
@@ -318,6 +344,8 @@ def materialize(
             api=api_address,
             gap_grace_s=gap_grace,
             unread_grace_s=unread_grace,
+            trusted_keys=keys,
+            require_signed=require_signed,
         )
     except StoreLockedError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -342,7 +370,9 @@ def materialize(
     typer.echo(
         f"materialized {summary.records} records: {summary.stored} stored, {summary.duplicates} duplicates, "
         f"{summary.dead_letters} dead letters, {summary.chain_breaks} chain breaks, "
-        f"{summary.gaps_recorded} gaps recorded, in {summary.ingest_seconds:.2f} s -> {db}"
+        f"{summary.gaps_recorded} gaps recorded, "
+        + (f"{summary.checkpoint_breaks} checkpoint breaks recorded, " if keys else "")
+        + f"in {summary.ingest_seconds:.2f} s -> {db}"
     )
 
 

@@ -41,6 +41,7 @@ from consumers.store import AuditStore, IngestResult, RawRecord
 
 if TYPE_CHECKING:
     from consumers.api import HealthStatus
+    from events.signing import VerifyingKey
 
 log = logging.getLogger("callgate.materializer")
 
@@ -78,6 +79,10 @@ class RunSummary:
     dead_letters: int = 0
     chain_breaks: int = 0
     gaps_recorded: int = 0
+    checkpoint_breaks: int = 0
+    """Chain breaks found by the checkpoint checks at the end of a drain or periodically (`truncated`,
+    and with `require_signed` also `unsigned`, `uncovered`, `silent`); those found after a batch count
+    in `chain_breaks`."""
     partitions: list[int] = field(default_factory=list)
     ingest_seconds: float = 0.0
     """From the first batch received to the end of the run (group join excluded)."""
@@ -126,6 +131,10 @@ class Materializer:
       (default `events.kafka.DEFAULT_PARTITIONS`); a drain never creates it.
     - `api`: ("host", port) to serve `/healthz`, `/metrics` and `/v1/queries/...` while running.
     - `gap_grace_s`: in a continuous run, a chain gap is recorded once it has stayed open this long.
+    - `trusted_keys` (key id -> `events.signing.VerifyingKey`, as `load_trusted_keys` gives them):
+      verify every stored checkpoint (`consumers.checkpoints`); `require_signed` also records the
+      producers without a valid checkpoint, events no checkpoint covered in time and silent producers
+      (at the end of a drain, and every `min(gap_grace_s, 30)` s of a continuous run).
     - `unread_grace_s`: a listed partition nobody reads (or whose reading does not move), a missing
       topic or an unreachable broker makes `health()` not ok once it has lasted this long, so a
       normal rebalance or a broker restart does not flap it.
@@ -153,6 +162,8 @@ class Materializer:
         batch_max: int = 5000,
         poll_ms: int = 500,
         gap_grace_s: float = 60.0,
+        trusted_keys: Mapping[str, VerifyingKey] | None = None,
+        require_signed: bool = False,
         join_timeout_s: float = 60.0,
         unread_grace_s: float = 10.0,
         metadata_interval_s: float = 1.0,
@@ -178,7 +189,7 @@ class Materializer:
         self.metadata_interval_s = metadata_interval_s
         self.commit_timeout_s = commit_timeout_s
         self.consumer_options = consumer_options
-        self.store = AuditStore(db_path)
+        self.store = AuditStore(db_path, trusted_keys=trusted_keys, require_signed=require_signed)
         self._stop = asyncio.Event()
         self._state = _State()
         self._watch: Any = None
@@ -368,8 +379,13 @@ class Materializer:
                     summary.gaps_recorded += await asyncio.get_running_loop().run_in_executor(
                         None, functools.partial(store.close_open_gaps, older_than=older)
                     )
+                    found = await asyncio.get_running_loop().run_in_executor(
+                        None, functools.partial(store.close_checkpoints, older_than=older)
+                    )
+                    summary.checkpoint_breaks += sum(found.values())
             if drain:
                 summary.gaps_recorded += store.close_open_gaps()
+                summary.checkpoint_breaks += sum(store.close_checkpoints().values())
             if first_batch_at is not None:
                 summary.ingest_seconds = time.perf_counter() - first_batch_at
         except Exception as exc:

@@ -12,7 +12,8 @@ the store (the stored events of its producers, from one seq below the batch's to
 batch costs the same whether the table holds a thousand events or a million.
 
 Tables: `events` (one row per event, typed columns plus the whole event as JSON), `dead_letters`,
-`kafka_offsets`, `chain_breaks`, `schema_migrations`; views for readers: `blocked_attempts`,
+`kafka_offsets`, `chain_breaks`, `checkpoint_pending` and `checkpoint_state` (signed checkpoints,
+`consumers.checkpoints`), `schema_migrations`; views for readers: `blocked_attempts`,
 `decision_trends`, `calls`. Readers should go through `consumers.queries`, not these names.
 """
 
@@ -26,13 +27,14 @@ import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]  # ships no type information
 
+from consumers.checkpoints import CheckpointVerifier
 from events import (
     ApprovalRequestedEvent,
     ApprovalResolvedEvent,
@@ -47,6 +49,7 @@ from events.codec import ReadEvent, read_event
 from events.kafka import CE_TYPE_PREFIX
 from events.loss import LossReport, encode_loss_report, parse_loss_report
 from events.models import ZERO_HASH
+from events.signing import VerifyingKey
 
 __all__ = [
     "DEAD_LETTER_REASONS",
@@ -405,11 +408,58 @@ _ADD_SHADOW = (
     """,
 )
 
+# Signed checkpoints (consumers.checkpoints): the chain break kinds of their verification (DuckDB
+# cannot alter a CHECK constraint, so the table is copied into a new one), the queue of stored
+# checkpoints not judged yet (every one stored so far, to begin with) and, per producer, the Merkle
+# frontier of its stored hashes and its last valid checkpoint.
+_ADD_CHECKPOINTS = (
+    """
+    CREATE TABLE chain_breaks_v5 (
+        producer_id VARCHAR NOT NULL,
+        seq BIGINT NOT NULL,
+        kind VARCHAR NOT NULL CHECK (kind IN ('gap', 'tamper', 'conflict', 'bad_signature', 'unknown_key',
+            'root_mismatch', 'inconsistent', 'unsigned', 'uncovered', 'silent', 'truncated')),
+        detail VARCHAR NOT NULL,
+        event_id VARCHAR,
+        evidence JSON,
+        recorded_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (producer_id, seq, kind)
+    )
+    """,
+    "INSERT INTO chain_breaks_v5 BY NAME SELECT * FROM chain_breaks",
+    "DROP TABLE chain_breaks",
+    "ALTER TABLE chain_breaks_v5 RENAME TO chain_breaks",
+    """
+    CREATE TABLE checkpoint_pending (
+        event_id VARCHAR PRIMARY KEY,
+        producer_id VARCHAR NOT NULL,
+        seq BIGINT NOT NULL
+    )
+    """,
+    "INSERT INTO checkpoint_pending SELECT event_id, producer_id, seq FROM events WHERE type = 'Checkpoint'",
+    """
+    CREATE TABLE checkpoint_state (
+        producer_id VARCHAR PRIMARY KEY,
+        leaves BIGINT NOT NULL,  -- stored events 1..leaves are folded into frontier
+        frontier VARCHAR[] NOT NULL,  -- hex roots of the complete subtrees, largest first
+        tree_size BIGINT,  -- the last valid checkpoint (NULL: none yet)
+        root VARCHAR,
+        checkpoint_seq BIGINT,
+        event_id VARCHAR,
+        closing BOOLEAN,
+        heartbeat_s DOUBLE,
+        checkpoint_time TIMESTAMPTZ,
+        updated_at TIMESTAMPTZ NOT NULL
+    )
+    """,
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
     Migration(3, "decision trail column", _ADD_TRAIL),
     Migration(4, "shadow mode columns", _ADD_SHADOW),
+    Migration(5, "signed checkpoints", _ADD_CHECKPOINTS),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
@@ -606,6 +656,11 @@ WHERE NOT EXISTS (SELECT 1 FROM events WHERE producer_id = $producer_id AND seq 
 ON CONFLICT (producer_id, seq, kind) DO NOTHING
 """
 
+_QUEUE_CHECKPOINTS = """
+INSERT OR IGNORE INTO checkpoint_pending
+SELECT event_id, producer_id, seq FROM ingest_batch WHERE verdict = 'new' AND type = 'Checkpoint'
+"""
+
 _DELETE_FILLED_GAPS = """
 DELETE FROM chain_breaks AS b
 WHERE b.kind = 'gap'
@@ -733,9 +788,17 @@ class AuditStore:
         *,
         read_only: bool = False,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        trusted_keys: Mapping[str, VerifyingKey] | None = None,
+        require_signed: bool = False,
     ) -> None:
         if max_value_bytes < 1:
             raise ValueError(f"max_value_bytes must be positive, got {max_value_bytes}")
+        if require_signed and not trusted_keys:
+            raise ValueError("require_signed needs trusted_keys")
+        self.checkpoint_verifier = (
+            CheckpointVerifier(trusted_keys, require_signed=require_signed) if trusted_keys else None
+        )
+        """Verifies the stored checkpoints after each ingest (None without `trusted_keys`)."""
         self.path = str(Path(path))
         self.read_only = read_only
         self.max_value_bytes = max_value_bytes
@@ -844,7 +907,9 @@ class AuditStore:
         not stored). Gaps are not recorded here (another partition may still fill them; see
         `close_open_gaps`), but a recorded gap that this batch fills is removed. A loss report
         (`events.loss`: a sink found events a dead process never spooled) records a gap at its
-        first seq at once, unless that event is stored.
+        first seq at once, unless that event is stored. New `Checkpoint` events are queued; with
+        `trusted_keys`, every queued checkpoint whose events are all stored is verified in the same
+        transaction (`consumers.checkpoints`) and its findings count in `chain_breaks`.
 
         The envelope is what a `KafkaSink` writes around an event: the key is its `producer_id`, the
         CloudEvents header `ce_id` its `event_id`, `ce_type` the prefix `dev.callgate.` and its
@@ -872,7 +937,9 @@ class AuditStore:
                 con.execute(_FIND_NEIGHBOURS)
                 con.execute(_CLASSIFY)
                 summary = con.execute(_BATCH_SUMMARY).fetchall()
+                new_types = {kind for verdict, kind, _, _ in summary if verdict == "new"}
                 stored = _count(con.execute(_INSERT_EVENTS))
+                queued = _count(con.execute(_QUEUE_CHECKPOINTS)) if "Checkpoint" in new_types else 0
                 dead_reasons: Counter[str] = Counter()
                 if dead.num_rows:
                     dead_reasons.update(str(row[0]) for row in con.execute(_INSERT_DEAD_LETTERS).fetchall())
@@ -900,6 +967,11 @@ class AuditStore:
                     new_breaks = {str(kind): int(n) for kind, n in con.execute(_COUNT_NEW_BREAKS).fetchall()}
                     con.execute(_UPSERT_BREAKS)
                 con.execute(_DROP_BATCH)
+                verifier = self.checkpoint_verifier
+                if verifier is not None and (queued or stored):
+                    # Queued ones wait for their events: any newly stored event may complete one.
+                    for kind, n in verifier.verify_pending(con).items():
+                        new_breaks[kind] = new_breaks.get(kind, 0) + n
                 con.commit()
             except BaseException:
                 # The original error says what went wrong; a failing rollback (a dead connection)
@@ -1021,6 +1093,31 @@ class AuditStore:
         self._require_writable("close_open_gaps")
         with self._write_lock:
             return _count(self._con.execute(_RECORD_GAPS, {"older_than": older_than}))
+
+    def close_checkpoints(self, *, older_than: datetime | None = None) -> dict[str, int]:
+        """Record the checkpoint findings waiting cannot change any more (`CheckpointVerifier.close`);
+        the new chain breaks by kind (empty without `trusted_keys`).
+
+        `older_than=None` is the end of a drain: a checkpoint still waiting for its events is
+        `truncated`, and with `require_signed` every producer is judged now. With a time (continuous
+        runs), nothing is `truncated`, and a producer is `unsigned` only once its first event was
+        stored before `older_than`. Raises `StoreError` when read-only. One transaction; blocks."""
+        self._require_writable("close_checkpoints")
+        verifier = self.checkpoint_verifier
+        if verifier is None:
+            return {}
+        with self._write_lock:
+            con = self._con
+            con.begin()
+            try:
+                found = verifier.verify_pending(con)
+                found.update(verifier.close(con, now=datetime.now(UTC), older_than=older_than))
+                con.commit()
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    con.rollback()
+                raise
+        return dict(found)
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -316,7 +316,7 @@ class TestMigration:
         with pytest.raises(Exception, match="open it for writing"):
             AuditStore(old, read_only=True)
         with AuditStore(old) as upgraded:
-            assert upgraded.schema_version() == SCHEMA_VERSION == 4
+            assert upgraded.schema_version() == SCHEMA_VERSION
             con = upgraded.cursor()
             migrated = sorted(con.execute(query + " ORDER BY event_id").fetchall())
             (name,) = con.execute("SELECT name FROM schema_migrations WHERE version = 4").fetchone() or ("",)
