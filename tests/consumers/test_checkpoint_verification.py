@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from callgate.broker import EmbeddedBroker
+from consumers.materializer import Materializer
 from consumers.store import AuditStore, RawRecord
 from events import EventBase, MemorySink, encode_event
 from events.chain import Producer
@@ -366,3 +371,92 @@ class TestMaterializeCommand:
         assert set(kinds) == {"unknown_key", "unsigned"}
         assert kinds["unsigned"] == 2
         assert clean == (1,)
+
+    @pytest.mark.integration
+    async def test_a_sigkilled_producer_is_silent(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """A gate process killed with SIGKILL never writes its closing checkpoint: once heartbeat_s × 3
+        has passed since its last one, the drain records it silent (and not unsigned)."""
+        keys = tmp_path / "keys"
+        assert callgate("keygen", "--out", str(keys)).returncode == 0
+        script = textwrap.dedent(
+            f"""
+            import asyncio, sys, time
+            from events.kafka import KafkaSink
+            from interceptor_core import Gate, RunContext, tool
+
+            @tool
+            def refund(order_id: str) -> str:
+                '''Refunds an order.'''
+                return order_id
+
+            async def main():
+                sink = KafkaSink({kafka_broker.bootstrap!r}, {topic!r}, {str(tmp_path / "spool")!r}, partitions=2)
+                gate = Gate("shop", sinks=[sink], signing_key={str(keys / "callgate.key")!r},
+                            checkpoint_events=2, heartbeat_s=0.5)
+                desk = gate.agent("desk", tools=[refund])
+                for n in range(3):
+                    await desk.call("refund", {{"order_id": str(n)}}, run=RunContext(tenant="acme"))
+                deadline = time.monotonic() + 30
+                while gate._audit.checkpointer.emitted < 1 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                await sink.flush()
+                print("ready", flush=True)
+                await asyncio.sleep(3600)
+
+            asyncio.run(main())
+            """
+        )
+        with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as child:
+            try:
+                assert child.stdout is not None
+                assert child.stdout.readline().strip() == "ready"
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait(timeout=30)
+        db = tmp_path / "audit.duckdb"
+        deadline = time.monotonic() + 60
+        kinds: dict[str, int] = {}
+        # Polled with a deadline: the silence becomes provable 1.5 s after the last checkpoint.
+        while "silent" not in kinds and time.monotonic() < deadline:
+            done = callgate(
+                "materialize", "--bootstrap", kafka_broker.bootstrap, "--topic", topic, "--db", str(db),
+                "--group", f"g-{uuid.uuid4().hex[:8]}", "--drain", "--trusted-keys", str(keys), "--require-signed",
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            with AuditStore(db, read_only=True) as store:
+                con = store.cursor()
+                kinds = dict(con.execute("select kind, count(*) from chain_breaks group by kind").fetchall())
+                con.close()
+        assert kinds.get("silent") == 1
+        assert "unsigned" not in kinds
+        assert set(kinds) <= {"silent", "uncovered"}
+
+    @pytest.mark.integration
+    async def test_a_truncated_stream_is_truncated_at_the_end_of_a_drain(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """A topic missing events a signed checkpoint covers: the drain records truncated (and the gap)."""
+        forged = Forger().add(4).checkpoint(closing=True)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all", enable_idempotence=False)
+        await producer.start()
+        try:
+            for event in [forged.events[0], *forged.events[3:]]:
+                await producer.send_and_wait(topic, encode_event(event), key=event.producer_id.encode(), partition=0)
+        finally:
+            await producer.stop()
+        materializer = Materializer(
+            kafka_broker.bootstrap,
+            topic,
+            str(tmp_path / "audit.duckdb"),
+            group=f"g-{uuid.uuid4().hex[:8]}",
+            trusted_keys={KEY.key_id: KEY.public()},
+            require_signed=True,
+        )
+        try:
+            summary = await materializer.run(drain=True)
+            assert summary.checkpoint_breaks == 2  # truncated, and unsigned: its only checkpoint never verified
+            assert breaks(materializer.store) == [(1, "unsigned"), (2, "gap"), (3, "gap"), (5, "truncated")]
+        finally:
+            materializer.close()
