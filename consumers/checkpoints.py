@@ -17,7 +17,8 @@ trusted keys verifies the backlog) and leaves the queue once judged:
   consistency holds by construction.
 
 A checkpoint whose events 1..tree_size are not all stored yet stays queued and is checked again
-after later batches; `close` records the ones still waiting as `truncated`. With `require_signed`,
+after later batches; `close` records the ones still waiting as `truncated` (they stay queued: the
+row is removed if the missing events arrive and the checkpoint is judged after all). With `require_signed`,
 `close` also records `unsigned`, `uncovered` and `silent` (see `close`).
 
 Cost: per producer the store keeps the frontier of the tree of its stored hashes
@@ -92,6 +93,17 @@ SELECT seq, hash FROM events WHERE producer_id = $producer_id AND seq > $lo AND 
 """
 
 _FORGET_UNSIGNED = "DELETE FROM chain_breaks WHERE producer_id = $producer_id AND kind = 'unsigned'"
+
+# A checkpoint judged at last (its missing events arrived) is no longer truncated.
+_FORGET_TRUNCATED = "DELETE FROM chain_breaks WHERE producer_id = $producer_id AND seq = $seq AND kind = 'truncated'"
+
+# Queued checkpoints still waiting for their events, stored before `older_than` (every one: None).
+_WAITING = """
+SELECT p.producer_id, p.seq, p.event_id, e.event
+FROM checkpoint_pending p JOIN events e USING (event_id)
+WHERE $older_than IS NULL OR e.ingested_at < $older_than
+ORDER BY p.producer_id, p.seq
+"""
 
 _DONE = "DELETE FROM checkpoint_pending WHERE event_id = $event_id"
 
@@ -211,6 +223,7 @@ class CheckpointVerifier:
                 waiting.add(producer_id)
                 continue
             con.execute(_DONE, {"event_id": event_id})
+            con.execute(_FORGET_TRUNCATED, {"producer_id": producer_id, "seq": seq})
         for producer_id, tree in trees.items():
             con.execute(
                 _SAVE_STATE,
@@ -350,35 +363,34 @@ class CheckpointVerifier:
     ) -> Counter[str]:
         """Record what waiting cannot fix any more; the new chain breaks by kind.
 
-        `older_than=None` (the end of a drain): every checkpoint still queued covers events the store does not
-        hold: `truncated`. With `require_signed`, per producer with stored events: no valid
-        checkpoint at all is `unsigned`; events after its last valid checkpoint's tree_size (other
-        than checkpoints) whose `time` is more than `heartbeat_s` × `SILENCE_FACTOR` before `now` are
-        `uncovered` (one row at the first such seq); a last valid checkpoint that is not `closing`
-        and older than that is `silent`. Times are the producer's `time` fields against `now`. With
-        `older_than` (continuous runs) nothing is `truncated`, and a producer is `unsigned` only once
-        its first event was stored (`ingested_at`) before it.
+        Every checkpoint still queued (with `older_than`, stored before it) covers events the store
+        does not hold: `truncated` (it stays queued; see the module docstring). With
+        `require_signed`, per producer with stored events: no valid checkpoint at all is `unsigned`
+        (with `older_than`, once its first event was stored before it); events after its last valid
+        checkpoint's tree_size (other than checkpoints) whose `time` is more than `heartbeat_s` ×
+        `SILENCE_FACTOR` before `now` are `uncovered` (one row at the first such seq); a last valid
+        checkpoint that is not `closing` and older than that is `silent`. Times are the producer's
+        `time` fields against `now`.
         """
         found: Counter[str] = Counter()
-        if older_than is None:
-            for producer_id, seq, event_id, event in con.execute(_PENDING).fetchall():
-                checkpoint = _Checkpoint.from_row(producer_id, seq, event_id, event)
-                row = con.execute(
-                    "SELECT count(*) FROM events WHERE producer_id = $p AND seq <= $n",
-                    {"p": producer_id, "n": checkpoint.tree_size},
-                ).fetchone()
-                stored = int(row[0]) if row else 0
-                self._record(
-                    con,
-                    found,
-                    producer_id,
-                    seq,
-                    "truncated",
-                    f"{checkpoint.names()} covers seqs 1..{checkpoint.tree_size}; the store holds {stored} of them",
-                    event_id,
-                    _evidence(checkpoint, stored=stored),
-                )
-                con.execute(_DONE, {"event_id": event_id})
+        waiting = con.execute(_WAITING, {"older_than": older_than}).fetchall()
+        for producer_id, seq, event_id, event in waiting:
+            checkpoint = _Checkpoint.from_row(producer_id, seq, event_id, event)
+            row = con.execute(
+                "SELECT count(*) FROM events WHERE producer_id = $p AND seq <= $n",
+                {"p": producer_id, "n": checkpoint.tree_size},
+            ).fetchone()
+            stored = int(row[0]) if row else 0
+            self._record(
+                con,
+                found,
+                producer_id,
+                seq,
+                "truncated",
+                f"{checkpoint.names()} covers seqs 1..{checkpoint.tree_size}; the store holds {stored} of them",
+                event_id,
+                _evidence(checkpoint, stored=stored),
+            )
         if not self.require_signed:
             return found
         producers = con.execute(_PRODUCERS).fetchall()

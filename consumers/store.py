@@ -1099,9 +1099,10 @@ class AuditStore:
         the new chain breaks by kind (empty without `trusted_keys`).
 
         `older_than=None` is the end of a drain: a checkpoint still waiting for its events is
-        `truncated`, and with `require_signed` every producer is judged now. With a time (continuous
-        runs), nothing is `truncated`, and a producer is `unsigned` only once its first event was
-        stored before `older_than`. Raises `StoreError` when read-only. One transaction; blocks."""
+        `truncated` (removed again if they arrive), and with `require_signed` every producer is
+        judged now. With a time (continuous runs), only checkpoints and producers whose first event
+        were stored before it are `truncated` or `unsigned`. Raises `StoreError` when read-only. One
+        transaction; blocks."""
         self._require_writable("close_checkpoints")
         verifier = self.checkpoint_verifier
         if verifier is None:

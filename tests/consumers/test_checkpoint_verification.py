@@ -460,3 +460,24 @@ class TestMaterializeCommand:
             assert breaks(materializer.store) == [(1, "unsigned"), (2, "gap"), (3, "gap"), (5, "truncated")]
         finally:
             materializer.close()
+
+
+class TestContinuousRuns:
+    def test_a_truncated_checkpoint_is_forgiven_when_its_events_arrive(self, store: AuditStore) -> None:
+        """truncated is a gap's twin: the row goes once the missing events arrive and the root verifies."""
+        forged = Forger().add(3).checkpoint()
+        ingest(store, [forged.events[0], forged.events[3]])
+        assert store.close_checkpoints() == {"truncated": 1}
+        assert ingest(store, forged.events[1:3], start=2) == {}
+        assert breaks(store) == []
+
+    def test_with_a_grace_time_only_old_findings_are_recorded(self, tmp_path: Path) -> None:
+        """A periodic check records nothing stored after its `older_than`, everything stored before it."""
+        forged = Forger().add(3).checkpoint()
+        with strict_store(tmp_path / "a.duckdb") as store:
+            ingest(store, [forged.events[0], forged.events[3]])
+            ingest(store, Forger().add(2).events, start=2)
+            before = datetime.now(UTC) - timedelta(seconds=60)
+            assert store.close_checkpoints(older_than=before) == {}
+            after = datetime.now(UTC) + timedelta(seconds=1)
+            assert store.close_checkpoints(older_than=after) == {"truncated": 1, "unsigned": 2}
