@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from consumers.checkpoints import CHECKPOINT_BREAK_KINDS
 from consumers.store import DEAD_LETTER_REASONS
 from events import EVENT_TYPES
 
@@ -23,8 +24,9 @@ __all__ = ["CHAIN_BREAK_KINDS", "DEAD_LETTER_REASONS", "MaterializerMetrics"]
 # DEAD_LETTER_REASONS (the store's): shown at 0 before the first one happens; a reason outside it
 # would be accepted too and appear once counted.
 
-CHAIN_BREAK_KINDS = ("gap", "tamper", "conflict")
-"""The kinds of chain break: a missing `seq`, a hash that does not match, two events claiming one `seq`."""
+CHAIN_BREAK_KINDS = ("gap", "tamper", "conflict", *CHECKPOINT_BREAK_KINDS)
+"""The kinds of chain break: a missing `seq`, a hash that does not match, two events claiming one
+`seq`, and what the verification of signed checkpoints finds (`consumers.checkpoints`)."""
 
 _BATCH_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_RECORDS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
