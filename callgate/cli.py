@@ -383,6 +383,10 @@ def coverage(
     require_exercised: Annotated[
         bool, typer.Option(help="Also fail when a registered tool was never called through the gate.")
     ] = False,
+    require_signed: Annotated[
+        bool,
+        typer.Option(help="Also fail when a producer is not signed by a trusted key, covered and not silent."),
+    ] = False,
     since: Annotated[
         str | None, typer.Option(help="Only events from this time: ISO 8601, or a duration back (30m, 24h, 7d).")
     ] = None,
@@ -402,6 +406,7 @@ def coverage(
         api=api,
         db=db,
         require_exercised=require_exercised,
+        require_signed=require_signed,
         since=start,
         junit=junit,
         json_path=json_report,

@@ -51,11 +51,12 @@ def run_coverage(
     json_path: Path | None,
     console: Console,
     err: Console,
+    require_signed: bool = False,
 ) -> int:
     """Run the checks against the read API or the file, print the table, write the reports; the
-    exit code."""
+    exit code. With `require_signed`, a store without the signed checkpoint tables is exit 2."""
     # Imported here: `callgate --help` must not load DuckDB.
-    from consumers.coverage import run_checks
+    from consumers.coverage import SignaturesUnavailableError, run_checks
     from consumers.queries import QueryError
     from consumers.reader import SourceUnavailableError, open_reader
 
@@ -68,7 +69,10 @@ def run_coverage(
         err.print(f"error: {exc}")
         return EXIT_CANNOT_CHECK
     try:
-        report = run_checks(reader, require_exercised=require_exercised, since=since)
+        report = run_checks(reader, require_exercised=require_exercised, require_signed=require_signed, since=since)
+    except SignaturesUnavailableError as exc:
+        err.print(f"cannot check: {exc}", markup=False)
+        return EXIT_CANNOT_CHECK
     except SourceUnavailableError as exc:
         err.print(f"cannot check: {exc}", markup=False)
         return EXIT_CANNOT_CHECK
@@ -130,6 +134,7 @@ _COLUMNS: dict[str, list[str]] = {
     "chains": ["producer_id", "gate", "max_seq", "missing", "gaps_recorded", "tampered", "conflicts"],
     "tool_uses": ["time", "problem", "gate", "agent", "tool", "call_id", "missing_interceptors", "producer_id"],
     "exercised": ["gate", "tool", "scopes"],
+    "signed": ["gate", "producer_id", "events", "signed_tree_size", "reasons", "detail"],
 }
 
 

@@ -10,6 +10,11 @@ a materializer's read API alike) and returns a `CoverageReport`:
    carries a decision trail naming every interceptor of a chain registered for it.
 4. `exercised` (only with `require_exercised`): every tool a `ToolsRegistered` event names was
    called through the gate at least once (any outcome: a denial proves the route as well).
+5. `signed` (only with `require_signed`; not in the report otherwise): every producer with events
+   in the window has a valid checkpoint signed by a trusted key and no checkpoint chain break
+   (`bad_signature`, `unknown_key`, `root_mismatch`, `inconsistent`, `unsigned`, `uncovered`,
+   `silent`, `truncated`), as the materializer recorded them (consumers/checkpoints.py). A store
+   without the checkpoint tables raises `SignaturesUnavailableError`: "cannot say" is not unsigned.
 
 `CoverageReport.exit_code` is 0 when every check holds and 1 otherwise; a reader that cannot read
 the store raises `SourceUnavailableError` instead, which `callgate coverage` turns into exit 2, so
@@ -26,20 +31,33 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from consumers.queries import MAX_LIMIT
+from consumers.queries import MAX_LIMIT, UnknownQueryError
 from consumers.reader import AuditReader
 
-__all__ = ["CHECKS", "CheckCase", "CheckResult", "CoverageReport", "run_checks"]
+__all__ = ["CHECKS", "CheckCase", "CheckResult", "CoverageReport", "SignaturesUnavailableError", "run_checks"]
 
 CHECKS: dict[str, str] = {
     "unmediated": "No tool effect outside the gate",
     "chains": "Every producer's audit chain is whole",
     "tool_uses": "Every tool run is verified and carries its decision trail",
     "exercised": "Every registered tool was called through the gate",
+    "signed": "Every producer is signed by a trusted key and fully covered",
 }
 """Check name -> title, in the order they run and are reported."""
 
 Status = Literal["pass", "fail", "skip"]
+
+
+class SignaturesUnavailableError(Exception):
+    """`require_signed` was asked of a store (or read API) without the signed checkpoint tables or
+    the `producer_signatures` query: an older store. `source` names it; the message says so in one line."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(
+            f"{source} has no signed checkpoint tables (an audit store older than signed checkpoints): "
+            f"cannot check --require-signed ({reason})"
+        )
+        self.source = source
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +119,7 @@ class CoverageReport:
     require_exercised: bool
     checks: tuple[CheckResult, ...]
     facts: Mapping[str, Any] = field(default_factory=dict)
+    require_signed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -129,6 +148,7 @@ class CoverageReport:
             "since": self.since.isoformat() if self.since else None,
             "until": self.until.isoformat() if self.until else None,
             "require_exercised": self.require_exercised,
+            "require_signed": self.require_signed,
             "facts": dict(self.facts),
             "checks": [check.to_dict() for check in self.checks],
         }
@@ -174,15 +194,17 @@ def run_checks(
     reader: AuditReader,
     *,
     require_exercised: bool = False,
+    require_signed: bool = False,
     since: datetime | None = None,
     until: datetime | None = None,
     max_listed: int = 100,
 ) -> CoverageReport:
-    """Run the four checks over what `reader` reads, in the window [since, until) (all time by default).
+    """Run the five checks over what `reader` reads, in the window [since, until) (all time by default).
 
     Blocks for the queries (a few seconds over a million events). Raises `SourceUnavailableError`
     when the store cannot be read, and `QueryError` when the reader does not know a query (a read
-    API older than this code): both mean the check could not be made.
+    API older than this code): both mean the check could not be made. With `require_signed`, a
+    store or read API without the signed checkpoint tables raises `SignaturesUnavailableError`.
     """
     if not 1 <= max_listed <= MAX_LIMIT:
         raise ValueError(f"max_listed must be between 1 and {MAX_LIMIT}, got {max_listed}")
@@ -195,6 +217,9 @@ def run_checks(
         _tool_uses(reader, window, listing),
         _exercised(reader, listing) if require_exercised else _skipped_exercised(),
     ]
+    if require_signed:
+        # Not listed at all without it (unlike `exercised`): reports of stores without signing stay as they were.
+        checks.append(_signed(reader, window, listing))
     return CoverageReport(
         source=reader.source,
         checked_at=datetime.now(UTC),
@@ -203,6 +228,7 @@ def run_checks(
         require_exercised=require_exercised,
         checks=tuple(checks),
         facts=facts,
+        require_signed=require_signed,
     )
 
 
@@ -305,6 +331,68 @@ def _skipped_exercised() -> CheckResult:
     title = CHECKS["exercised"]
     summary = "not checked (pass --require-exercised)"
     return CheckResult("exercised", title, True, summary, skipped=True, cases=(CheckCase(title, True, summary),))
+
+
+def _signed(reader: AuditReader, window: Mapping[str, Any], listing: Mapping[str, Any]) -> CheckResult:
+    # Every producer is listed (one JUnit case each), failing ones first, page by page.
+    rows: list[dict[str, Any]] = []
+    while True:
+        params = {**window, "limit": MAX_LIMIT, "offset": len(rows)}
+        try:
+            page = reader.query("producer_signatures", params).rows
+        except UnknownQueryError as exc:
+            raise SignaturesUnavailableError(reader.source, str(exc)) from exc
+        except Exception as exc:
+            # DuckDB's catalog error for a file without the tables (schema before 5).
+            if "checkpoint_state" not in str(exc):
+                raise
+            raise SignaturesUnavailableError(reader.source, str(exc).splitlines()[0]) from exc
+        rows.extend(page)
+        if len(page) < MAX_LIMIT:
+            break
+    title = CHECKS["signed"]
+    if not rows:
+        summary = "no events in the window: no producer is known to have signed anything"
+        return CheckResult("signed", title, False, summary, (), 0, cases=(CheckCase(title, False, summary),))
+    failing = [_signature_violation(row) for row in rows if not row["ok"]]
+    cases = tuple(
+        CheckCase(
+            f"{row['gate']}/{row['producer_id']}",
+            bool(row["ok"]),
+            "" if row["ok"] else _reasons(row),
+        )
+        for row in rows
+    )
+    if not failing:
+        return CheckResult(
+            "signed", title, True, f"all {len(rows)} producer(s) signed by a trusted key and covered", cases=cases
+        )
+    names = ", ".join(f"{row['gate']} ({row['producer_id']})" for row in failing[:10])
+    more = f" and {len(failing) - 10} more" if len(failing) > 10 else ""
+    return CheckResult(
+        "signed",
+        title,
+        False,
+        f"{len(failing)} of {len(rows)} producer(s) not signed and covered: {names}{more}",
+        tuple(failing[: int(listing["limit"])]),
+        len(failing),
+        cases=cases,
+    )
+
+
+def _signature_violation(row: Mapping[str, Any]) -> dict[str, Any]:
+    kinds = sorted({str(b["kind"]) for b in row["breaks"]})
+    if not row["signed"] and "unsigned" not in kinds:
+        # Materialized without --require-signed, the store records no `unsigned` row: say it here.
+        kinds.insert(0, "unsigned")
+    return {**row, "reasons": kinds, "detail": _reasons(row)}
+
+
+def _reasons(row: Mapping[str, Any]) -> str:
+    parts = [f"{b['kind']} at seq {b['seq']}: {b['detail']}" for b in row["breaks"]]
+    if not row["signed"] and not any(b["kind"] == "unsigned" for b in row["breaks"]):
+        parts.insert(0, f"unsigned: producer {row['producer_id']} has no valid signed checkpoint")
+    return "; ".join(parts)
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -1011,6 +1011,40 @@ ORDER BY o, seq
 """
 
 
+# Signed checkpoints (consumers.checkpoints): per producer with events in the window, its last valid
+# checkpoint (checkpoint_state.tree_size is only set by a verified one) and every checkpoint break
+# recorded for it, failing producers first.
+_SIGNATURE_KINDS = (
+    "'bad_signature', 'unknown_key', 'root_mismatch', 'inconsistent', 'unsigned', 'uncovered', 'silent', 'truncated'"
+)
+_PRODUCER_SIGNATURES = f"""
+WITH active AS (
+    SELECT producer_id, any_value(gate) AS gate, count(*) AS events, max(time) AS last_time
+    FROM events WHERE {_WINDOW}
+    GROUP BY producer_id
+),
+found AS (
+    SELECT b.producer_id,
+           list({{'kind': b.kind, 'seq': b.seq, 'detail': b.detail}} ORDER BY b.seq, b.kind) AS breaks
+    FROM chain_breaks b JOIN active a USING (producer_id)
+    WHERE b.kind IN ({_SIGNATURE_KINDS})
+    GROUP BY b.producer_id
+),
+status AS (
+    SELECT a.producer_id, a.gate, a.events, s.tree_size IS NOT NULL AS signed, s.tree_size AS signed_tree_size,
+           s.checkpoint_seq, s.event_id AS checkpoint_event_id, s.checkpoint_time,
+           coalesce(f.breaks, []) AS breaks, a.last_time
+    FROM active a LEFT JOIN checkpoint_state s USING (producer_id) LEFT JOIN found f USING (producer_id)
+)
+SELECT producer_id, gate, events, signed AND len(breaks) = 0 AS ok, signed, signed_tree_size, checkpoint_seq,
+       checkpoint_event_id, checkpoint_time, breaks, last_time
+FROM status
+WHERE NOT $only_failing OR NOT (signed AND len(breaks) = 0)
+ORDER BY ok, producer_id
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+
 def _query(name: str, description: str, sql: str, params: Mapping[str, Param]) -> tuple[str, NamedQuery]:
     return name, NamedQuery(name, description, sql, dict(params))
 
@@ -1348,6 +1382,21 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "seq 1..tree_size of that producer with its hash, in seq order. O(tree_size) rows.",
             _INCLUSION_MATERIAL,
             {"event_id": Param("str", "The event's id (no rows without it).")},
+        ),
+        _query(
+            "producer_signatures",
+            "Per producer with events in the window (callgate coverage --require-signed): signed (it has a valid "
+            "signed checkpoint from a trusted key), its last valid checkpoint (signed_tree_size, checkpoint_seq, "
+            "checkpoint_event_id, checkpoint_time), and breaks: every checkpoint chain break recorded for it (kind "
+            "bad_signature, unknown_key, root_mismatch, inconsistent, unsigned, uncovered, silent or truncated, with "
+            "seq and detail); ok when signed without breaks. Failing producers first.",
+            _PRODUCER_SIGNATURES,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "only_failing": Param("bool", "Only producers that are not ok.", default=False),
+                **PAGE,
+            },
         ),
     ]
 )
