@@ -71,9 +71,14 @@ def run_coverage(
     try:
         report = run_checks(reader, require_exercised=require_exercised, require_signed=require_signed, since=since)
     except SignaturesUnavailableError as exc:
-        err.print(f"cannot check: {exc}", markup=False)
+        err.print(f"cannot check: {exc}", markup=False, soft_wrap=True)
         return EXIT_CANNOT_CHECK
     except SourceUnavailableError as exc:
+        if require_signed and _older_schema(exc):
+            # A file from before signed checkpoints: it has no checkpoint tables to read.
+            unavailable = SignaturesUnavailableError(reader.source, str(exc.__cause__))
+            err.print(f"cannot check: {unavailable}", markup=False, soft_wrap=True)
+            return EXIT_CANNOT_CHECK
         err.print(f"cannot check: {exc}", markup=False)
         return EXIT_CANNOT_CHECK
     except QueryError as exc:
@@ -102,6 +107,15 @@ def run_coverage(
         err.print(f"cannot write the report: {exc}", markup=False)
         return EXIT_CANNOT_CHECK
     return report.exit_code
+
+
+def _older_schema(exc: BaseException) -> bool:
+    """True when `exc` is a store file's refusal to open read-only because its schema is older than
+    this code's (consumers.store: "has schema version N, older than M")."""
+    from consumers.store import StoreError, StoreLockedError
+
+    cause = exc.__cause__
+    return isinstance(cause, StoreError) and not isinstance(cause, StoreLockedError) and "older than" in str(cause)
 
 
 def _table(report: Any) -> Table:
