@@ -124,6 +124,22 @@ class TestRequireSigned:
         assert [case.get("name") for case in failing] == [f"legacy/{legacy[0].producer_id}"]
         assert "unsigned" in (failing[0].find("failure").get("message") or "")  # type: ignore[union-attr]
 
+    def test_a_truncated_stream_fails_with_the_break_and_its_detail(
+        self, shop: list[EventBase], tmp_path: Path
+    ) -> None:
+        """A stored checkpoint whose events are not all stored: exit 1, reasons name `truncated` with its detail."""
+        kept = [e for e in shop if e.seq != 2]
+        db = signed_store(tmp_path / "a.duckdb", kept)
+        report = tmp_path / "report.json"
+        done = callgate("coverage", "--db", str(db), "--require-signed", "--json", str(report))
+        assert done.returncode == 1, done.stdout + done.stderr
+        (signed,) = (c for c in json.loads(report.read_text())["checks"] if c["name"] == "signed")
+        (row,) = signed["violations"]
+        assert row["gate"] == "shop"
+        assert "truncated" in row["reasons"]
+        assert "truncated at seq" in row["detail"]
+        assert "covers seqs 1.." in row["detail"]
+
     def test_without_the_option_the_same_store_passes(
         self, shop: list[EventBase], legacy: list[EventBase], tmp_path: Path
     ) -> None:
