@@ -668,7 +668,9 @@ WITH chains AS (
     GROUP BY ALL
 ),
 broken AS (
-    SELECT producer_id FROM chain_breaks
+    -- What says the chain's content cannot be trusted; a producer's signing state (no valid
+    -- checkpoint, events not covered yet, silence, an untrusted key) is the `signed` check's.
+    SELECT producer_id FROM chain_breaks WHERE kind NOT IN ('unsigned', 'uncovered', 'silent', 'unknown_key')
     UNION
     SELECT producer_id FROM events GROUP BY producer_id HAVING max(seq) <> count(*)
 ),
@@ -1162,7 +1164,23 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _CHAIN_BREAKS,
             {
                 "producer_id": Param("str", "Only this producer (gate instance)."),
-                "kind": Param("str", "Only this kind.", choices=("gap", "tamper", "conflict")),
+                "kind": Param(
+                    "str",
+                    "Only this kind.",
+                    choices=(
+                        "gap",
+                        "tamper",
+                        "conflict",
+                        "bad_signature",
+                        "unknown_key",
+                        "root_mismatch",
+                        "inconsistent",
+                        "unsigned",
+                        "uncovered",
+                        "silent",
+                        "truncated",
+                    ),
+                ),
                 "since": Param("datetime", "Only breaks recorded at or after this time."),
                 **PAGE,
             },

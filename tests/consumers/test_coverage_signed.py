@@ -143,11 +143,12 @@ class TestRequireSigned:
     def test_without_the_option_the_same_store_passes(
         self, shop: list[EventBase], legacy: list[EventBase], tmp_path: Path
     ) -> None:
-        """Without --require-signed the unsigned producer is no violation and `signed` is not listed.
-
-        The store is materialized with trusted keys but without require_signed, so no `unsigned`
-        chain break is recorded (one would fail `tool_uses` as a chain not verified); the check
-        still finds the producer without a valid checkpoint."""
+        """Without --require-signed the unsigned producer is no violation and `signed` is not listed,
+        whether or not the store recorded its `unsigned` break (a signing state, not a chain whose
+        content is in doubt: `tool_uses` does not count it); with the option it fails."""
+        signed_store(tmp_path / "recorded.duckdb", shop, legacy, require_signed=True)
+        done = callgate("coverage", "--db", str(tmp_path / "recorded.duckdb"))
+        assert done.returncode == 0, done.stdout + done.stderr
         db = signed_store(tmp_path / "a.duckdb", shop, legacy, require_signed=False)
         report = tmp_path / "report.json"
         done = callgate("coverage", "--db", str(db), "--json", str(report))
@@ -237,3 +238,11 @@ class TestOlderStores:
         assert done.returncode == 2, done.stdout + done.stderr
         assert done.stderr.strip().count("\n") == 0
         assert "has no signed checkpoint tables" in done.stderr
+
+
+def test_the_chain_breaks_query_takes_every_kind_the_store_records() -> None:
+    """The named query's `kind` choices are the kinds the metrics (and the store) know."""
+    from consumers.metrics import CHAIN_BREAK_KINDS
+    from consumers.queries import QUERIES
+
+    assert set(QUERIES["chain_breaks"].params["kind"].choices or ()) == set(CHAIN_BREAK_KINDS)
