@@ -400,10 +400,10 @@ class TestMaterializeCommand:
                     await desk.call("refund", {{"order_id": str(n)}}, run=RunContext(tenant="acme"))
                 deadline = time.monotonic() + 30
                 while gate._audit.checkpointer.emitted < 1 and time.monotonic() < deadline:
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.01)  # sleep-ok: polling with a deadline for the first checkpoint
                 await sink.flush()
                 print("ready", flush=True)
-                await asyncio.sleep(3600)
+                await asyncio.sleep(3600)  # sleep-ok: held alive until the test SIGKILLs it
 
             asyncio.run(main())
             """
