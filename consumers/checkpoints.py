@@ -21,25 +21,26 @@ after later batches; `close` records the ones still waiting as `truncated` (they
 row is removed if the missing events arrive and the checkpoint is judged after all). With `require_signed`,
 `close` also records `unsigned`, `uncovered` and `silent` (see `close`).
 
-Cost: per producer the store keeps the frontier of the tree of its stored hashes
-(`checkpoint_state`), so a checkpoint costs reading and hashing the events since the previous one
-(O(new events), about two SHA-256 per event) plus one Ed25519 verification; the consistency proof
-of a bad checkpoint reads the producer's whole chain (O(n)).
+Cost: the store folds every signed producer's stored hashes into its tree index as they arrive
+(`consumers.proofs`, about two SHA-256 per event), so a checkpoint costs the root at its size from
+the index (O(log n) stored nodes and at most 256 hashes) plus one Ed25519 verification; the
+consistency proof of a bad checkpoint reads the producer's whole chain (O(n)).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
 import duckdb
 
+from consumers.proofs import root_at
 from events.checkpoints import ORIGIN_PREFIX
-from events.merkle import EMPTY_ROOT, consistency_proof, leaf_hash, node_hash, verify_consistency
+from events.merkle import consistency_proof, leaf_hash, verify_consistency
 from events.signing import SigningError, VerifyingKey, open_signed_note, parse_checkpoint_body, parse_signed_note
 
 __all__ = ["CHECKPOINT_BREAK_KINDS", "CheckpointVerifier"]
@@ -71,20 +72,11 @@ FROM checkpoint_pending p JOIN events e USING (event_id)
 ORDER BY p.producer_id, p.seq
 """
 
-_STATE = """
-SELECT leaves, frontier, tree_size, root FROM checkpoint_state WHERE producer_id = $producer_id
-"""
-
-_SAVE_STATE = """
-INSERT INTO checkpoint_state (producer_id, leaves, frontier, updated_at)
-VALUES ($producer_id, $leaves, $frontier, now())
-ON CONFLICT (producer_id) DO UPDATE SET leaves = excluded.leaves, frontier = excluded.frontier,
-    updated_at = excluded.updated_at
-"""
+_LAST_VALID = "SELECT tree_size, root FROM checkpoint_state WHERE producer_id = $producer_id"
 
 _SAVE_VALID = """
 UPDATE checkpoint_state SET tree_size = $tree_size, root = $root, checkpoint_seq = $seq, event_id = $event_id,
-    closing = $closing, heartbeat_s = $heartbeat_s, checkpoint_time = CAST($time AS TIMESTAMPTZ)
+    closing = $closing, heartbeat_s = $heartbeat_s, checkpoint_time = CAST($time AS TIMESTAMPTZ), updated_at = now()
 WHERE producer_id = $producer_id
 """
 
@@ -143,33 +135,6 @@ class _Checkpoint:
         return f"checkpoint {self.event_id} (seq {self.seq}, tree_size {self.tree_size})"
 
 
-@dataclass(slots=True)
-class _Tree:
-    """A producer's stored chain folded into its Merkle frontier (`checkpoint_state`)."""
-
-    leaves: int
-    frontier: list[bytes]
-    tree_size: int | None
-    root: bytes | None
-
-    def extend(self, hashes: Sequence[str]) -> None:
-        for text in hashes:
-            node, n = leaf_hash(bytes.fromhex(text)), self.leaves
-            while n & 1:
-                node = node_hash(self.frontier.pop(), node)
-                n >>= 1
-            self.frontier.append(node)
-            self.leaves += 1
-
-    def root_hash(self) -> bytes:
-        if not self.frontier:
-            return EMPTY_ROOT
-        root = self.frontier[-1]
-        for left in reversed(self.frontier[:-1]):
-            root = node_hash(left, root)
-        return root
-
-
 class CheckpointVerifier:
     """Verifies the queued checkpoints with `trusted_keys` (key id -> key, as
     `events.signing.load_trusted_keys` gives them); see the module docstring.
@@ -191,7 +156,6 @@ class CheckpointVerifier:
         found: Counter[str] = Counter()
         rows = con.execute(_PENDING).fetchall()
         waiting: set[str] = set()
-        trees: dict[str, _Tree] = {}
         for producer_id, seq, event_id, event in rows:
             if producer_id in waiting:
                 continue  # an earlier checkpoint of this producer waits for its events
@@ -217,18 +181,11 @@ class CheckpointVerifier:
                 )
                 con.execute(_DONE, {"event_id": event_id})
                 continue
-            tree = trees.get(producer_id) or self._tree(con, producer_id)
-            trees[producer_id] = tree
-            if not self._judge_root(con, found, checkpoint, tree):
+            if not self._judge_root(con, found, checkpoint):
                 waiting.add(producer_id)
                 continue
             con.execute(_DONE, {"event_id": event_id})
             con.execute(_FORGET_TRUNCATED, {"producer_id": producer_id, "seq": seq})
-        for producer_id, tree in trees.items():
-            con.execute(
-                _SAVE_STATE,
-                {"producer_id": producer_id, "leaves": tree.leaves, "frontier": [h.hex() for h in tree.frontier]},
-            )
         return found
 
     def _note_problem(self, checkpoint: _Checkpoint) -> tuple[str, str] | None:
@@ -258,36 +215,13 @@ class CheckpointVerifier:
             return "bad_signature", f"the signature of trusted key {seen} does not verify"
         return None
 
-    def _tree(self, con: duckdb.DuckDBPyConnection, producer_id: str) -> _Tree:
-        row = con.execute(_STATE, {"producer_id": producer_id}).fetchone()
-        if row is None:
-            return _Tree(0, [], None, None)
-        leaves, frontier, tree_size, root = row
-        return _Tree(
-            int(leaves),
-            [bytes.fromhex(h) for h in frontier],
-            None if tree_size is None else int(tree_size),
-            None if root is None else bytes.fromhex(root),
-        )
-
-    def _judge_root(
-        self, con: duckdb.DuckDBPyConnection, found: Counter[str], checkpoint: _Checkpoint, tree: _Tree
-    ) -> bool:
+    def _judge_root(self, con: duckdb.DuckDBPyConnection, found: Counter[str], checkpoint: _Checkpoint) -> bool:
         """Compare the checkpoint's root with the stored chain's and the last valid checkpoint; False
         when events it covers are not stored yet (it stays queued)."""
         size, claimed = checkpoint.tree_size, bytes.fromhex(checkpoint.root)
-        if size >= tree.leaves:
-            hashes = _hashes(con, checkpoint.producer_id, tree.leaves, size)
-            if hashes is None:
-                return False
-            tree.extend(hashes)
-            actual = tree.root_hash()
-        else:
-            # Below what was folded already: rare (a producer's checkpoints only grow), so O(size).
-            hashes = _hashes(con, checkpoint.producer_id, 0, size)
-            if hashes is None:
-                return False
-            actual = _root_of(hashes)
+        actual = root_at(con, checkpoint.producer_id, size)
+        if actual is None:
+            return False
         good = actual == claimed
         if not good:
             self._record(
@@ -301,8 +235,10 @@ class CheckpointVerifier:
                 checkpoint.event_id,
                 _evidence(checkpoint, recomputed_root=actual.hex()),
             )
-        if tree.tree_size is not None and tree.root is not None and (not good or size < tree.tree_size):
-            old_size, old_root = tree.tree_size, tree.root
+        row = con.execute(_LAST_VALID, {"producer_id": checkpoint.producer_id}).fetchone()
+        old_size = None if row is None or row[0] is None else int(row[0])
+        if old_size is not None and (not good or size < old_size):
+            old_root = bytes.fromhex(str(row[1]))  # type: ignore[index]
             ok = self._consistent(con, checkpoint.producer_id, old_size, old_root, size, claimed)
             if not ok:
                 self._record(
@@ -317,16 +253,7 @@ class CheckpointVerifier:
                     _evidence(checkpoint, previous_tree_size=old_size, previous_root=old_root.hex()),
                 )
                 good = False
-        if good and (tree.tree_size is None or size >= tree.tree_size):
-            tree.tree_size, tree.root = size, claimed
-            con.execute(
-                _SAVE_STATE,
-                {
-                    "producer_id": checkpoint.producer_id,
-                    "leaves": tree.leaves,
-                    "frontier": [h.hex() for h in tree.frontier],
-                },
-            )
+        if good and (old_size is None or size >= old_size):
             con.execute(_FORGET_UNSIGNED, {"producer_id": checkpoint.producer_id})
             con.execute(
                 _SAVE_VALID,
@@ -492,12 +419,6 @@ def _hashes(con: duckdb.DuckDBPyConnection, producer_id: str, lo: int, hi: int) 
     if len(rows) != hi - lo:
         return None
     return [str(h) for _, h in rows]
-
-
-def _root_of(hashes: Sequence[str]) -> bytes:
-    tree = _Tree(0, [], None, None)
-    tree.extend(hashes)
-    return tree.root_hash()
 
 
 def _evidence(checkpoint: _Checkpoint, **extra: Any) -> dict[str, Any]:

@@ -990,6 +990,10 @@ _REPLAY_CALLS_DESCRIPTION = (
 
 
 # The event column is JSON: cast to text so the bytes come back as stored, never re-encoded.
+# The rows of one inclusion proof (consumers.proofs): the event, its covering checkpoint, the
+# stored tree nodes (level >= 8) the audit path is made of (each sibling of the leaf's ancestors
+# that lies inside the tree, and each complete subtree of the tree's right edge), and the hashes of
+# the two 256-leaf blocks the smaller subtrees are hashed from (the event's and the tree's last).
 _INCLUSION_MATERIAL = """
 WITH target AS (
     SELECT producer_id, seq, hash, event::VARCHAR AS text FROM events WHERE event_id = $event_id
@@ -999,17 +1003,28 @@ WITH target AS (
     WHERE c.type = 'Checkpoint' AND CAST(json_extract_string(c.event, '$.tree_size') AS BIGINT) >= t.seq
     ORDER BY c.seq DESC
     LIMIT 1
+), bounds AS (
+    SELECT t.producer_id, t.seq - 1 AS i, c.n,
+           ((t.seq - 1) // 256) * 256 AS own_lo, least(((t.seq - 1) // 256 + 1) * 256, c.n) AS own_hi,
+           (c.n // 256) * 256 AS last_lo
+    FROM target t, covering c
 )
-SELECT part, producer_id, seq, hash, text FROM (
-    SELECT 0 AS o, 'event' AS part, producer_id, seq, hash, text FROM target
+SELECT part, producer_id, seq, hash, text, level, idx FROM (
+    SELECT 0 AS o, 'event' AS part, producer_id, seq, hash, text, NULL::INTEGER AS level, NULL::BIGINT AS idx
+    FROM target
     UNION ALL
-    SELECT 1, 'checkpoint', t.producer_id, c.seq, c.hash, c.text FROM covering c, target t
+    SELECT 1, 'checkpoint', t.producer_id, c.seq, c.hash, c.text, NULL, NULL FROM covering c, target t
     UNION ALL
-    SELECT 2, 'leaf', e.producer_id, e.seq, e.hash, NULL
-    FROM events e JOIN target t ON e.producer_id = t.producer_id, covering c
-    WHERE e.seq <= c.n
+    SELECT 2, 'node', m.producer_id, NULL, m.hash, NULL, m.level, m.idx
+    FROM merkle_nodes m JOIN bounds b ON m.producer_id = b.producer_id
+    WHERE m.level >= 8 AND (m.idx + 1) * (1::BIGINT << m.level) <= b.n
+      AND (m.idx = xor(b.i >> m.level, 1) OR ((b.n >> m.level) & 1 = 1 AND m.idx = (b.n >> m.level) - 1))
+    UNION ALL
+    SELECT 3, 'leaf', e.producer_id, e.seq, e.hash, NULL, NULL, NULL
+    FROM events e JOIN bounds b ON e.producer_id = b.producer_id
+    WHERE (e.seq > b.own_lo AND e.seq <= b.own_hi) OR (e.seq > b.last_lo AND e.seq <= b.n)
 )
-ORDER BY o, seq
+ORDER BY o, level, idx, seq
 """
 
 
@@ -1395,9 +1410,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
         ),
         _query(
             "inclusion_material",
-            "What an inclusion proof of one event is built from (callgate verify): a row `event` (the event's stored "
-            "text), a row `checkpoint` (its producer's latest Checkpoint covering it), then one row `leaf` per event "
-            "seq 1..tree_size of that producer with its hash, in seq order. O(tree_size) rows.",
+            "What an inclusion proof of one event is built from (callgate verify, consumers.proofs): a row `event` "
+            "(the event's stored text), a row `checkpoint` (its producer's latest Checkpoint covering it), the rows "
+            "`node` (level, idx, hash) of the store's tree index the audit path needs, and the rows `leaf` (seq, "
+            "hash) of at most two blocks of 256 events. O(log n) rows.",
             _INCLUSION_MATERIAL,
             {"event_id": Param("str", "The event's id (no rows without it).")},
         ),

@@ -13,7 +13,8 @@ batch costs the same whether the table holds a thousand events or a million.
 
 Tables: `events` (one row per event, typed columns plus the whole event as JSON), `dead_letters`,
 `kafka_offsets`, `chain_breaks`, `checkpoint_pending` and `checkpoint_state` (signed checkpoints,
-`consumers.checkpoints`), `schema_migrations`; views for readers: `blocked_attempts`,
+`consumers.checkpoints`), `merkle_nodes` (the tree index proofs are answered from,
+`consumers.proofs`), `schema_migrations`; views for readers: `blocked_attempts`,
 `decision_trends`, `calls`. Readers should go through `consumers.queries`, not these names.
 """
 
@@ -25,7 +26,7 @@ import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +36,7 @@ import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]  # ships no type information
 
 from consumers.checkpoints import CheckpointVerifier
+from consumers.proofs import fold, fold_all
 from events import (
     ApprovalRequestedEvent,
     ApprovalResolvedEvent,
@@ -236,6 +238,8 @@ class Migration:
     version: int
     name: str
     statements: tuple[str, ...]
+    after: Callable[[duckdb.DuckDBPyConnection], None] | None = None
+    """Python run after the statements, in the same transaction (filling what SQL cannot compute)."""
 
 
 # -- schema -------------------------------------------------------------------------------------
@@ -454,12 +458,28 @@ _ADD_CHECKPOINTS = (
     """,
 )
 
+# The Merkle tree index (consumers.proofs): complete subtree roots of 256 leaves and up, per signed
+# producer; the fold restarts from seq 1 so every producer with a checkpoint gets its nodes.
+_ADD_TREE_INDEX = (
+    """
+    CREATE TABLE merkle_nodes (
+        producer_id VARCHAR NOT NULL,
+        level INTEGER NOT NULL,  -- the subtree holds leaves idx * 2^level .. (idx + 1) * 2^level - 1
+        idx BIGINT NOT NULL,
+        hash VARCHAR NOT NULL,
+        PRIMARY KEY (producer_id, level, idx)
+    )
+    """,
+    "UPDATE checkpoint_state SET leaves = 0, frontier = CAST([] AS VARCHAR[])",
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
     Migration(3, "decision trail column", _ADD_TRAIL),
     Migration(4, "shadow mode columns", _ADD_SHADOW),
     Migration(5, "signed checkpoints", _ADD_CHECKPOINTS),
+    Migration(6, "Merkle tree index", _ADD_TREE_INDEX, after=fold_all),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
@@ -659,6 +679,13 @@ ON CONFLICT (producer_id, seq, kind) DO NOTHING
 _QUEUE_CHECKPOINTS = """
 INSERT OR IGNORE INTO checkpoint_pending
 SELECT event_id, producer_id, seq FROM ingest_batch WHERE verdict = 'new' AND type = 'Checkpoint'
+"""
+
+# Producers whose tree index (consumers.proofs) the batch extends: those with a checkpoint.
+_INDEXED_PRODUCERS = """
+SELECT DISTINCT b.producer_id FROM ingest_batch b
+WHERE b.verdict = 'new' AND (b.type = 'Checkpoint' OR b.producer_id IN (SELECT producer_id FROM checkpoint_state))
+ORDER BY 1
 """
 
 _DELETE_FILLED_GAPS = """
@@ -874,6 +901,8 @@ class AuditStore:
             try:
                 for statement in migration.statements:
                     self._con.execute(statement)
+                if migration.after is not None:
+                    migration.after(self._con)
                 self._con.execute(
                     "INSERT INTO schema_migrations VALUES ($version, $name, now())",
                     {"version": migration.version, "name": migration.name},
@@ -966,6 +995,8 @@ class AuditStore:
                 if _count(con.execute(_FIND_BREAKS)):
                     new_breaks = {str(kind): int(n) for kind, n in con.execute(_COUNT_NEW_BREAKS).fetchall()}
                     con.execute(_UPSERT_BREAKS)
+                if stored:
+                    fold(con, [str(p) for (p,) in con.execute(_INDEXED_PRODUCERS).fetchall()])
                 con.execute(_DROP_BATCH)
                 verifier = self.checkpoint_verifier
                 if verifier is not None and (queued or stored):

@@ -13,10 +13,10 @@ and never copy the sequence.
 
 Cost: every element of a proof is `subtree_root` of an index range, and from raw leaves that
 range is hashed afresh, so one proof hashes every leaf of the tree once: O(n), 0.6 to 0.8 s for a
-million leaves on a 2-core machine. That is fine for now. A store that answers proofs often keeps
-the levels of its tree (the roots of its complete, aligned subtrees: every range of a proof that
-does not end at the tree's size is one) and answers those ranges from them, hashing only along the
-right edge: O(log n) per proof.
+million leaves on a 2-core machine. A store that answers proofs often keeps the levels of its tree
+(the roots of its complete, aligned subtrees) and answers from them: `audit_ranges` names the
+ranges a proof needs and `aligned_chunks` the complete subtrees each range is made of, so a proof
+reads O(log n) stored nodes (`consumers.proofs`).
 
 Not safe to share between threads without a lock: `MerkleTree` is plain mutable state; the functions
 are pure.
@@ -181,6 +181,47 @@ class MerkleTree:
 
     def __repr__(self) -> str:
         return f"MerkleTree(size={self._size})"
+
+
+def aligned_chunks(start: int, end: int) -> list[tuple[int, int]]:
+    """The complete, aligned subtrees that make the leaf range start..end-1, as (level, index)
+    pairs (the subtree of level L and index j holds leaves j * 2**L .. (j + 1) * 2**L - 1), largest
+    first. For every range RFC 9162's recursion visits (each starts at a multiple of a power of two
+    at least its length), MTH of the range is the chunks' roots folded from the right:
+    `node_hash(c1, node_hash(c2, ...))`. Raises `ValueError` unless 0 <= start < end and `start`
+    is aligned so (a multiple of the largest power of two not above end - start)."""
+    if not 0 <= start < end:
+        raise ValueError(f"not a leaf range: {start}..{end}")
+    chunks: list[tuple[int, int]] = []
+    at, n = start, end - start
+    for level in range(n.bit_length() - 1, -1, -1):
+        if n >> level & 1:
+            if at % (1 << level):
+                raise ValueError(f"leaf range {start}..{end} is not aligned as RFC 9162's ranges are")
+            chunks.append((level, at >> level))
+            at += 1 << level
+    return chunks
+
+
+def audit_ranges(index: int, size: int) -> list[tuple[int, int]]:
+    """The leaf ranges (start, end) whose roots are PATH(index, D[0:size]), in the proof's order
+    (from the leaf up): what `inclusion_proof` hashes, for a store that answers them from its
+    levels. Raises `ValueError` unless 0 <= index < size."""
+    if not 0 <= index < size:
+        raise ValueError(f"index {index} is not in a tree of size {size}")
+    ranges: list[tuple[int, int]] = []
+    start, end, m = 0, size, index
+    while end - start > 1:
+        k = _split(end - start)
+        if m < k:
+            ranges.append((start + k, end))
+            end = start + k
+        else:
+            ranges.append((start, start + k))
+            start += k
+            m -= k
+    ranges.reverse()
+    return ranges
 
 
 def inclusion_proof(leaves: Sequence[bytes], index: int, size: int) -> list[bytes]:
