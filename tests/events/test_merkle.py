@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from events.merkle import (
     EMPTY_ROOT,
     MerkleTree,
+    aligned_chunks,
+    audit_ranges,
     consistency_proof,
     inclusion_proof,
     leaf_hash,
@@ -421,6 +423,52 @@ class TestInclusion:
         store.reads = 0
         assert subtree_root(store, 512, 1000) == ref_mth(leaves[512:1000])
         assert store.reads <= 2 * 488
+
+
+def fold_chunks(leaves: Sequence[bytes], start: int, end: int) -> bytes:
+    roots = [ref_mth(list(leaves[j << level : (j + 1) << level])) for level, j in aligned_chunks(start, end)]
+    acc = roots[-1]
+    for left in reversed(roots[:-1]):
+        acc = node_hash(left, acc)
+    return acc
+
+
+class TestRangesForStoredLevels:
+    def test_audit_ranges_are_the_proofs_subtrees(self) -> None:
+        """For every index of every size to 70, each audit range's root is the proof's element there."""
+        leaves = make_leaves(70)
+        for size in range(1, 71):
+            for index in range(size):
+                ranges = audit_ranges(index, size)
+                assert [ref_mth(leaves[a:b]) for a, b in ranges] == inclusion_proof(leaves, index, size)
+
+    def test_aligned_chunks_fold_to_each_range(self) -> None:
+        """The complete aligned subtrees of every audit range (to size 300) fold to its root, and each
+        chunk is complete and aligned."""
+        leaves = make_leaves(300)
+        for size in (1, 2, 3, 5, 8, 13, 64, 100, 255, 256, 257, 300):
+            for index in range(0, size, 7):
+                for start, end in audit_ranges(index, size):
+                    chunks = aligned_chunks(start, end)
+                    assert sum(1 << level for level, _ in chunks) == end - start
+                    assert [level for level, _ in chunks] == sorted((level for level, _ in chunks), reverse=True)
+                    assert fold_chunks(leaves, start, end) == ref_mth(leaves[start:end])
+
+    def test_the_whole_tree_is_its_frontier(self) -> None:
+        """[0, n) is one chunk per bit of n, largest first."""
+        assert aligned_chunks(0, 13) == [(3, 0), (2, 2), (0, 12)]
+        assert aligned_chunks(0, 1 << 20) == [(20, 0)]
+
+    @pytest.mark.parametrize(("start", "end"), [(-1, 3), (3, 3), (5, 2), (1, 3), (2, 6)])
+    def test_a_range_no_tree_visits(self, start: int, end: int) -> None:
+        """Empty, negative and unaligned ranges are refused."""
+        with pytest.raises(ValueError, match="range"):
+            aligned_chunks(start, end)
+
+    @pytest.mark.parametrize(("index", "size"), [(0, 0), (3, 3), (-1, 4)])
+    def test_an_index_outside_the_tree(self, index: int, size: int) -> None:
+        with pytest.raises(ValueError, match="not in a tree"):
+            audit_ranges(index, size)
 
 
 class TestConsistency:
