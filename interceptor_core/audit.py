@@ -524,16 +524,27 @@ class Audit:
         )
         self._emit(ApprovalResolvedEvent, fields)
 
-    def unknown_tool(self, scope: AgentScope, name: str, args: Any, run: RunContext, result: ToolResult) -> None:
+    def unknown_tool(
+        self,
+        scope: AgentScope,
+        name: str,
+        args: Any,
+        run: RunContext,
+        result: ToolResult,
+        cause: Literal["unknown_tool", "validation"] = "unknown_tool",
+    ) -> None:
+        """A call refused before any chain: a name the scope does not have ("unknown_tool", decided
+        by the registry) or input refused in front of the gate ("validation", see `AgentScope.refuse`)."""
         from interceptor_core.context import ScopePath
 
+        decided_by = "registry" if cause == "unknown_tool" else "validation"
         path = ScopePath(self.gate, scope.workflow_name, scope.name, name)
         fields = self._envelope(path, result.call_id, run, None)
         fields["decisions"] = [
-            {"interceptor": "registry", "scope": "gate", "kind": "deny", "phase": "validation", "duration_ms": 0.0}
+            {"interceptor": decided_by, "scope": "gate", "kind": "deny", "phase": "validation", "duration_ms": 0.0}
         ]
         fields.update(self._args_only(name, args))
-        fields.update(message=result.message or "", decided_by="registry", cause="unknown_tool")
+        fields.update(message=result.message or "", decided_by=decided_by, cause=cause)
         self._emit(ToolDeniedEvent, fields)
 
     def _args_only(self, tool: str, args: Any) -> dict[str, Any]:
@@ -585,8 +596,9 @@ class Audit:
         )
         self._emit(UnmediatedEvent, fields)
 
-    def tools_registered(self, path: Any, chains: Sequence[CompiledChain]) -> None:
-        """A scope's tools, their schema hashes and effective chains."""
+    def tools_registered(self, path: Any, chains: Sequence[CompiledChain], run: RunContext | None = None) -> None:
+        """A scope's tools, their schema hashes and effective chains; `run` (the scope's identity,
+        if it has one) gives the event its tenant, principal and run id."""
         tools = [
             RegisteredTool(
                 name=chain.tool.name,
@@ -602,7 +614,7 @@ class Audit:
             )
             for chain in chains
         ]
-        fields = self._envelope(path, None, None, None)
+        fields = self._envelope(path, None, run, None)
         fields["tool"] = None
         fields["parent_call_id"] = None
         fields["tools"] = tools

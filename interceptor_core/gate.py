@@ -316,20 +316,15 @@ class Gate:
         self.sinks = tuple(sinks)
         self.audit_mode: AuditMode = audit
         self.redactor = redactor if redactor is not None else Redactor()
+        self._audit_options: dict[str, Any] = {
+            "signing_key": key,
+            "checkpoint_events": checkpoint_events,
+            "checkpoint_s": checkpoint_s,
+            "heartbeat_s": heartbeat_s,
+        }
         # No sinks, no events: the call path then skips building them altogether.
         self._audit: Audit | None = (
-            Audit(
-                name,
-                self.sinks,
-                self.redactor,
-                audit,
-                signing_key=key,
-                checkpoint_events=checkpoint_events,
-                checkpoint_s=checkpoint_s,
-                heartbeat_s=heartbeat_s,
-            )
-            if self.sinks
-            else None
+            Audit(name, self.sinks, self.redactor, audit, **self._audit_options) if self.sinks else None
         )
         self._level = _Level("application", name, _bind_all(interceptors, "application"), ())
         self._lock = threading.Lock()
@@ -358,9 +353,10 @@ class Gate:
         tools: Sequence[Tool[Any, Any]],
         interceptors: Sequence[object] = (),
         exclude: Sequence[str] = (),
+        identity: RunContext | None = None,
     ) -> AgentScope:
-        """An agent scope directly under the gate (no workflow)."""
-        return AgentScope(self, None, name, tools=tools, interceptors=interceptors, exclude=exclude)
+        """An agent scope directly under the gate (no workflow). `identity`: see `AgentScope`."""
+        return AgentScope(self, None, name, tools=tools, interceptors=interceptors, exclude=exclude, identity=identity)
 
     def add_interceptor(self, interceptor: object, *, first: bool = False) -> None:
         """Add an application-scope interceptor (outermost if `first`); every scope picks it up on
@@ -421,7 +417,7 @@ class Gate:
         """One ToolsRegistered event with `scope`'s tools and their current chains (none without sinks)."""
         if self._audit is not None:
             path = ScopePath(self.name, scope.workflow_name, scope.name, "")
-            self._audit.tools_registered(path, [scope._chain(name) for name in scope.tools])
+            self._audit.tools_registered(path, [scope._chain(name) for name in scope.tools], scope.identity)
 
     def _register_agent(self, scope: AgentScope) -> None:
         with self._lock:
@@ -538,6 +534,48 @@ class Gate:
         events now and why not (`SinkStats`). Safe from any thread; no I/O (a Kafka sink's
         `pending` may wait for the batch it is spooling)."""
         return self._audit.stats() if self._audit else {}
+
+    def add_sink(self, sink: object) -> None:
+        """Send this gate's events to `sink` too, for a gate built before its sinks were known (a
+        factory that takes no `sinks=`, a module-level gate that `callgate mcp-proxy --events`
+        fronts). Checked and started as the constructor's sinks are: `ConfigurationError` for an
+        object without `emit`, an unknown role, or a sink whose `start()` fails; then nothing changes.
+
+        Only before first use: once the gate has emitted an event or mediated a call, a sink added
+        then would hold a chain with a hole, so that is a `ConfigurationError` too. Scopes built
+        already are announced to the new sinks (one `ToolsRegistered` per agent scope). Not safe
+        while another thread uses the gate: call it where the gate is set up.
+        """
+        if self._audit is not None and self._audit.producer.seq:
+            raise ConfigurationError(
+                f"gate {self.name!r} has emitted events already; a sink added now would miss the start of "
+                "its chain: give sinks= when the gate is built"
+            )
+        if self._exercised:
+            raise ConfigurationError(
+                f"gate {self.name!r} has mediated calls already, unaudited; add sinks before the first call"
+            )
+        if not callable(getattr(sink, "emit", None)):
+            raise ConfigurationError(f"sink {sink!r} has no emit(event) method")
+        if sink_role(sink) not in SINK_ROLES:
+            raise ConfigurationError(
+                f"sink {sink_label(sink)} has role {sink_role(sink)}: a sink is 'audit' or 'observability'"
+            )
+        _start_sinks([sink])
+        old = self._audit
+        audit = Audit(self.name, (*self.sinks, sink), self.redactor, self.audit_mode, **self._audit_options)
+        if old is not None:
+            audit.taps = old.taps  # a running deny-all drill keeps seeing every event
+        with self._lock:
+            self.sinks = (*self.sinks, sink)
+            self._audit = audit
+            self._ledger.on_unmediated = audit.unmediated
+            agents = list(self._agents)
+            direct = list(self._direct.values())
+        for scope in agents:
+            self._announce(scope)
+        for compiled in direct:
+            audit.tools_registered(ScopePath(self.name, None, None, ""), [compiled])
 
     async def flush(self) -> None:
         """Drain every sink."""
@@ -1153,9 +1191,12 @@ class Workflow:
         tools: Sequence[Tool[Any, Any]],
         interceptors: Sequence[object] = (),
         exclude: Sequence[str] = (),
+        identity: RunContext | None = None,
     ) -> AgentScope:
-        """An agent scope under this workflow."""
-        return AgentScope(self.gate, self, name, tools=tools, interceptors=interceptors, exclude=exclude)
+        """An agent scope under this workflow. `identity`: see `AgentScope`."""
+        return AgentScope(
+            self.gate, self, name, tools=tools, interceptors=interceptors, exclude=exclude, identity=identity
+        )
 
     def __repr__(self) -> str:
         return f"Workflow({self.gate.name}/{self.name})"
@@ -1166,7 +1207,9 @@ class AgentScope:
 
     `await scope.call(tool_name, args, run=...)` is the mediated path; safe from many tasks and
     threads at once. An unknown tool name is an error result (the model may ask for anything),
-    not an exception.
+    not an exception. `identity` (optional) is whom the scope acts for, such as the tenant and
+    principal of a gateway serving one client: its `ToolsRegistered` events carry that
+    `RunContext`'s tenant, principal and run id. Calls still carry the `run` they are given.
     """
 
     def __init__(
@@ -1178,10 +1221,12 @@ class AgentScope:
         tools: Sequence[Tool[Any, Any]],
         interceptors: Sequence[object] = (),
         exclude: Sequence[str] = (),
+        identity: RunContext | None = None,
     ) -> None:
         self.gate = gate
         self.workflow = workflow
         self.name = name
+        self.identity = identity
         outer = [gate._level] + ([workflow._level] if workflow else [])
         _check_excludes(exclude, outer, f"agent {name!r}")
         self._level = _Level("agent", name, _bind_all(interceptors, "agent"), tuple(exclude))
@@ -1234,7 +1279,8 @@ class AgentScope:
         chains = [self._chain(name) for name in added]
         gate._ledger.register(added)
         if gate._audit is not None and chains:
-            gate._audit.tools_registered(ScopePath(gate.name, self.workflow_name, self.name, ""), chains)
+            path = ScopePath(gate.name, self.workflow_name, self.name, "")
+            gate._audit.tools_registered(path, chains, self.identity)
 
     @property
     def workflow_name(self) -> str | None:
@@ -1302,6 +1348,22 @@ class AgentScope:
         if tool_name not in self._tools:
             return self.gate._unknown_tool(self, tool_name, args, run, call_id)
         return self.gate._execute(self._chain(tool_name), args, run if run is not None else RunContext(), call_id)
+
+    def refuse(
+        self, tool_name: str, message: str, *, run: RunContext | None = None, call_id: str | None = None
+    ) -> ToolResult:
+        """Record a call that a transport in front of the gate refused before any chain ran (the
+        MCP proxy's bounds on tool names and argument sizes): one `ToolDenied` event, decided by
+        validation, with `message`, `tool_name` as the event's tool and no arguments. No tool runs
+        and no interceptor is asked. Returns the `error` result (its message is `message`). Keep
+        `tool_name` and `message` short: they are stored as given (the caller cuts what it refuses)."""
+        result = ToolResult(
+            kind="error", message=message, tool_name=tool_name, call_id=call_id or new_id(), decided_by="validation"
+        )
+        audit = self.gate._audit
+        if audit is not None:
+            audit.unknown_tool(self, tool_name, {}, run if run is not None else RunContext(), result, "validation")
+        return result
 
     def __repr__(self) -> str:
         return f"AgentScope({'/'.join(p for p in (self.gate.name, self.workflow_name, self.name) if p)})"
