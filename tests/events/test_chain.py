@@ -9,10 +9,12 @@ import threading
 import uuid
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events import Producer, ToolUseEvent, encode_event, event_hash, parse_event, verify_chain
+from events.merkle import root_of
 from events.models import ZERO_HASH, EventBase
 
 
@@ -102,6 +104,54 @@ class TestSealing:
             t.join()
         assert sorted(e.seq for e in out) == list(range(1, 401))
         assert verify_chain(out).ok
+
+
+class TestProducerTree:
+    def test_the_root_of_the_hashes_sealed_so_far(self) -> None:
+        """`tree_root` is (seq, RFC 6962 root over the events' hashes 1..seq), taken at any moment."""
+        producer = Producer(collect_leaves=True)
+        assert producer.tree_root() == (0, root_of([]))
+        events = make(producer, 5)
+        assert producer.tree_root() == (5, root_of([bytes.fromhex(e.hash) for e in events]))
+        events += make(producer, 1)
+        assert producer.tree_root() == producer.tree_root() == (6, root_of([bytes.fromhex(e.hash) for e in events]))
+
+    def test_roots_taken_while_many_threads_seal(self) -> None:
+        """Each root taken while eight threads seal is the root of exactly the first `seq` events."""
+        producer = Producer(collect_leaves=True)
+        out: list[EventBase] = []
+        roots: list[tuple[int, bytes]] = []
+        lock = threading.Lock()
+        done = threading.Event()
+
+        def work() -> None:
+            mine = make(producer, 50)
+            with lock:
+                out.extend(mine)
+
+        def watch() -> None:
+            while not done.is_set():
+                roots.append(producer.tree_root())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done.set()
+        watcher.join()
+        leaves = [bytes.fromhex(e.hash) for e in sorted(out, key=lambda e: e.seq)]
+        roots.append(producer.tree_root())
+        assert roots[-1] == (400, root_of(leaves))
+        for seq, root in roots:
+            assert root == root_of(leaves[:seq])
+
+    def test_a_producer_without_a_tree(self) -> None:
+        """Without `collect_leaves` there is no root to give: ValueError."""
+        with pytest.raises(ValueError, match="collect_leaves=False"):
+            Producer().tree_root()
 
 
 class TestVerifyChain:
