@@ -194,6 +194,7 @@ class _CallState:
         "call_id",
         "compiled",
         "concluded",
+        "given",
         "late",
         "raw_args",
         "redacted",
@@ -225,6 +226,8 @@ class _CallState:
         self.shadow: ShadowVerdict | None = None
         # A sync body that outlived its caller's cancellation: (failed, output or error text).
         self.late: tuple[bool, Any] | None = None
+        # An approval the caller's own flow gave before the call (AgentScope.call's `approval`).
+        self.given: Approval | None = None
 
 
 def _start_sinks(sinks: Sequence[object]) -> None:
@@ -602,8 +605,11 @@ class Gate:
         args: Mapping[str, Any] | BaseModel | str,
         run: RunContext,
         call_id: str | None,
+        approval: Approval | None = None,
     ) -> ToolResult:
         state = _CallState(compiled, call_id or new_id(), run)
+        if approval is not None:
+            state.given = approval
         audit = self._audit
         if audit is None:
             return await self._run_call(state, args)
@@ -891,7 +897,8 @@ class Gate:
         requested_by = tuple(name for name, _ in approvals)
         state.asked = True
         handler = self.approval_handler
-        if handler is None:
+        given = state.given
+        if handler is None and given is None:
             self._block(state, reason, ", ".join(requested_by), "approval_required", ToolApprovalRequiredError)
         audit = self._audit
         if audit is not None:
@@ -908,7 +915,10 @@ class Gate:
         error: str | None = None
         answer: Any = None
         try:
-            answer = handler(request)
+            if given is not None:
+                answer = given
+            elif handler is not None:
+                answer = handler(request)
             if inspect.isawaitable(answer):
                 async with asyncio.timeout(self.approval_timeout_s):
                     answer = await answer
@@ -1338,16 +1348,23 @@ class AgentScope:
         *,
         run: RunContext | None = None,
         call_id: str | None = None,
+        approval: Approval | None = None,
     ) -> Coroutine[Any, Any, ToolResult]:
         """Call one of this scope's tools through the whole chain.
 
         Returns a `ToolResult`; raises `ToolBlockedError` on `Block` and
         `ToolApprovalRequiredError` when approval is needed and nobody can give it.
+        `approval`: an answer the caller's own approval flow already gave for this call (a
+        framework's deferred tool approvals); if the chain requires approval, it is used instead of
+        asking the gate's `approval_handler`, and recorded as the handler's answer would be
+        (`ApprovalRequested`, `ApprovalResolved`). The whole chain still runs first.
         """
         # A plain function returning the gate's coroutine: one coroutine less per call.
         if tool_name not in self._tools:
             return self.gate._unknown_tool(self, tool_name, args, run, call_id)
-        return self.gate._execute(self._chain(tool_name), args, run if run is not None else RunContext(), call_id)
+        return self.gate._execute(
+            self._chain(tool_name), args, run if run is not None else RunContext(), call_id, approval
+        )
 
     def refuse(
         self, tool_name: str, message: str, *, run: RunContext | None = None, call_id: str | None = None

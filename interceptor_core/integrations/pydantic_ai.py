@@ -1,11 +1,15 @@
 """Pydantic AI through the gate: `GatedToolset` wraps any toolset (function tools, combined
-toolsets, Pydantic AI's own MCP toolset where it can run) so that every call its agent makes passes
-the chain first; `ScopeToolset` shows the tools of a gate agent scope (local gate tools, an MCP
-server's tools attached by `McpToolset`) to a Pydantic AI agent.
+toolsets, Pydantic AI's own MCP toolset `pydantic_ai.mcp.MCPToolset`, which needs `fastmcp`) so
+that every call its agent makes passes the chain first; `ScopeToolset` shows the tools of a gate
+agent scope (local gate tools, an MCP server's tools attached by `McpToolset`) to a Pydantic AI
+agent.
 
 ```python
 toolset = GatedToolset(FunctionToolset([write_file, delete_file]), gate=gate, agent="writer")
 agent = pydantic_ai.Agent(model, toolsets=[toolset])
+
+files = GatedToolset(MCPToolset(StdioTransport(command="python", args=["my_server.py"])), gate=gate, agent="files")
+agent = pydantic_ai.Agent(model, toolsets=[files])
 
 async with McpToolset.connect(StdioServerParameters(command="python", args=["my_server.py"])) as mcp_tools:
     files = await mcp_tools.attach(gate.agent("files", tools=[]))
@@ -15,12 +19,27 @@ async with McpToolset.connect(StdioServerParameters(command="python", args=["my_
 The wrapped toolset's tools are registered in `gate.agent(agent)` (one `ToolsRegistered` event)
 the first time the agent lists them, and tools that appear later (an MCP server's list change)
 when it lists them again, always before they can be called. Pydantic AI validates arguments
-first; the gate then decides; the wrapped tool runs only if it allowed. A denial is the tool's
-return value, so the model reads it; `Block` raises `ToolBlockedError` and ends the run; a tool's
-`ModelRetry` still asks the model to retry (and the gate records that call as an error).
+first; the gate then decides; the wrapped tool runs only if it allowed. Every event carries
+Pydantic AI's `tool_call_id` as its `call_id`.
 
-Pydantic AI's MCP client (`pydantic_ai.mcp.MCPToolset`) is built on the `fastmcp` client, which
-the `pydantic-ai` extra does not install; `McpToolset` plus `ScopeToolset` needs only `mcp`.
+What Pydantic AI reports is what it would report ungated:
+
+- a denial is its `ToolDenied`: a tool return with `outcome='denied'` whose content the model reads;
+- whatever the wrapped tool raises is raised again once the gate has recorded the call (a
+  `ToolUse` with outcome "error"): `ModelRetry` asks the model to retry, `ToolFailed` is an
+  `outcome='failed'` return, `CallDeferred` and `ApprovalRequired` defer the call
+  (`DeferredToolRequests`), and any other exception ends the run as it would without the gate;
+- a failure of the gate's own (a timeout, an after-interceptor or output check that failed) is a
+  `ToolFailed`; arguments the gate's schema check refuses are a `ModelRetry`, as Pydantic AI's own
+  validation would be;
+- `Block` raises `ToolBlockedError` and ends the run;
+- `RequireApproval`, when the gate has no `approval_handler`, is Pydantic AI's approval flow: the
+  call raises `ApprovalRequired` (the gate records `Blocked` with cause "approval_required"), the
+  run ends with `DeferredToolRequests.approvals`, and when the next run brings the approval
+  (`DeferredToolResults.approvals`) the call passes the whole chain again and that approval
+  answers it (`ApprovalRequested`, `ApprovalResolved`, then the outcome). A refusal never reaches
+  the toolset: Pydantic AI answers it with `ToolDenied` itself. A gate with an `approval_handler`
+  asks it, as on every route.
 
 Needs `pydantic-ai-slim` (the `pydantic-ai` extra); importing `interceptor_core` does not load it.
 """
@@ -30,17 +49,19 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import pydantic_core
-from pydantic_ai import ModelRetry
+from pydantic_ai import ApprovalRequired, ModelRetry, ToolDenied, ToolFailed
 from pydantic_ai import RunContext as AiRunContext
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets.abstract import AbstractToolset, ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import SchemaValidator, core_schema
 
+from interceptor_core.approvals import Approval
 from interceptor_core.context import RunContext, ToolContext
+from interceptor_core.exceptions import ToolApprovalRequiredError
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations._schema import schema_tool
 from interceptor_core.results import ToolResult
@@ -56,7 +77,8 @@ class _Pending:
 
     ctx: AiRunContext[Any]
     tool: ToolsetTool[Any]
-    retry: ModelRetry | None = None
+    raised: Exception | None = None
+    """What the wrapped tool raised: raised again to Pydantic AI once the gate has recorded it."""
 
 
 _pending: contextvars.ContextVar[_Pending | None] = contextvars.ContextVar("callgate_pydantic_ai_call", default=None)
@@ -76,10 +98,45 @@ def _run_context(source: RunSource, ctx: AiRunContext[Any], fallback: RunContext
     return fallback
 
 
-def _model_reads(result: ToolResult) -> Any:
-    if result.kind in ("ok", "substituted"):
-        return result.value
-    return result.to_model_text()
+_APPROVED = Approval(approved=True, note="approved through Pydantic AI's deferred tool approvals")
+
+
+def _approval(gate: Gate, ctx: AiRunContext[Any]) -> Approval | None:
+    """The approval Pydantic AI's own flow gave this call, when the gate has no handler to ask."""
+    return _APPROVED if ctx.tool_call_approved and gate.approval_handler is None else None
+
+
+def _framework_result(result: ToolResult) -> Any:
+    """What Pydantic AI gets back for the gate's result: the value, its `ToolDenied`, or the
+    exception it turns into a failed or retried tool return."""
+    match result.kind:
+        case "ok" | "substituted":
+            return result.value
+        case "denied":
+            return ToolDenied(result.to_model_text())
+        case "error":
+            if result.decided_by == "validation":
+                raise ModelRetry(result.message or "invalid arguments")
+            raise ToolFailed(result.to_model_text())
+        case _:
+            assert_never(result.kind)
+
+
+async def _gated_call(
+    scope: AgentScope, name: str, tool_args: dict[str, Any], ctx: AiRunContext[Any], run: RunContext
+) -> ToolResult:
+    """`scope.call` with Pydantic AI's call id and approval; `RequireApproval` with nobody to ask
+    becomes Pydantic AI's `ApprovalRequired`."""
+    try:
+        return await scope.call(
+            name,
+            pydantic_core.to_jsonable_python(tool_args),
+            run=run,
+            call_id=ctx.tool_call_id,
+            approval=_approval(scope.gate, ctx),
+        )
+    except ToolApprovalRequiredError as exc:
+        raise ApprovalRequired({"reason": exc.reason, "requested_by": exc.interceptor}) from exc
 
 
 @dataclass
@@ -117,8 +174,8 @@ class GatedToolset(WrapperToolset[Any]):
             validated = pending.tool.args_validator.validate_python(args)
             try:
                 return await wrapped.wrapped.call_tool(name, validated, pending.ctx, pending.tool)
-            except ModelRetry as retry:
-                pending.retry = retry
+            except Exception as exc:
+                pending.raised = exc
                 raise
 
         return schema_tool(
@@ -156,13 +213,12 @@ class GatedToolset(WrapperToolset[Any]):
         pending = _Pending(ctx, tool)
         token = _pending.set(pending)
         try:
-            args = pydantic_core.to_jsonable_python(tool_args)
-            result = await scope.call(name, args, run=self._run_context(ctx), call_id=ctx.tool_call_id)
+            result = await _gated_call(scope, name, tool_args, ctx, self._run_context(ctx))
         finally:
             _pending.reset(token)
-        if pending.retry is not None:
-            raise pending.retry
-        return _model_reads(result)
+        if pending.raised is not None:
+            raise pending.raised
+        return _framework_result(result)
 
 
 _ANY_ARGS = SchemaValidator(core_schema.dict_schema(core_schema.str_schema(), core_schema.any_schema()))
@@ -176,9 +232,11 @@ class ScopeToolset(AbstractToolset[Any]):
     The agent sees each tool's name, description and input schema (`Tool.definition()`), read
     from the scope at every step, so tools added to the scope later (an MCP server's list change
     followed by `McpToolset`) are offered from the next step on; their registration happened
-    when they were added. A denial is the tool's return value (the model reads it); a tool error
-    or invalid arguments are the "Tool error: ..." text; `Block` raises `ToolBlockedError` and
-    ends the run. `run` is as for `GatedToolset`. Safe to share between runs.
+    when they were added. A denial is Pydantic AI's `ToolDenied` (`outcome='denied'`, the model
+    reads it); a tool error is a `ToolFailed` ("Tool error: ..." with `outcome='failed'`) and
+    arguments the tool's schema refuses a `ModelRetry`; `Block` raises `ToolBlockedError` and ends
+    the run; `RequireApproval` is Pydantic AI's approval flow as for `GatedToolset`. `run` is as
+    for `GatedToolset`. Events carry Pydantic AI's `tool_call_id`. Safe to share between runs.
     """
 
     def __init__(self, scope: AgentScope, *, run: RunSource = None, id: str | None = None) -> None:
@@ -212,6 +270,5 @@ class ScopeToolset(AbstractToolset[Any]):
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: AiRunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
-        args = pydantic_core.to_jsonable_python(tool_args)
         run = _run_context(self.run, ctx, self._default_run)
-        return _model_reads(await self.scope.call(name, args, run=run, call_id=ctx.tool_call_id))
+        return _framework_result(await _gated_call(self.scope, name, tool_args, ctx, run))
