@@ -502,15 +502,34 @@ def mcp_proxy(
     agent: Annotated[str, typer.Option(help="The agent scope the upstream's tools are registered in.")] = "mcp-proxy",
     tenant: Annotated[str | None, typer.Option(help="The tenant every call is made for (in every event).")] = None,
     principal: Annotated[str, typer.Option(help="Who every call is made for (in every event).")] = "mcp-client",
+    tokens: Annotated[
+        Path | None,
+        typer.Option(help="With --http: bearer tokens, one 'TOKEN PRINCIPAL [TENANT]' a line (needed off loopback)."),
+    ] = None,
+    startup_timeout: Annotated[
+        float, typer.Option(help="Seconds the upstream has to answer as an MCP server before the proxy gives up.")
+    ] = 30.0,
 ) -> None:
     """Serve an MCP server's tools through the gate: mcp-proxy --gate M:F | --policy FILE -- COMMAND ARGS..."""
-    from callgate.mcp_proxy import ProxyConfigError, build_proxy_gate, build_sinks, run_proxy
+    from callgate.mcp_proxy import ProxyConfigError, TokenTable, build_proxy_gate, build_sinks, parse_listen, run_proxy
 
     try:
-        listen_on = _host_port(http) if http else None
+        listen_on = parse_listen(http) if http else None
+        if tokens is not None and listen_on is None:
+            raise ProxyConfigError("--tokens authenticates HTTP clients: give --http HOST:PORT too")
+        table = TokenTable.load(tokens) if tokens is not None else None
         built = build_proxy_gate(gate, policy or [], build_sinks(events, kafka, topic, spool_dir, confirm_group))
         code = asyncio.run(
-            run_proxy(built, list(ctx.args), http=listen_on, agent=agent, tenant=tenant, principal=principal)
+            run_proxy(
+                built,
+                list(ctx.args),
+                http=listen_on,
+                agent=agent,
+                tenant=tenant,
+                principal=principal,
+                tokens=table,
+                startup_timeout_s=startup_timeout,
+            )
         )
     except ProxyConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -529,6 +548,13 @@ def dashboard(
     ] = False,
     refresh: Annotated[float | None, typer.Option(help="Seconds between refreshes of the live parts.")] = None,
     trace_url: Annotated[str | None, typer.Option(help="Trace viewer link template with {trace_id}.")] = None,
+    trusted_keys: Annotated[
+        Path | None,
+        typer.Option(help="Verifier keys (a file, or a directory of .pub files): proofs then check signatures."),
+    ] = None,
+    require_signed: Annotated[
+        bool, typer.Option(help="Always list the Coverage page's signed check (else: when producers sign).")
+    ] = False,
 ) -> None:
     """Serve the audit dashboard (Streamlit) until Ctrl-C: blocked attempts, trends, coverage, pipeline."""
     from callgate.dashboard import DashboardError, run_dashboard
@@ -542,6 +568,8 @@ def dashboard(
             allow_remote=allow_remote,
             refresh_s=refresh,
             trace_url=trace_url,
+            trusted_keys=trusted_keys,
+            require_signed=require_signed,
             echo=lambda line: typer.echo(line),
             warn=lambda line: typer.echo(line, err=True),
         )

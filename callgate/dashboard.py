@@ -18,7 +18,15 @@ from typing import Final
 
 import dashboard
 from callgate.processes import wait_until_serving
-from dashboard.config import ENV_API, ENV_DB, ENV_REFRESH, ENV_TRACE_URL, DashboardConfig
+from dashboard.config import (
+    ENV_API,
+    ENV_DB,
+    ENV_REFRESH,
+    ENV_REQUIRE_SIGNED,
+    ENV_TRACE_URL,
+    ENV_TRUSTED_KEYS,
+    DashboardConfig,
+)
 
 __all__ = ["APP", "DashboardError", "is_loopback", "run_dashboard", "streamlit_command"]
 
@@ -72,13 +80,20 @@ def run_dashboard(
     allow_remote: bool = False,
     refresh_s: float | None = None,
     trace_url: str | None = None,
+    trusted_keys: Path | None = None,
+    require_signed: bool = False,
     echo: Callable[[str], None] = print,
     warn: Callable[[str], None] = print,
 ) -> int:
     """Serve the dashboard until interrupted; returns Streamlit's exit code (0 after Ctrl-C / SIGTERM).
 
+    `trusted_keys` (a file of verifier keys or a directory of `*.pub` files) lets the Call detail
+    page's proofs check the checkpoint's signature; `require_signed` lists the Coverage page's
+    `signed` check always.
+
     Raises `DashboardError` for bad options (both or neither of api and db, a non-loopback host
-    without `allow_remote`) and when Streamlit exits or does not answer within a minute.
+    without `allow_remote`, trusted keys that cannot be read or hold no key) and when Streamlit
+    exits or does not answer within a minute.
     """
     if db is not None:
         db = db.resolve()
@@ -87,6 +102,17 @@ def run_dashboard(
         env[ENV_REFRESH] = str(refresh_s)
     if trace_url is not None:
         env[ENV_TRACE_URL] = trace_url
+    if trusted_keys is not None:
+        trusted_keys = trusted_keys.resolve()
+        # Checked here, before Streamlit starts: the page would only say so once someone asks for a proof.
+        from events.signing import SigningError, load_trusted_keys
+
+        try:
+            load_trusted_keys(trusted_keys)
+        except SigningError as exc:
+            raise DashboardError(f"--trusted-keys: {exc}") from None
+        env[ENV_TRUSTED_KEYS] = str(trusted_keys)
+    env[ENV_REQUIRE_SIGNED] = "1" if require_signed else ""
     try:
         DashboardConfig.from_env(env)
     except ValueError as exc:

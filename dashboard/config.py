@@ -7,7 +7,13 @@ dashboard/app.py` reads the same ones:
 - `CALLGATE_DB`: an audit store file nobody writes (the dashboard holds it read-only while it runs);
 - `CALLGATE_DASHBOARD_REFRESH_S`: seconds between refreshes of the live parts (default 5);
 - `CALLGATE_TRACE_URL`: the trace viewer's link template, with `{trace_id}` (default: Jaeger on
-  localhost).
+  localhost);
+- `CALLGATE_TRUSTED_KEYS`: a file of verifier keys or a directory of `*.pub` files
+  (`events.signing.load_trusted_keys`): the Call detail page's proofs then check the checkpoint's
+  signature too (without it they say the signature was not checked);
+- `CALLGATE_REQUIRE_SIGNED`: `1` to show the Coverage page's `signed` check always (by default it
+  shows when the window holds a sign of signing: a checkpoint, a signed producer or a checkpoint
+  break).
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ __all__ = [
     "ENV_API",
     "ENV_DB",
     "ENV_REFRESH",
+    "ENV_REQUIRE_SIGNED",
     "ENV_TRACE_URL",
+    "ENV_TRUSTED_KEYS",
     "ConfigurationError",
     "DashboardConfig",
 ]
@@ -34,6 +42,8 @@ ENV_API: Final = "CALLGATE_API"
 ENV_DB: Final = "CALLGATE_DB"
 ENV_REFRESH: Final = "CALLGATE_DASHBOARD_REFRESH_S"
 ENV_TRACE_URL: Final = "CALLGATE_TRACE_URL"
+ENV_TRUSTED_KEYS: Final = "CALLGATE_TRUSTED_KEYS"
+ENV_REQUIRE_SIGNED: Final = "CALLGATE_REQUIRE_SIGNED"
 
 DEFAULT_REFRESH_S: Final = 5.0
 DEFAULT_TRACE_URL: Final = "http://localhost:16686/trace/{trace_id}"
@@ -41,6 +51,8 @@ DEFAULT_TRACE_URL: Final = "http://localhost:16686/trace/{trace_id}"
 # W3C trace ids are 32 hex digits (16 for some older propagators). Anything else in an event is not
 # turned into a link: event fields may be attacker-controlled.
 _TRACE_ID: Final = re.compile(r"[0-9a-f]{16}|[0-9a-f]{32}")
+
+_FLAGS: Final = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
 
 
 class ConfigurationError(ValueError):
@@ -54,12 +66,16 @@ class ConfigurationError(ValueError):
 @dataclass(frozen=True, slots=True)
 class DashboardConfig:
     """Where the dashboard reads (exactly one of `api` and `db`), how often its live parts refresh,
-    and the trace viewer's link template."""
+    the trace viewer's link template, the verifier keys proofs are checked with, and whether the
+    Coverage page always shows the `signed` check."""
 
     api: str | None = None
     db: str | None = None
     refresh_s: float = DEFAULT_REFRESH_S
     trace_url: str = DEFAULT_TRACE_URL
+    trusted_keys: str | None = None
+    """The path `events.signing.load_trusted_keys` reads (None: signatures are not checked)."""
+    require_signed: bool = False
 
     def __post_init__(self) -> None:
         if (self.api is None) == (self.db is None):
@@ -89,11 +105,16 @@ class DashboardConfig:
             refresh = float(raw_refresh) if raw_refresh else DEFAULT_REFRESH_S
         except ValueError:
             raise ConfigurationError(ENV_REFRESH, f"must be a number of seconds, got {raw_refresh!r}") from None
+        raw_signed = env.get(ENV_REQUIRE_SIGNED, "").strip().lower()
+        if raw_signed not in _FLAGS:
+            raise ConfigurationError(ENV_REQUIRE_SIGNED, f"must be 1 or 0, got {raw_signed!r}")
         return cls(
             api=env.get(ENV_API) or None,
             db=env.get(ENV_DB) or None,
             refresh_s=refresh,
             trace_url=env.get(ENV_TRACE_URL) or DEFAULT_TRACE_URL,
+            trusted_keys=env.get(ENV_TRUSTED_KEYS) or None,
+            require_signed=_FLAGS[raw_signed],
         )
 
     @property

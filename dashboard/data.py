@@ -13,20 +13,28 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal
 
+from consumers.coverage import CHECKS, CheckResult, SignaturesUnavailableError, run_checks
+from consumers.proofs import MATERIAL_QUERY, build_proof
 from consumers.queries import MAX_LIMIT
+from consumers.reader import AuditReader
+from events.proofs import UnreadableProofError, Verdict, check_inclusion, check_note, fail, parse_proof
+from events.signing import VerifyingKey
 
 __all__ = [
     "BLOCKED_COLUMNS",
     "DEFAULT_WINDOW",
     "IMPACT_COLUMNS",
     "METRICS",
+    "PROOF_STEPS",
     "SHADOW_CALL_COLUMNS",
+    "SIGNED_COLUMNS",
     "TOP_DENIED",
     "WINDOWS",
     "BlockedFilters",
@@ -36,17 +44,22 @@ __all__ = [
     "Impact",
     "Overview",
     "Pipeline",
+    "ProofView",
     "Query",
     "ShadowCalls",
+    "Signatures",
     "Trends",
     "Window",
     "blocked_csv",
+    "check_proof_steps",
     "fetch_all",
     "load_blocked",
     "load_call",
+    "load_coverage",
     "load_impact",
     "load_overview",
     "load_pipeline",
+    "load_proof",
     "load_shadow_calls",
     "load_trends",
     "replay_command",
@@ -614,3 +627,206 @@ def replay_command(decider: Decider, window: Window, *, api: str | None = None, 
     # Without --since a replay takes the last 7 days: all time has to be asked for.
     parts += ["--since", since if since is not None else "all"]
     return " ".join(parts)
+
+
+# -- Coverage -----------------------------------------------------------------------------------
+
+SIGNED_COLUMNS: Final = (
+    "gate",
+    "producer_id",
+    "reasons",
+    "detail",
+    "events",
+    "signed",
+    "signed_tree_size",
+    "checkpoint_seq",
+    "checkpoint_time",
+    "last_time",
+)
+"""The columns of the `signed` check's violations (`producer_signatures` rows with their break
+kinds in `reasons` and the details in `detail`), in order."""
+
+Signatures = Literal["shown", "required", "not_used", "unavailable"]
+"""What the Coverage page says of the `signed` check: shown because the window holds a sign of
+signing, shown because the dashboard requires it, not shown (nothing in the window signs), or
+the store cannot tell (older than signed checkpoints)."""
+
+
+def load_coverage(reader: AuditReader, since: datetime | None, *, require_signed: bool = False) -> dict[str, Any]:
+    """`consumers.coverage.run_checks(require_exercised=True)` over [since, now) as its `to_dict()`,
+    with `signatures` (a `Signatures`) and the `signed` check when it applies: always with
+    `require_signed`, else when a producer of the window is signed, has a checkpoint break, or a
+    `Checkpoint` event is in the window. A store (or read API) older than signed checkpoints is not
+    an error: without `require_signed` the check is left out; with it, it is listed with status
+    `unavailable` and the report is not ok ("cannot say" is never clean). Blocks for the queries;
+    raises what the reader raises."""
+    try:
+        report = run_checks(reader, require_exercised=True, require_signed=True, since=since)
+    except SignaturesUnavailableError as exc:
+        result = run_checks(reader, require_exercised=True, since=since).to_dict()
+        result["signatures"] = "unavailable"
+        if require_signed:
+            result["checks"].append(
+                {
+                    "name": "signed",
+                    "title": CHECKS["signed"],
+                    "status": "unavailable",
+                    "ok": False,
+                    "summary": f"cannot check: {exc}",
+                    "total": 0,
+                    "listed": 0,
+                    "violations": [],
+                }
+            )
+            result["ok"], result["exit_code"] = False, 2
+        return result
+    signed = report.check("signed")
+    result = report.to_dict()
+    if require_signed:
+        result["signatures"] = "required"
+    elif _signs(reader, signed, since):
+        result["signatures"] = "shown"
+    else:
+        result["signatures"] = "not_used"
+        result["checks"] = [check for check in result["checks"] if check["name"] != "signed"]
+        result["require_signed"] = False
+        result["ok"] = all(check["ok"] for check in result["checks"] if check["status"] != "skip")
+        result["exit_code"] = 0 if result["ok"] else 1
+    for check in result["checks"]:
+        if check["name"] == "signed":
+            check["violations"] = [
+                {**row, "reasons": ", ".join(row.get("reasons") or [])} for row in check["violations"]
+            ]
+    return result
+
+
+def _signs(reader: AuditReader, signed: CheckResult, since: datetime | None) -> bool:
+    """Whether the window shows signing: a producer that passes (or fails with a valid checkpoint or
+    a break), else a `Checkpoint` event (one a materializer without trusted keys could not verify)."""
+    if any(case.ok for case in signed.cases):
+        return True
+    if any(row.get("signed") or row.get("breaks") for row in signed.violations):
+        return True
+    counts = reader.query("event_counts", {"since": (since or _EPOCH).isoformat()}).rows
+    return any(row["type"] == "Checkpoint" and int(row["events"] or 0) > 0 for row in counts)
+
+
+# -- Proofs -------------------------------------------------------------------------------------
+
+PROOF_STEPS: Final[tuple[tuple[str, str], ...]] = (
+    ("event hash", "SHA-256 of the event's stored bytes is the hash the event carries"),
+    ("leaf", "the leaf hash of that event hash, at leaf index seq - 1"),
+    ("inclusion", "the audit path leads from the leaf to the checkpoint's root at its tree size"),
+    ("checkpoint note", "the checkpoint event and its signed note state the same producer, size and root"),
+    ("signature", "the note is signed by a key the dashboard trusts"),
+)
+"""The steps a proof's verification shows, and what each checks, in order."""
+
+# Which shown step each step name of `events.proofs` belongs to.
+_STEP_OF: Final = {
+    "event_hash": "event hash",
+    "event": "event hash",
+    "leaf_index": "leaf",
+    "leaf_hash": "leaf",
+    "audit_path": "inclusion",
+    "inclusion": "inclusion",
+    "checkpoint": "checkpoint note",
+    "note": "checkpoint note",
+    "root": "checkpoint note",
+    "key": "signature",
+    "signature": "signature",
+}
+
+_UNSAFE_FILE_CHARS: Final = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True, slots=True)
+class ProofView:
+    """An event's inclusion proof as the Call detail page shows it.
+
+    `proof` is the document (`events.proofs`), None when none could be built (`verdict` says why:
+    not found, not covered by a checkpoint, index material missing). `steps` has one row per
+    `PROOF_STEPS` entry (step, checks, result: pass, FAIL, not checked or not reached; detail).
+    `signature_checked` is whether a trusted key was tried on the note; `verdict` is the overall one.
+    """
+
+    event_id: str
+    proof: dict[str, Any] | None
+    verdict: Verdict
+    steps: list[dict[str, Any]]
+    signature_checked: bool
+
+    @property
+    def file_name(self) -> str:
+        """`proof-<event_id>.json`, with anything but letters, digits, `.`, `_` and `-` replaced."""
+        return f"proof-{_UNSAFE_FILE_CHARS.sub('_', self.event_id)}.json"
+
+    @property
+    def text(self) -> str:
+        """The proof document as `callgate verify --out` writes it ("" without a proof)."""
+        return "" if self.proof is None else json.dumps(self.proof, indent=2, ensure_ascii=False) + "\n"
+
+    @property
+    def offline_command(self) -> str:
+        """The command that checks the downloaded proof with no store and no network."""
+        return f"callgate verify --proof {self.file_name} --key <key.pub>"
+
+
+def load_proof(query: Query, event_id: str, keys: Mapping[str, VerifyingKey] | None = None) -> ProofView:
+    """The inclusion proof of `event_id` from the rows of `inclusion_material`, checked step by step;
+    the signature with the key of the proof's key id when `keys` (by key id) holds it, a failed
+    signature step when it does not, not checked without `keys`. Raises what the query raises."""
+    rows = query(MATERIAL_QUERY, {"event_id": event_id})
+    built = build_proof(rows, event_id)
+    if isinstance(built, Verdict):
+        return ProofView(event_id, None, built, [], signature_checked=False)
+    try:
+        doc = parse_proof(json.dumps(built), source=f"the proof of {event_id}")
+    except UnreadableProofError as exc:
+        return ProofView(event_id, None, fail("proof", str(exc)), [], signature_checked=False)
+    return check_proof_steps(event_id, doc, keys)
+
+
+def check_proof_steps(event_id: str, doc: Mapping[str, Any], keys: Mapping[str, VerifyingKey] | None) -> ProofView:
+    """What `events.proofs.check_proof` says of the well-shaped proof document of `event_id` (with the
+    key of its key id from `keys`, or none), with each `PROOF_STEPS` step's result."""
+    inclusion = check_inclusion(doc)
+    note = check_note(doc, None) if inclusion.ok else None
+    signature: Verdict | None = None
+    if note is not None and note.ok and keys is not None:
+        key = keys.get(str(doc["key_id"]))
+        signature = (
+            check_note(doc, key)
+            if key is not None
+            else fail("key", f"key id {doc['key_id']} is not among the dashboard's trusted keys")
+        )
+    passed = {
+        "event hash": f"{doc['event_hash']}",
+        "leaf": f"leaf {doc['leaf_index']} (seq {doc['seq']}): {doc['leaf_hash']}",
+        "inclusion": (
+            f"{len(doc['audit_path'])} path hash(es) lead to root {doc['root']} at tree size {doc['tree_size']}"
+        ),
+        "checkpoint note": f"{note.detail if note else ''}, key id {doc['key_id']}",
+        "signature": signature.detail if signature is not None else "",
+    }
+    failed = next((v for v in (inclusion, note, signature) if v is not None and not v.ok), None)
+    failed_at = _STEP_OF.get(failed.step, "checkpoint note") if failed is not None else None
+    steps: list[dict[str, Any]] = []
+    reached = True
+    for name, checks in PROOF_STEPS:
+        if name == failed_at:
+            result, detail, reached = "FAIL", failed.detail if failed else "", False
+        elif not reached:
+            result, detail = "not reached", ""
+        elif name == "signature" and signature is None:
+            result, detail = "not checked", "the dashboard has no trusted keys (callgate dashboard --trusted-keys)"
+        else:
+            result, detail = "pass", passed[name]
+        steps.append({"step": name, "checks": checks, "result": result, "detail": detail})
+    if failed is not None:
+        verdict = failed
+    elif signature is not None:
+        verdict = Verdict(True, detail=f"{inclusion.detail}; {signature.detail}")
+    else:
+        verdict = Verdict(True, detail=f"{inclusion.detail}; {note.detail if note else ''}; signature not checked")
+    return ProofView(event_id, dict(doc), verdict, steps, signature is not None)

@@ -23,18 +23,21 @@ import streamlit as st
 from consumers.queries import QueryError
 from consumers.reader import ApiReader, AuditReader, FileReader, SourceUnavailableError
 from dashboard.config import DEFAULT_REFRESH_S, ENV_REFRESH, ConfigurationError, DashboardConfig
-from dashboard.data import DEFAULT_WINDOW, WINDOWS, Window, store_is_empty
+from dashboard.data import DEFAULT_WINDOW, WINDOWS, ProofView, Window, load_coverage, load_proof, store_is_empty
+from events.signing import SigningError, VerifyingKey, load_trusted_keys
 
 __all__ = [
     "config",
     "coverage_report",
     "filters_tenant",
     "problems",
+    "proof",
     "query",
     "reader",
     "ready",
     "run_every",
     "table",
+    "trusted_keys",
     "window",
 ]
 
@@ -95,15 +98,44 @@ COVERAGE_TTL_S: Final = 60.0
 
 
 @st.cache_data(ttl=COVERAGE_TTL_S, show_spinner=False, max_entries=50)
-def _cached_coverage(source: str, since: datetime | None) -> dict[str, Any]:
-    from consumers.coverage import run_checks
-
-    return run_checks(reader(), require_exercised=True, since=since).to_dict()
+def _cached_coverage(source: str, since: datetime | None, require_signed: bool) -> dict[str, Any]:
+    return load_coverage(reader(), since, require_signed=require_signed)
 
 
 def coverage_report(since: datetime | None) -> dict[str, Any]:
-    """`consumers.coverage.run_checks(require_exercised=True)` as its `to_dict()`, cached."""
-    return _cached_coverage(config().source, since)
+    """`dashboard.data.load_coverage` (the checks of `callgate coverage --require-exercised`, and
+    `signed` when it applies), cached."""
+    cfg = config()
+    return _cached_coverage(cfg.source, since, cfg.require_signed)
+
+
+# -- proofs -------------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False)
+def _trusted_keys(path: str) -> dict[str, VerifyingKey]:
+    return load_trusted_keys(path)
+
+
+def trusted_keys() -> dict[str, VerifyingKey] | None:
+    """The configured verifier keys by key id (None when none are configured); shows what is wrong
+    and stops the page when the path holds no usable key."""
+    cfg = config()
+    if cfg.trusted_keys is None:
+        return None
+    try:
+        return _trusted_keys(cfg.trusted_keys)
+    except SigningError as exc:
+        st.error("The dashboard's trusted keys cannot be read.")
+        st.text(str(exc))
+        st.stop()
+        raise  # st.stop() raises; this line only tells type checkers so
+
+
+def proof(event_id: str) -> ProofView:
+    """The inclusion proof of `event_id`, checked with the trusted keys if configured. Its rows are
+    cached for one refresh period like every query's; raises as `query` does."""
+    return load_proof(query, event_id, trusted_keys())
 
 
 # -- the sidebar's choices ----------------------------------------------------------------------

@@ -1,11 +1,13 @@
-"""Call detail: one call's decision trail, redacted args, outcome and trace."""
+"""Call detail: one call's decision trail, redacted args, outcome and trace, and the inclusion proof
+of its events (the "Proof" button)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from consumers.queries import QueryError
 from dashboard import ui
-from dashboard.data import load_call
+from dashboard.data import CallDetail, load_call
 
 st.title("Call detail")
 
@@ -118,6 +120,71 @@ def show(detail_call_id: str) -> None:
         ],
         key="call_events",
     )
+    proof_section(detail)
+
+
+def _ask_proof(event_id: str) -> None:
+    st.session_state["proof_event"] = event_id
+
+
+def proof_section(detail: CallDetail) -> None:
+    """Pick one of the call's own events (its outcome by default); "Proof" shows its inclusion proof."""
+    st.subheader("Proof")
+    own = [e for e in detail.events if e["relation"] == "call" and e.get("event_id")]
+    if not own:
+        st.caption("No event of this call itself is stored.")
+        return
+    st.caption(
+        "An inclusion proof shows that the event is in its producer's hash tree whose root a signed checkpoint "
+        "states; the proof file can be checked offline by anyone with the gate's public key."
+    )
+    labels = {str(e["event_id"]): f"{e['type']} (seq {e.get('seq')}): {e['event_id']}" for e in own}
+    ids = list(labels)
+    outcome = detail.outcome
+    chosen = ids.index(str(outcome["event_id"])) if outcome is not None and str(outcome["event_id"]) in ids else 0
+    event_id = st.selectbox(
+        "Event to prove", ids, index=chosen, format_func=lambda i: labels.get(i, i), key=f"proof_pick_{detail.call_id}"
+    )
+    st.button("Proof", key="proof_button", on_click=_ask_proof, args=(event_id,), type="primary")
+    if event_id is not None and st.session_state.get("proof_event") == event_id:
+        show_proof(event_id)
+
+
+def show_proof(event_id: str) -> None:
+    try:
+        view = ui.proof(event_id)
+    except QueryError as exc:
+        # A read API older than proofs does not know the query.
+        st.warning("This store cannot build proofs: it predates signed checkpoints.")
+        st.text(str(exc))
+        return
+    if view.proof is None:
+        st.info("This event has no inclusion proof: the reason follows.")
+        st.text(view.verdict.line())
+        return
+    if not view.verdict.ok:
+        st.error("The proof does not verify.")
+    elif view.signature_checked:
+        st.success("The proof verifies: the event is in the tree of a checkpoint signed by a trusted key.")
+    else:
+        st.warning(
+            "The inclusion verifies, but the signature was not checked: the dashboard has no trusted keys "
+            "(start it with `--trusted-keys`). Check the downloaded proof offline with the gate's public key:"
+        )
+    st.text(view.verdict.line())
+    ui.table(view.steps, ["step", "result", "detail", "checks"], key="proof_steps")
+    st.caption("Check it offline (no store, no network):")
+    st.code(view.offline_command, language=None)
+    st.download_button(
+        "Download proof",
+        view.text,
+        file_name=view.file_name,
+        mime="application/json",
+        on_click="ignore",
+        key="proof_download",
+    )
+    st.caption("The proof document")
+    st.code(view.text, language="json")
 
 
 if call_id:

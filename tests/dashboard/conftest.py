@@ -13,6 +13,7 @@ import pytest
 
 from consumers.store import AuditStore, RawRecord
 from events import EventBase, MemorySink, Producer, ToolDeniedEvent, ToolUseEvent, encode_event
+from events.signing import SigningKey, VerifyingKey
 from interceptor_core import (
     Approval,
     ApprovalRequest,
@@ -314,3 +315,67 @@ def shadow_store(tmp_path_factory: pytest.TempPathFactory) -> ShadowStore:
     with AuditStore(path) as store:
         store.ingest(batch, {(TOPIC, 0): len(shop), (TOPIC, 1): 1})
     return ShadowStore(path, [*shop, hostile])
+
+
+# -- signed checkpoints: the Coverage page's signed check and the Call detail page's proofs -------
+
+SIGNED_CALLS = 9  # s-0 .. s-8 through the signing gate, a checkpoint every 4 events and on close
+UNSIGNED_CALLS = 2  # u-0, u-1 through a gate without a key: no checkpoint covers them
+
+
+@dataclass(frozen=True)
+class SignedStore(SeededStore):
+    """A store of a signing gate and an unsigned one, verified with the signing gate's key."""
+
+    key: VerifyingKey | None = None
+    keys: Path = Path()
+    """A directory with the signing gate's public key (`callgate dashboard --trusted-keys`)."""
+    wrong_keys: Path = Path()
+    """A directory with another key of the same name."""
+    unsigned_producer: str = ""
+
+
+def signed_events(key: SigningKey) -> tuple[list[EventBase], list[EventBase]]:
+    """The signing gate's events (with its checkpoints) and the unsigned gate's."""
+    signing_sink, plain_sink = MemorySink(), MemorySink()
+    signing = Gate("shop", signing_key=key, sinks=[signing_sink], checkpoint_events=4, checkpoint_s=60, heartbeat_s=60)
+    plain = Gate("lab", sinks=[plain_sink])
+    desk = signing.agent("desk", tools=[quote])
+    bench = plain.agent("bench", tools=[quote])
+
+    async def run() -> None:
+        for n in range(SIGNED_CALLS):
+            await desk.call("quote", {"order_id": f"ACME-{n}"}, run=ACME, call_id=f"s-{n}")
+        for n in range(UNSIGNED_CALLS):
+            await bench.call("quote", {"order_id": f"LAB-{n}"}, run=GLOBEX, call_id=f"u-{n}")
+        await signing.close()
+        await plain.close()
+
+    asyncio.run(run())
+    return list(signing_sink.events), list(plain_sink.events)
+
+
+@pytest.fixture(scope="session")
+def signed_store(tmp_path_factory: pytest.TempPathFactory) -> SignedStore:
+    """The signed and the unsigned gate's events, stored once per session by a store trusting the
+    signing key (closed: readers may open it)."""
+    base = tmp_path_factory.mktemp("dashboard-signed")
+    key, other = SigningKey.generate("shop"), SigningKey.generate("shop")
+    key.write(base / "keys")
+    other.write(base / "wrong")
+    for private in (base / "keys" / "shop.key", base / "wrong" / "shop.key"):
+        private.unlink()  # the dashboard only ever needs the public half
+    signed, plain = signed_events(key)
+    events = signed + plain
+    batch = [RawRecord(TOPIC, 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(events)]
+    path = base / "audit.duckdb"
+    with AuditStore(path, trusted_keys={key.key_id: key.public()}) as store:
+        store.ingest(batch, {(TOPIC, 0): len(batch)})
+    return SignedStore(
+        path,
+        events,
+        key=key.public(),
+        keys=base / "keys",
+        wrong_keys=base / "wrong",
+        unsigned_producer=plain[0].producer_id,
+    )

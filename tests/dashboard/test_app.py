@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 from callgate.broker import free_port
 from consumers.api import ApiServer, HealthStatus, build_app
 from consumers.metrics import MaterializerMetrics
+from consumers.queries import UnknownQueryError
 from consumers.reader import FileReader
 from consumers.runner import StoreQueryRunner
 from consumers.store import AuditStore
@@ -25,8 +26,8 @@ APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 
 def open_app(source: dict[str, str], monkeypatch: pytest.MonkeyPatch, page: str | None = None, **state: Any) -> AppTest:
     """The app reading `source` (CALLGATE_DB or CALLGATE_API), run once, then on `page` if given."""
-    monkeypatch.delenv("CALLGATE_API", raising=False)
-    monkeypatch.delenv("CALLGATE_DB", raising=False)
+    for name in ("CALLGATE_API", "CALLGATE_DB", "CALLGATE_TRUSTED_KEYS", "CALLGATE_REQUIRE_SIGNED"):
+        monkeypatch.delenv(name, raising=False)
     for name, value in source.items():
         monkeypatch.setenv(name, value)
     at = AppTest.from_file(APP, default_timeout=60)
@@ -254,6 +255,126 @@ class TestCoverage:
         assert "FAIL: chains" in errors
         assert "PASS: exercised" in [s.value for s in at.success]
         assert errors[0].endswith("coverage checks fail.")
+
+
+class TestSignedCoverage:
+    def test_the_signed_check_fails_for_the_unsigned_producer(
+        self, signed_store: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A store where one gate signs lists the signed check, red, with the unsigned gate's break kind
+        and detail in its violations; a store nobody signs does not list it."""
+        at = open_app({"CALLGATE_DB": str(signed_store.path)}, monkeypatch, "coverage")
+        assert "FAIL: signed" in [e.value for e in at.error]
+        assert any("producers in this window sign checkpoints" in c.value for c in at.caption)
+        (violations,) = [df.value for df in at.dataframe if "reasons" in df.value.columns]
+        assert list(violations["producer_id"]) == [signed_store.unsigned_producer]
+        assert list(violations["reasons"]) == ["unsigned"]
+        assert violations["detail"][0].startswith("unsigned: producer")
+
+    def test_a_store_nobody_signs_lists_it_only_when_required(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without signing in the store the check is left out, and listed (red) with CALLGATE_REQUIRE_SIGNED."""
+        at = open_app(store_env, monkeypatch, "coverage")
+        assert not [e for e in (*at.error, *at.success) if e.value.endswith(": signed")]
+        assert any("--require-signed" in c.value for c in at.caption)
+        at = open_app({**store_env, "CALLGATE_REQUIRE_SIGNED": "1"}, monkeypatch, "coverage")
+        assert "FAIL: signed" in [e.value for e in at.error]
+
+
+class _OlderRunner(StoreQueryRunner):
+    """A read API older than signed checkpoints: it knows neither signature nor proof queries."""
+
+    UNKNOWN = ("producer_signatures", "inclusion_material")
+
+    def names(self) -> list[dict[str, Any]]:
+        return [query for query in super().names() if query["name"] not in self.UNKNOWN]
+
+    def run(self, name: str, params: Any) -> dict[str, Any]:
+        if name in self.UNKNOWN:
+            raise UnknownQueryError(f"unknown query {name!r}", query=name)
+        return super().run(name, params)
+
+
+@pytest.fixture
+def older_api(signed_store: Any) -> Iterator[str]:
+    """An older read API over a copy of the signed store."""
+    copy = signed_store.path.with_name("older.duckdb")
+    copy.write_bytes(signed_store.path.read_bytes())
+    store = AuditStore(copy)
+    server = ApiServer(build_app(_OlderRunner(store), MaterializerMetrics(), lambda: HealthStatus(True)), port=0)
+    try:
+        with server:
+            yield server.url
+    finally:
+        store.close()
+        copy.unlink()
+
+
+def ask_proof(source: dict[str, str], monkeypatch: pytest.MonkeyPatch, call_id: str) -> AppTest:
+    """The Call detail page of `call_id` after pressing "Proof"."""
+    at = open_app(source, monkeypatch, "call", call_id=call_id)
+    at.button(key="proof_button").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def proof_steps(at: AppTest) -> dict[str, str]:
+    (steps,) = [df.value for df in at.dataframe if "checks" in df.value.columns]
+    return dict(zip(steps["step"], steps["result"], strict=True))
+
+
+class TestProof:
+    def test_a_covered_call_shows_its_proof_and_the_offline_command(
+        self, signed_store: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without trusted keys every step passes but the signature, which the page says was not
+        checked, giving the offline command with the download's file name; the document is shown."""
+        at = ask_proof({"CALLGATE_DB": str(signed_store.path)}, monkeypatch, "s-3")
+        assert any("signature was not checked" in w.value for w in at.warning)
+        assert proof_steps(at) == {
+            "event hash": "pass",
+            "leaf": "pass",
+            "inclusion": "pass",
+            "checkpoint note": "pass",
+            "signature": "not checked",
+        }
+        event_id = next(e.event_id for e in signed_store.events if getattr(e, "call_id", None) == "s-3")
+        codes = [c.value for c in at.code]
+        assert f"callgate verify --proof proof-{event_id}.json --key <key.pub>" in codes
+        assert any('"event_hash"' in c and event_id in c for c in codes)
+
+    @pytest.mark.parametrize(("keys", "signature"), [("keys", "pass"), ("wrong_keys", "FAIL")])
+    def test_trusted_keys_check_the_signature(
+        self, signed_store: Any, monkeypatch: pytest.MonkeyPatch, keys: str, signature: str
+    ) -> None:
+        """With the gate's key the signature step passes and the proof verifies; with another key of
+        the same name it fails and the page says the proof does not verify."""
+        source = {"CALLGATE_DB": str(signed_store.path), "CALLGATE_TRUSTED_KEYS": str(getattr(signed_store, keys))}
+        at = ask_proof(source, monkeypatch, "s-3")
+        steps = proof_steps(at)
+        assert steps["signature"] == signature
+        assert steps["inclusion"] == "pass"
+        if signature == "pass":
+            assert any("signed by a trusted key" in s.value for s in at.success)
+        else:
+            assert "The proof does not verify." in [e.value for e in at.error]
+
+    def test_an_uncovered_call_shows_the_reason(self, signed_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A call of the unsigned gate has no proof: the page says so with the verdict's reason, no error."""
+        at = ask_proof({"CALLGATE_DB": str(signed_store.path)}, monkeypatch, "u-0")
+        assert any("has no inclusion proof" in i.value for i in at.info)
+        assert any("is not covered by any stored checkpoint" in t.value for t in at.text)
+        assert not at.error
+
+    def test_an_older_read_api_is_no_error(self, older_api: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A read API without the signature and proof queries: Coverage leaves the signed check out and
+        says why; the Proof button says the store cannot build proofs."""
+        at = open_app({"CALLGATE_API": older_api}, monkeypatch, "coverage")
+        assert any("predates signed checkpoints" in c.value for c in at.caption)
+        assert not [e for e in at.error if e.value.endswith(": signed")]
+        at = ask_proof({"CALLGATE_API": older_api}, monkeypatch, "s-3")
+        assert any("cannot build proofs" in w.value for w in at.warning)
 
 
 class TestPipeline:

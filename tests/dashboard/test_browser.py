@@ -2,12 +2,15 @@
 materializer stores them, `callgate dashboard` serves them, and headless chromium (Debian's, driven
 by Playwright) sees the blocked count, then sees it rise without a reload, and the Policy impact page
 shows the shadow rule's divergent call. A screenshot of every page is saved in the folder the test
-prints."""
+prints. Over a store with a signing gate, the Coverage page shows the signed check and the Call
+detail page's Proof button shows a proof whose download verifies offline."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +26,7 @@ import pytest
 from callgate.broker import EmbeddedBroker, free_port
 from consumers.reader import ApiReader, SourceUnavailableError
 from events.kafka import KafkaSink
+from events.proofs import check_proof
 from interceptor_core import Block, Deny, Gate, RunContext, ToolBlockedError, before_tool_call, tool
 from interceptor_core.policy import Policy
 
@@ -250,3 +254,67 @@ def test_blocked_count_is_live_in_a_real_browser(
         finally:
             browser.close()
     assert sorted(p.name for p in screenshots.glob("*.png")) == sorted(f"{p}.png" for p in PAGES)
+
+
+@pytest.fixture
+def signed_dashboard(signed_store: Any, tmp_path: Path) -> Iterator[str]:
+    """`callgate dashboard --db` over a copy of the signed store, trusting the signing gate's key; its URL."""
+    db = tmp_path / "signed.duckdb"
+    shutil.copyfile(signed_store.path, db)
+    port = free_port("127.0.0.1")
+    cli = [sys.executable, "-c", "from callgate.cli import main; main()"]
+    dashboard = subprocess.Popen(
+        [*cli, "dashboard", "--db", str(db), "--port", str(port), "--trusted-keys", str(signed_store.keys)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert dashboard.stdout is not None
+        url = f"http://127.0.0.1:{port}"
+        line = dashboard.stdout.readline()
+        assert line.startswith(f"dashboard at {url}"), line
+        yield url
+    finally:
+        stop(dashboard)
+        if dashboard.stdout is not None:
+            dashboard.stdout.close()
+
+
+def test_signed_coverage_and_a_downloaded_proof_in_a_real_browser(
+    chromium: str, signed_dashboard: str, signed_store: Any, screenshots: Path
+) -> None:
+    """The Coverage page shows the signed check failing; the Proof button of a covered call shows the
+    proof verified with the trusted key and downloads proof-<event_id>.json, which `check_proof`
+    accepts with the gate's key; the Proof button of an uncovered call shows why there is none."""
+    from playwright.sync_api import expect, sync_playwright
+
+    event_id = next(e.event_id for e in signed_store.events if getattr(e, "call_id", None) == "s-3")
+    # A folder of their own: the other test checks that its folder holds exactly its pages.
+    shots = screenshots / "signed"
+    shots.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1100}, accept_downloads=True)
+            page.goto(f"{signed_dashboard}/coverage")
+            expect(page.get_by_text("FAIL: signed")).to_be_visible(timeout=30_000)
+            expect(page.get_by_text("Violations: signed")).to_be_visible()
+            expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
+            page.screenshot(path=str(shots / "coverage.png"), full_page=True)
+
+            page.goto(f"{signed_dashboard}/call?call_id=s-3")
+            page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
+            expect(page.get_by_text("signed by a trusted key")).to_be_visible(timeout=30_000)
+            with page.expect_download(timeout=30_000) as caught:
+                page.get_by_role("button", name="Download proof").click()
+            download = caught.value
+            assert download.suggested_filename == f"proof-{event_id}.json"
+            doc = json.loads(Path(download.path()).read_text(encoding="utf-8"))
+            assert check_proof(doc, signed_store.key).ok
+            page.screenshot(path=str(shots / "call-proof.png"), full_page=True)
+
+            page.goto(f"{signed_dashboard}/call?call_id=u-0")
+            page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
+            expect(page.get_by_text("is not covered by any stored checkpoint")).to_be_visible(timeout=30_000)
+        finally:
+            browser.close()

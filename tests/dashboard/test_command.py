@@ -32,6 +32,16 @@ class TestCommand:
         assert result.exit_code == 2
         assert "--allow-remote" in result.output
 
+    def test_trusted_keys_that_hold_no_key_are_refused_before_starting(self, tmp_path: Path) -> None:
+        """--trusted-keys naming a missing path, or a directory without a .pub file: exit 2 naming the option."""
+        (tmp_path / "empty").mkdir()
+        for keys in (tmp_path / "missing", tmp_path / "empty"):
+            result = CliRunner().invoke(
+                app, ["dashboard", "--db", str(tmp_path / "a.duckdb"), "--trusted-keys", str(keys)]
+            )
+            assert result.exit_code == 2
+            assert "--trusted-keys" in result.output
+
     def test_streamlit_runs_headless_on_loopback_without_usage_statistics(self) -> None:
         """The child command is headless, bound where asked, statistics off."""
         command = streamlit_command("127.0.0.1", 8600)
@@ -59,6 +69,7 @@ class TestConfig:
             ({"CALLGATE_DB": "a.duckdb", "CALLGATE_DASHBOARD_REFRESH_S": "0"}, "CALLGATE_DASHBOARD_REFRESH_S"),
             ({"CALLGATE_DB": "a.duckdb", "CALLGATE_TRACE_URL": "javascript:{trace_id}"}, "CALLGATE_TRACE_URL"),
             ({"CALLGATE_DB": "a.duckdb", "CALLGATE_TRACE_URL": "https://jaeger/trace/"}, "CALLGATE_TRACE_URL"),
+            ({"CALLGATE_DB": "a.duckdb", "CALLGATE_REQUIRE_SIGNED": "maybe"}, "CALLGATE_REQUIRE_SIGNED"),
         ],
     )
     def test_bad_settings_name_the_variable(self, env: dict[str, str], culprit: str) -> None:
@@ -67,6 +78,15 @@ class TestConfig:
             DashboardConfig.from_env(env)
         assert caught.value.variable == culprit
         assert culprit in str(caught.value)
+
+    def test_signing_settings(self) -> None:
+        """The trusted keys' path is kept as given; CALLGATE_REQUIRE_SIGNED is off unless set to 1."""
+        plain = DashboardConfig.from_env({"CALLGATE_DB": "a.duckdb"})
+        assert (plain.trusted_keys, plain.require_signed) == (None, False)
+        signed = DashboardConfig.from_env(
+            {"CALLGATE_DB": "a.duckdb", "CALLGATE_TRUSTED_KEYS": "/keys", "CALLGATE_REQUIRE_SIGNED": "1"}
+        )
+        assert (signed.trusted_keys, signed.require_signed) == ("/keys", True)
 
     def test_trace_link_only_from_hex_ids(self) -> None:
         """A 32-hex trace id fills the template; anything else makes no link."""

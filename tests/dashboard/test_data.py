@@ -1,12 +1,31 @@
-"""The Policy impact page's pure pieces: the replay command and the window as a duration."""
+"""The pages' pure pieces: the replay command and the window as a duration (Policy impact), the
+coverage report with or without the signed check (Coverage), and proofs checked step by step (Call
+detail), the last two over real store files."""
 
 from __future__ import annotations
 
+import json
 import shlex
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 
-from dashboard.data import WINDOWS, Decider, Window, replay_command
+from consumers.queries import QueryResult, UnknownQueryError
+from consumers.reader import FileReader
+from dashboard.data import (
+    PROOF_STEPS,
+    WINDOWS,
+    Decider,
+    Query,
+    Window,
+    check_proof_steps,
+    load_coverage,
+    load_proof,
+    replay_command,
+)
+from events.proofs import check_proof
+from events.signing import SigningKey, load_trusted_keys
 
 
 class TestWindowDuration:
@@ -66,3 +85,133 @@ class TestReplayCommand:
         for bad in ("[1, 2]", "5", "not json"):
             with pytest.raises(ValueError, match="not a decider key"):
                 Decider.parse_key(bad)
+
+
+class _OlderReader:
+    """A reader in front of a store older than signed checkpoints: it knows neither
+    `producer_signatures` nor `inclusion_material`."""
+
+    def __init__(self, inner: FileReader) -> None:
+        self.inner = inner
+        self.source = inner.source
+
+    def query(self, name: str, params: Mapping[str, Any] | None = None) -> QueryResult:
+        if name in ("producer_signatures", "inclusion_material"):
+            raise UnknownQueryError(f"unknown query {name!r}", query=name)
+        return self.inner.query(name, params)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture
+def signed_reader(signed_store: Any) -> Iterator[FileReader]:
+    with FileReader(signed_store.path) as reader:
+        yield reader
+
+
+def _signed(report: dict[str, Any]) -> dict[str, Any]:
+    return next(check for check in report["checks"] if check["name"] == "signed")
+
+
+class TestLoadCoverage:
+    def test_a_store_where_producers_sign_lists_the_unsigned_one(
+        self, signed_store: Any, signed_reader: FileReader
+    ) -> None:
+        """The signing gate passes, so the signed check is listed, failing only for the unsigned gate,
+        with its break kind and detail."""
+        report = load_coverage(signed_reader, None)
+        assert report["signatures"] == "shown"
+        signed = _signed(report)
+        assert (signed["status"], signed["total"]) == ("fail", 1)
+        (row,) = signed["violations"]
+        assert row["producer_id"] == signed_store.unsigned_producer
+        assert row["reasons"] == "unsigned"
+        assert row["detail"].startswith("unsigned: producer ")
+        assert not report["ok"]
+
+    def test_a_store_nobody_signs_leaves_the_check_out(self, seeded_store: Any) -> None:
+        """Without any sign of signing the report is `callgate coverage`'s without --require-signed;
+        with require_signed the check is listed and fails."""
+        with FileReader(seeded_store.path) as reader:
+            plain = load_coverage(reader, None)
+            required = load_coverage(reader, None, require_signed=True)
+        assert plain["signatures"] == "not_used"
+        assert "signed" not in [check["name"] for check in plain["checks"]]
+        assert required["signatures"] == "required"
+        assert _signed(required)["status"] == "fail"
+
+    def test_an_older_store_is_no_error(self, signed_reader: FileReader) -> None:
+        """A reader without the signature query: the check is left out, or, when required, listed as
+        unavailable and the report is not ok."""
+        older = _OlderReader(signed_reader)
+        plain = load_coverage(older, None)
+        assert plain["signatures"] == "unavailable"
+        assert [check["name"] for check in plain["checks"]] == ["unmediated", "chains", "tool_uses", "exercised"]
+        required = load_coverage(older, None, require_signed=True)
+        assert _signed(required)["status"] == "unavailable"
+        assert "no signed checkpoint tables" in _signed(required)["summary"]
+        assert (required["ok"], required["exit_code"]) == (False, 2)
+
+
+def _query(reader: FileReader) -> Query:
+    return lambda name, params: reader.query(name, params).rows
+
+
+def _event_of(store: Any, call_id: str) -> str:
+    return next(e.event_id for e in store.events if getattr(e, "call_id", None) == call_id and e.type == "ToolUse")
+
+
+class TestLoadProof:
+    def test_a_covered_event_has_a_proof_that_verifies_offline(
+        self, signed_store: Any, signed_reader: FileReader
+    ) -> None:
+        """Without keys every step passes but the signature, not checked; the document verifies with
+        the gate's key as `callgate verify --proof` would."""
+        event_id = _event_of(signed_store, "s-3")
+        view = load_proof(_query(signed_reader), event_id)
+        assert view.proof is not None
+        assert view.verdict.ok
+        assert not view.signature_checked
+        assert [s["step"] for s in view.steps] == [name for name, _ in PROOF_STEPS]
+        assert [s["result"] for s in view.steps] == ["pass", "pass", "pass", "pass", "not checked"]
+        assert view.file_name == f"proof-{event_id}.json"
+        assert view.offline_command == f"callgate verify --proof proof-{event_id}.json --key <key.pub>"
+        assert check_proof(json.loads(view.text), signed_store.key).ok
+
+    def test_the_trusted_key_checks_the_signature_and_another_fails_it(
+        self, signed_store: Any, signed_reader: FileReader
+    ) -> None:
+        """With the gate's key the signature step passes; with a key of the same name but not the
+        gate's, it fails, and so does the verdict."""
+        event_id = _event_of(signed_store, "s-3")
+        query = _query(signed_reader)
+        trusted = load_proof(query, event_id, load_trusted_keys(signed_store.keys))
+        assert trusted.signature_checked
+        assert trusted.verdict.ok
+        assert trusted.steps[-1]["result"] == "pass"
+        assert "signed by shop" in trusted.steps[-1]["detail"]
+        wrong = load_proof(query, event_id, load_trusted_keys(signed_store.wrong_keys))
+        assert not wrong.verdict.ok
+        assert wrong.steps[-1]["result"] == "FAIL"
+        assert "not among the dashboard's trusted keys" in wrong.steps[-1]["detail"]
+
+    def test_an_uncovered_event_says_why(self, signed_store: Any, signed_reader: FileReader) -> None:
+        """An event of the unsigned gate has no proof: the verdict says no checkpoint covers it."""
+        view = load_proof(_query(signed_reader), _event_of(signed_store, "u-0"))
+        assert view.proof is None
+        assert (view.verdict.step, view.steps) == ("checkpoint", [])
+        assert "is not covered by any stored checkpoint" in view.verdict.detail
+
+    def test_a_tampered_proof_fails_at_its_step_and_stops_there(
+        self, signed_store: Any, signed_reader: FileReader
+    ) -> None:
+        """A root changed in the document fails the inclusion step; the steps after it are not reached."""
+        event_id = _event_of(signed_store, "s-3")
+        view = load_proof(_query(signed_reader), event_id)
+        assert view.proof is not None
+        doc = {**view.proof, "root": ("0" if view.proof["root"][0] != "0" else "1") + view.proof["root"][1:]}
+        key = SigningKey.generate("shop").public()
+        tampered = check_proof_steps(event_id, doc, {key.key_id: key})
+        assert [s["result"] for s in tampered.steps] == ["pass", "pass", "FAIL", "not reached", "not reached"]
+        assert tampered.verdict.step == "inclusion"
