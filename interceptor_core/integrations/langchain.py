@@ -1,38 +1,160 @@
-"""LangChain through the gate: `gate_tools` wraps `BaseTool`s so that every invocation passes the chain.
+"""LangChain and LangGraph through the gate: agent middleware, or wrapped tools for any other loop.
 
 ```python
-tools = gate_tools([write_file, delete_file], gate=gate, agent="writer")
-model.bind_tools(tools)   # and run them as usual: invoke, ainvoke, batch, a ToolNode
+agent = create_agent(model, tools=tools, middleware=[CallgateMiddleware(tools, gate=gate, agent="writer")])
+tools = gate_tools([write_file, delete_file], gate=gate, agent="writer")  # a ToolNode, invoke, batch...
 ```
 
-Each wrapped tool is a `StructuredTool` with the original's name, description and argument schema;
-invoking it (sync or async, with arguments or a model's `ToolCall`) calls the gate, and only an
-allowed call runs the original. A denial is the tool's output, so with a `ToolCall` input it is
-the `ToolMessage` the model reads; `Block` raises `ToolBlockedError`. The `RunContext` comes from
-`config["configurable"]["callgate_run"]` when the invocation passes one, else from `run`.
+`CallgateMiddleware` is LangChain v1 agent middleware (`wrap_tool_call` / `awrap_tool_call`): every
+tool call of the agent passes the chain before LangChain runs the tool. `gate_tools` wraps each
+`BaseTool` in a `GatedTool`, which keeps the original's name, description, argument schema (the same
+pydantic model), injected arguments (`InjectedToolCallId`, `InjectedState`, `ToolRuntime`) and
+`response_format`, and passes every invocation (sync or async, with arguments or a model's
+`ToolCall`) through the chain before it calls the original's own `_run` / `_arun`, once.
 
-Needs `langchain-core` (the `langchain` extra); importing `interceptor_core` does not load it.
+On both routes the events' `call_id` is the model's `tool_call` id; a denial, a tool's exception and
+an invalid call are a `ToolMessage` with `status="error"` (the text the model reads); `Block` raises
+`ToolBlockedError`; a `Command` or an artifact the tool returns comes back as it would ungated.
+The `RunContext` of a call is `config["configurable"]["callgate_run"]` when the invocation passes
+one, else (middleware) the agent's `context=` when it is a `RunContext`, else `run`.
+
+Needs `langchain-core` (the `langchain` extra); `CallgateMiddleware` also needs `langchain` (the
+`langgraph` extra) and loads it on first use. Importing `interceptor_core` loads neither.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+import atexit
+import contextvars
+import inspect
+import sys
+from asyncio import events as _loops
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
+from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
-from pydantic import BaseModel
+from langchain_core.tools.base import _get_runnable_config_param
+from pydantic import BaseModel, PrivateAttr
 
 from interceptor_core.context import RunContext, ToolContext
 from interceptor_core.gate import AgentScope, Gate, Workflow
-from interceptor_core.integrations._schema import schema_tool
+from interceptor_core.integrations._schema import schema_model, schema_tool
+from interceptor_core.results import ToolResult
 from interceptor_core.tools import Tool
 
-__all__ = ["RUN_CONFIG_KEY", "gate_tools"]
+if TYPE_CHECKING:
+    from interceptor_core.integrations._langchain_agents import CallgateMiddleware
+
+__all__ = ["RUN_CONFIG_KEY", "CallgateMiddleware", "GatedTool", "gate_tools"]
 
 RUN_CONFIG_KEY = "callgate_run"
 """Where an invocation's `config["configurable"]` may carry the `RunContext` of its calls."""
+
+T = TypeVar("T")
+
+
+def __getattr__(name: str) -> Any:
+    # The middleware subclasses langchain's AgentMiddleware, whose import takes about a second
+    # (it loads langgraph): only its users pay for it, and langchain-core alone is enough otherwise.
+    if name == "CallgateMiddleware":
+        from interceptor_core.integrations._langchain_agents import CallgateMiddleware
+
+        return CallgateMiddleware
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- what the gate's tool body runs --------------------------------------------------------------
+
+
+class PendingCall:
+    """One LangChain call in flight: what the gate's tool body runs once the chain allows it.
+
+    The adapter sets it in `_PENDING` (in its own task or thread) around `scope.call`; the body,
+    which runs in a copy of that context, claims it once. Not shared between calls.
+    """
+
+    __slots__ = ("escaped", "name", "sync", "taken")
+
+    def __init__(self, name: str, *, sync: bool) -> None:
+        self.name = name
+        self.sync = sync
+        self.taken = False
+        self.escaped: BaseException | None = None
+        """An exception LangGraph must see (an interrupt), re-raised once the gate has recorded it."""
+
+    async def execute(self, args: dict[str, Any]) -> Any:
+        """Run the tool with `args` (the chain's, possibly rewritten); return what the chain's
+        after-interceptors and the outcome event see."""
+        raise NotImplementedError
+
+
+_PENDING: ContextVar[PendingCall | None] = ContextVar("callgate_langchain_call", default=None)
+
+
+def must_escape(exc: BaseException) -> bool:
+    """True for LangGraph's control-flow exceptions (`interrupt()`, a parent `Command`), which end
+    the node rather than the tool: the gate records them as the call's error, then they go on."""
+    errors = sys.modules.get("langgraph.errors")  # loaded whenever one can be raised
+    bubble = getattr(errors, "GraphBubbleUp", None)
+    return bubble is not None and isinstance(exc, bubble)
+
+
+def outside_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call a sync tool body as LangChain would, with no event loop running in the thread.
+
+    The sync route drives the chain on an event loop in the calling thread; the body runs inside
+    it, and a body that starts a loop of its own (`asyncio.run`, a nested sync agent) must not find
+    ours, as it would not ungated. The loop is paused in this call, so hiding it is safe.
+    """
+    loop = _loops._get_running_loop()
+    _loops._set_running_loop(None)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _loops._set_running_loop(loop)
+
+
+def gate_tool(original: BaseTool, timeout_s: float | None) -> Tool[Any, Any]:
+    """The gate's tool for `original`: its name, description and model-facing JSON Schema.
+
+    A tool with a pydantic `args_schema` is validated by LangChain itself (before the chain with
+    `gate_tools`, when the tool runs with the middleware), as it would be ungated, so the gate
+    only takes the arguments as a JSON object; a JSON Schema `args_schema`, which LangChain does
+    not check, is checked by the gate.
+    """
+    name = original.name
+
+    async def body(args: dict[str, Any], _ctx: ToolContext) -> Any:
+        pending = _PENDING.get()
+        if pending is None or pending.taken or pending.name != name:
+            # Called through the scope directly (`scope.call`), not by LangChain: the whole tool runs.
+            return await original.ainvoke(args)
+        pending.taken = True
+        try:
+            return await pending.execute(args)
+        except Exception as exc:
+            if must_escape(exc):
+                pending.escaped = exc
+            raise
+
+    schema = _input_schema(original)
+    if isinstance(original.args_schema, dict):
+        return schema_tool(name, original.description, schema, body, timeout_s=timeout_s)
+    model = schema_model(name, schema)
+    model.validate_schema = None
+
+    async def run(args: BaseModel, ctx: ToolContext) -> Any:
+        return await body(args.model_dump(), ctx)
+
+    run.__annotations__ = {"args": model, "ctx": ToolContext, "return": Any}
+    run.__qualname__ = run.__name__ = f"{name}_via_langchain"
+    return Tool(run, name=name, description=original.description, timeout_s=timeout_s)
 
 
 def _input_schema(tool: BaseTool) -> dict[str, Any]:
@@ -44,11 +166,242 @@ def _input_schema(tool: BaseTool) -> dict[str, Any]:
     return {"type": "object", "properties": {}}
 
 
-def _gate_tool(original: BaseTool, timeout_s: float | None) -> Tool[Any, Any]:
-    async def body(args: dict[str, Any], _ctx: ToolContext) -> Any:
-        return await original.ainvoke(args)
+def run_of(config: Mapping[str, Any] | None, default: RunContext, context: object = None) -> RunContext:
+    """The call's `RunContext`: from the config's `configurable`, else `context`, else `default`."""
+    given = ((config or {}).get("configurable") or {}).get(RUN_CONFIG_KEY)
+    if isinstance(given, RunContext):
+        return given
+    return context if isinstance(context, RunContext) else default
 
-    return schema_tool(original.name, original.description, _input_schema(original), body, timeout_s=timeout_s)
+
+# -- sync calls -------------------------------------------------------------------------------------
+
+_idle_loops: list[asyncio.AbstractEventLoop] = []
+_offload: list[ThreadPoolExecutor] = []
+
+
+def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run the coroutine `make()` builds to its end from sync code, and return its result.
+
+    Where no loop runs in this thread (LangChain's sync paths: `invoke`, `batch`, a ToolNode's
+    threads), on an idle event loop taken from a pool and given back: no loop is built per call.
+    Where one runs (a sync `invoke` from async code), on a worker thread, with this thread's
+    context, while this thread waits, as any sync call made there does.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _on_idle_loop(make)
+    if not _offload:
+        _offload.append(ThreadPoolExecutor(thread_name_prefix="callgate-langchain"))
+    return _offload[0].submit(contextvars.copy_context().run, _on_idle_loop, make).result()
+
+
+def _on_idle_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    try:
+        loop = _idle_loops.pop()  # atomic: several threads share the pool without a lock
+    except IndexError:
+        loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(make())
+    finally:
+        _idle_loops.append(loop)
+
+
+@atexit.register
+def _close_loops() -> None:
+    while _idle_loops:
+        _idle_loops.pop().close()
+
+
+# -- gate_tools ----------------------------------------------------------------------------------------
+
+_CALL_KEY = "__callgate_call__"
+
+
+class _ToolCall(PendingCall):
+    """A `GatedTool` invocation: the original's parsed arguments, and how its `_run` takes them."""
+
+    __slots__ = ("artifact", "extra", "gate_args", "injected", "original", "parsed", "tool_call_id")
+
+    def __init__(
+        self,
+        original: BaseTool,
+        raw: str | dict[str, Any],
+        visible: Sequence[str],
+        tool_call_id: str | None,
+    ) -> None:
+        super().__init__(original.name, sync=True)
+        self.original = original
+        self.tool_call_id = tool_call_id
+        self.artifact: Any = None
+        self.extra: dict[str, Any] = {}
+        if isinstance(raw, str):
+            # A single-argument tool invoked with its input as a plain string.
+            self.gate_args: dict[str, Any] = {visible[0]: raw} if visible else {}
+            self.injected: dict[str, Any] = {}
+        else:
+            # Before parsing, which adds the injected tool call id to `raw`.
+            self.gate_args = {k: v for k, v in raw.items() if k in visible}
+            self.injected = {k: v for k, v in raw.items() if k not in visible}
+        self.parsed = original._to_args_and_kwargs(raw, tool_call_id)
+
+    async def execute(self, args: dict[str, Any]) -> Any:
+        original = self.original
+        if args == self.gate_args:
+            pos, kwargs = self.parsed
+        else:  # rewritten by the chain: LangChain validates the new arguments as it did the old
+            pos, kwargs = original._to_args_and_kwargs({**self.injected, **args}, self.tool_call_id)
+        kwargs = {**kwargs, **self.extra}
+        if self.sync:
+            response = outside_loop(original._run, *pos, **kwargs)
+        else:
+            response = await original._arun(*pos, **kwargs)
+        if original.response_format != "content_and_artifact":
+            return response
+        if not isinstance(response, tuple) or len(response) != 2:
+            raise ValueError(
+                "Since response_format='content_and_artifact' a two-tuple of the message content and raw "
+                f"tool output is expected. Instead, generated response is of type: {type(response)}."
+            )
+        content, self.artifact = response
+        return content
+
+
+def _takes(fn: Callable[..., Any]) -> tuple[bool, str | None]:
+    """Whether `fn` takes LangChain's `run_manager`, and the name of its `RunnableConfig` parameter."""
+    return "run_manager" in inspect.signature(fn).parameters, _get_runnable_config_param(fn)
+
+
+class GatedTool(StructuredTool):
+    """A LangChain tool whose every invocation passes the gate before the original runs.
+
+    Built by `gate_tools`. Everything LangChain and LangGraph read of a tool is the original's:
+    name, description, `args_schema` (the same class), injected arguments, `response_format`,
+    `return_direct`, tags, callbacks; `metadata["callgate_scope"]` is the scope. Invoking it
+    (sync, async, batched, from a ToolNode) validates the input as the original would, calls the
+    gate with the model's arguments and the `ToolCall`'s id, and runs the original's `_run` /
+    `_arun` only for an allowed call. Safe from several threads and tasks at once.
+    """
+
+    _original: BaseTool = PrivateAttr()
+    _scope: AgentScope = PrivateAttr()
+    _default_run: RunContext = PrivateAttr()
+    _visible: tuple[str, ...] = PrivateAttr()
+    _sync_takes: tuple[bool, str | None] = PrivateAttr()
+    _async_takes: tuple[bool, str | None] = PrivateAttr()
+
+    @classmethod
+    def wrap(cls, original: BaseTool, scope: AgentScope, default_run: RunContext) -> GatedTool:
+        """`original` gated by `scope` (where it must be registered); `default_run` for calls
+        whose config carries no `RunContext`."""
+        gated = cls(
+            name=original.name,
+            description=original.description,
+            args_schema=original.args_schema if original.args_schema is not None else original.get_input_schema(),
+            func=getattr(original, "func", None),
+            coroutine=getattr(original, "coroutine", None),
+            return_direct=original.return_direct,
+            response_format=original.response_format,
+            metadata={**(original.metadata or {}), "callgate_scope": scope},
+            tags=original.tags,
+            callbacks=original.callbacks,
+            verbose=original.verbose,
+            handle_validation_error=original.handle_validation_error,
+            handle_tool_error=original.handle_tool_error,
+            extras=getattr(original, "extras", None),
+        )
+        gated._original = original
+        gated._scope = scope
+        gated._default_run = default_run
+        gated._visible = tuple(_input_schema(original).get("properties") or ())
+        gated._sync_takes = _takes(original._run)
+        # What BaseTool.arun inspects: _arun if the tool has its own, else the _run it falls back to.
+        gated._async_takes = _takes(original._run if type(original)._arun is BaseTool._arun else original._arun)
+        return gated
+
+    @property
+    def original(self) -> BaseTool:
+        """The tool this one gates (never hand it to the model: its calls would bypass the gate)."""
+        return self._original
+
+    @property
+    def _injected_args_keys(self) -> frozenset[str]:
+        return self._original._injected_args_keys
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        if isinstance(self._original, StructuredTool):
+            # As the original would: a sync-only StructuredTool runs `invoke` on a worker thread.
+            return await super().ainvoke(input, config, **kwargs)
+        return await BaseTool.ainvoke(self, input, config, **kwargs)
+
+    def _to_args_and_kwargs(self, tool_input: str | dict[str, Any], tool_call_id: str | None) -> Any:
+        # BaseTool.run/arun call this with the raw input and the ToolCall's id right before _run /
+        # _arun: the original parses (and validates) the input here, as it would ungated.
+        return (), {_CALL_KEY: _ToolCall(self._original, tool_input, self._visible, tool_call_id)}
+
+    def _run(
+        self,
+        *_: Any,
+        config: RunnableConfig,
+        run_manager: CallbackManagerForToolRun | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        call: _ToolCall = kwargs[_CALL_KEY]
+        self._prepare(call, self._sync_takes, run_manager, config)
+        run = run_of(config, self._default_run)
+        token = _PENDING.set(call)
+        try:
+            result = run_sync(lambda: self._scope.call(self.name, call.gate_args, run=run, call_id=call.tool_call_id))
+        finally:
+            _PENDING.reset(token)
+        return self._output(call, result)
+
+    async def _arun(
+        self,
+        *_: Any,
+        config: RunnableConfig,
+        run_manager: AsyncCallbackManagerForToolRun | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        call: _ToolCall = kwargs[_CALL_KEY]
+        call.sync = False
+        self._prepare(call, self._async_takes, run_manager, config)
+        token = _PENDING.set(call)
+        try:
+            result = await self._scope.call(
+                self.name, call.gate_args, run=run_of(config, self._default_run), call_id=call.tool_call_id
+            )
+        finally:
+            _PENDING.reset(token)
+        return self._output(call, result)
+
+    @staticmethod
+    def _prepare(call: _ToolCall, takes: tuple[bool, str | None], run_manager: Any, config: RunnableConfig) -> None:
+        wants_manager, config_param = takes
+        if wants_manager and run_manager is not None:
+            call.extra["run_manager"] = run_manager
+        if config_param is not None:
+            call.extra[config_param] = config
+
+    def _output(self, call: _ToolCall, result: ToolResult) -> Any:
+        if call.escaped is not None:
+            raise call.escaped
+        content: Any
+        artifact: Any = None
+        match result.kind:
+            case "ok":
+                content, artifact = result.value, call.artifact
+            case "substituted":
+                content = result.value
+            case "denied" | "error":
+                text = result.to_model_text()
+                content = (
+                    text
+                    if call.tool_call_id is None
+                    else ToolMessage(text, tool_call_id=call.tool_call_id, name=self.name, status="error")
+                )
+        return (content, artifact) if self.response_format == "content_and_artifact" else content
 
 
 def gate_tools(
@@ -59,41 +412,10 @@ def gate_tools(
     run: RunContext | None = None,
     interceptors: Sequence[object] = (),
     timeout_s: float | None = None,
-) -> list[StructuredTool]:
+) -> list[GatedTool]:
     """Wrap `tools` so their invocation passes the gate; registers them in `gate.agent(agent)`
     (one `ToolsRegistered` event) before returning. Raises `ConfigurationError` for a tool name
-    or schema the gate cannot take. The scope is the wrapped tools' `metadata["callgate_scope"]`."""
-    scope = gate.agent(agent, tools=[_gate_tool(t, timeout_s) for t in tools], interceptors=interceptors)
+    or schema the gate cannot take. Hand only the returned tools to the model and the ToolNode."""
+    scope = gate.agent(agent, tools=[gate_tool(t, timeout_s) for t in tools], interceptors=interceptors)
     default_run = run if run is not None else RunContext()
-    return [_wrap(t, scope, default_run) for t in tools]
-
-
-def _wrap(original: BaseTool, scope: AgentScope, default_run: RunContext) -> StructuredTool:
-    name = original.name
-
-    def run_of(config: RunnableConfig | None) -> RunContext:
-        given = ((config or {}).get("configurable") or {}).get(RUN_CONFIG_KEY)
-        return given if isinstance(given, RunContext) else default_run
-
-    async def gated(config: RunnableConfig, **kwargs: Any) -> Any:
-        result = await scope.call(name, kwargs, run=run_of(config))
-        if result.kind in ("ok", "substituted"):
-            return result.value
-        return result.to_model_text()
-
-    def gated_sync(config: RunnableConfig, **kwargs: Any) -> Any:
-        # A sync invocation has no event loop running in its thread (LangChain calls sync tools
-        # from plain threads), so the call gets one of its own; a Gate is not bound to a loop.
-        return asyncio.run(gated(config, **kwargs))
-
-    return StructuredTool(
-        name=name,
-        description=original.description,
-        args_schema=_input_schema(original),
-        func=gated_sync,
-        coroutine=gated,
-        return_direct=original.return_direct,
-        response_format="content",
-        metadata={**(original.metadata or {}), "callgate_scope": scope},
-        tags=original.tags,
-    )
+    return [GatedTool.wrap(t, scope, default_run) for t in tools]
