@@ -7,11 +7,17 @@ serves them over stdio (or streamable HTTP). Nothing is written to stdout but MC
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import inspect
+import ipaddress
+import logging
 import os
 import signal
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,12 @@ from interceptor_core import ConfigurationError, Gate, RunContext
 
 DEFAULT_PRINCIPAL = "mcp-client"
 """Who the proxy's events say it acts for when the command line does not name a principal."""
+
+STARTUP_TIMEOUT_S = 30.0
+"""How long the upstream has to answer initialize and tools/list before the proxy gives up."""
+
+MIN_TOKEN_CHARS = 16
+"""The shortest bearer token a tokens file may hold (a guessable token is no authentication)."""
 
 
 class ProxyConfigError(Exception):
@@ -50,33 +62,140 @@ def build_sinks(
     return sinks
 
 
+def _takes_sinks(factory: Any) -> bool:
+    try:
+        inspect.signature(factory).bind(sinks=[])
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def gate_from_factory(spec: str, sinks: Sequence[Any]) -> Gate:
-    """The `Gate` that `MODULE:FACTORY` names: a `Gate`, or a function returning one. With sinks,
-    the function is called with `sinks=[...]`, so it must take that keyword."""
+    """The `Gate` that `MODULE:FACTORY` names: a `Gate` built already, or a function returning
+    one. The sinks `--events`/`--kafka` ask for are the proxy's to add: a function taking a
+    `sinks=` keyword is called with them; any other function is called with no arguments and
+    the sinks are added to the gate it returns (`Gate.add_sink`), as they are to a ready gate.
+    `ProxyConfigError` when the gate cannot take them (it emitted events or mediated calls
+    already, or a sink cannot start)."""
     from callgate.cli import load_object
 
     obj = load_object(spec)
+    given = False
     if isinstance(obj, Gate):
-        if sinks:
-            raise ProxyConfigError(
-                f"{spec} is a Gate built already; --events/--kafka need a function taking sinks=... that builds it"
-            )
-        return obj
-    if not callable(obj):
+        gate = obj
+    elif not callable(obj):
         raise ProxyConfigError(f"{spec} is not a Gate or a function returning one: it is of type {type(obj).__name__}")
-    if sinks:
-        try:
-            inspect.signature(obj).bind(sinks=list(sinks))
-        except TypeError:
-            raise ProxyConfigError(
-                f"{spec} takes no sinks= keyword; --events/--kafka hand the event sinks to the gate's factory"
-            ) from None
-        gate = obj(sinks=list(sinks))
+    elif sinks and _takes_sinks(obj):
+        gate, given = obj(sinks=list(sinks)), True
     else:
         gate = obj()
     if not isinstance(gate, Gate):
         raise ProxyConfigError(f"{spec}() returned a value of type {type(gate).__name__}, not a Gate")
+    if not given:
+        for sink in sinks:
+            try:
+                gate.add_sink(sink)
+            except ConfigurationError as exc:
+                raise ProxyConfigError(f"{spec}: the gate cannot take the --events/--kafka sinks: {exc}") from None
     return gate
+
+
+@dataclass(frozen=True)
+class ProxyClient:
+    """One line of a tokens file: who a bearer token stands for. `run` is the `RunContext` every
+    call made with the token carries (one per client for the life of the process)."""
+
+    principal: str
+    tenant: str | None
+    line: int
+    run: RunContext
+
+
+class TokenTable:
+    """The bearer tokens of `--tokens FILE`, each standing for a principal and a tenant.
+
+    Holds only SHA-256 digests of the tokens. `client(token)` compares the digest of the token
+    given with every entry's in constant time (`hmac.compare_digest`, no early exit), so neither
+    the time taken nor an error says how much of a token was right. Safe from several threads.
+    """
+
+    def __init__(self, entries: Mapping[str, ProxyClient]) -> None:
+        self._entries = [(hashlib.sha256(token.encode()).digest(), client) for token, client in entries.items()]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def client(self, token: str | None) -> ProxyClient | None:
+        """The client `token` stands for, or None (no token, or one not in the file)."""
+        given = hashlib.sha256((token or "").encode()).digest()
+        found = None
+        for digest, client in self._entries:
+            if hmac.compare_digest(digest, given) and token:
+                found = client
+        return found
+
+    @classmethod
+    def load(cls, path: Path) -> TokenTable:
+        """Read a tokens file: one client per line, `TOKEN PRINCIPAL [TENANT]` separated by
+        whitespace; blank lines and lines starting with `#` are skipped. `ProxyConfigError`
+        naming FILE:LINE (never the token) for a line without a principal or with more than three
+        fields, a token shorter than `MIN_TOKEN_CHARS`, a token given twice, or a file with no
+        token; or naming the file when it cannot be read."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProxyConfigError(f"tokens file {path} cannot be read: {exc}") from None
+        entries: dict[str, ProxyClient] = {}
+        for number, raw in enumerate(text.splitlines(), start=1):
+            fields = raw.split()
+            if not fields or fields[0].startswith("#"):
+                continue
+            where = f"tokens file {path}:{number}"
+            if len(fields) not in (2, 3):
+                raise ProxyConfigError(f"{where}: expected TOKEN PRINCIPAL [TENANT], got {len(fields)} fields")
+            token, principal = fields[0], fields[1]
+            tenant = fields[2] if len(fields) == 3 else None
+            if len(token) < MIN_TOKEN_CHARS:
+                raise ProxyConfigError(f"{where}: the token is shorter than {MIN_TOKEN_CHARS} characters")
+            if token in entries:
+                raise ProxyConfigError(f"{where}: the same token as line {entries[token].line}")
+            entries[token] = ProxyClient(principal, tenant, number, RunContext(tenant=tenant, principal=principal))
+        if not entries:
+            raise ProxyConfigError(f"tokens file {path} holds no token")
+        return cls(entries)
+
+
+def parse_listen(spec: str) -> tuple[str, int]:
+    """`HOST:PORT` of `--http` (an IPv6 host in brackets); `ProxyConfigError` for anything else,
+    a port out of 1-65535 included."""
+    host, _, port = spec.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit():
+        raise ProxyConfigError(f"--http expects HOST:PORT, got {spec!r}")
+    if not 1 <= int(port) <= 65535:
+        raise ProxyConfigError(f"--http {spec}: port {int(port)} is out of range (1-65535)")
+    return host, int(port)
+
+
+def listen_socket(host: str, port: int) -> tuple[socket.socket, bool]:
+    """A socket bound to `host:port` and listening, and whether every address of `host` is a
+    loopback one. `ProxyConfigError` naming the address for a host that does not resolve or an
+    address that cannot be bound (in use, not this machine's, privileged)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ProxyConfigError(f"--http {host}:{port}: the host does not resolve ({exc})") from None
+    loopback = all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ProxyConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock, loopback
 
 
 def build_proxy_gate(spec: str | None, policies: Sequence[Path], sinks: Sequence[Any]) -> Gate:
@@ -115,46 +234,164 @@ async def run_proxy(
     prefix: str = "",
     tenant: str | None = None,
     principal: str = DEFAULT_PRINCIPAL,
+    tokens: TokenTable | None = None,
+    startup_timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> int:
     """Start `upstream` (a command and its arguments, speaking MCP on stdio), register its tools
     in `gate.agent(agent)` and serve them through the gate until the client side closes (stdio)
-    or the process is stopped (HTTP). Every call is made for `tenant` and `principal` (one
-    `RunContext` for the life of the process), so events name who the proxy acts for. Closes the
-    gate's sinks on the way out. Returns the exit status: 0, or 1 when an audit sink lost events
-    (never stored or dropped), said in one line on stderr."""
-    if not upstream:
-        raise ProxyConfigError("no upstream command: put it after --, e.g. -- python my_server.py")
-    if upstream[0].startswith("-"):
-        # Options the command line did not know land here; none is a command.
-        raise ProxyConfigError(f"unknown option {upstream[0]!r}: the upstream command goes after --")
+    or SIGINT/SIGTERM (either mode). Calls are made for `tenant` and `principal` (one `RunContext`
+    for the life of the process, also on the scope's `ToolsRegistered` events), or, over HTTP
+    with `tokens`, for the client whose bearer token the request carries.
 
+    `ProxyConfigError` (nothing served, the upstream stopped) for: an HTTP address that does not
+    parse, cannot be bound or is not loopback while there are no `tokens`; an upstream command
+    that is missing or cannot be run; an upstream that does not answer as an MCP server within
+    `startup_timeout_s`. Closes the gate's sinks on the way out (also after a signal). Returns
+    the exit status: 0, or 1 when an audit sink lost events (never stored or dropped), said in
+    one line on stderr."""
+    try:
+        if not upstream:
+            raise ProxyConfigError("no upstream command: put it after --, e.g. -- python my_server.py")
+        if upstream[0].startswith("-"):
+            # Options the command line did not know land here; none is a command.
+            raise ProxyConfigError(f"unknown option {upstream[0]!r}: the upstream command goes after --")
+        sock = None
+        if http is not None:
+            sock, loopback = listen_socket(*http)
+            if not loopback and tokens is None:
+                sock.close()
+                raise ProxyConfigError(
+                    f"--http {http[0]}:{http[1]} is not a loopback address: give --tokens FILE so every client "
+                    "authenticates (or listen on 127.0.0.1)"
+                )
+        try:
+            identity = RunContext(tenant=tenant, principal=principal)
+            return await _serve(gate, upstream, http, sock, agent, prefix, identity, tokens, startup_timeout_s)
+        finally:
+            if sock is not None:
+                sock.close()
+    finally:
+        # Also when nothing was served: a sink's thread (Kafka's) must not outlive the refusal.
+        await gate.close()
+
+
+class _UpstreamNoise(logging.Filter):
+    """Keeps the SDK's complaint about an upstream line that is not JSON-RPC to one line (no
+    traceback), and remembers that there was one (the startup error says so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unparsed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is not None:
+            self.unparsed += 1
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+async def _serve(
+    gate: Gate,
+    upstream: Sequence[str],
+    http: tuple[str, int] | None,
+    sock: socket.socket | None,
+    agent: str,
+    prefix: str,
+    run: RunContext,
+    tokens: TokenTable | None,
+    startup_timeout_s: float,
+) -> int:
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from interceptor_core.integrations.mcp import McpProxy, McpToolset
+    from interceptor_core.integrations.mcp import McpProxy, McpToolset, client_of
 
-    run = RunContext(tenant=tenant, principal=principal)
+    command = " ".join(upstream)
     # A proxy stands in for the command, so the command sees the environment it would have seen.
     params = StdioServerParameters(command=upstream[0], args=list(upstream[1:]), env=dict(os.environ))
     toolset = McpToolset(raw_results=True, prefix=prefix)
+    noise = _UpstreamNoise()
+    stdio_log = logging.getLogger("mcp.client.stdio")
+    stdio_log.addFilter(noise)
+    stop = anyio.Event()
+    started = anyio.Event()
+    timed_out = False
+
+    def run_for(ctx: Any) -> RunContext:
+        client = client_of(ctx)
+        return client.run if isinstance(client, ProxyClient) else run
+
+    async def stop_on_signals() -> None:
+        # SIGINT or SIGTERM end the proxy the way a closed stdin ends a stdio one: requests in
+        # flight finish, the upstream is shut down and the gate's sinks are flushed before exit 0.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                stop.set()
+                if not started.is_set():
+                    tasks.cancel_scope.cancel()
+                return
+
+    async def give_up_after_timeout() -> None:
+        nonlocal timed_out
+        with anyio.move_on_after(startup_timeout_s):
+            await started.wait()
+            return
+        timed_out = True
+        tasks.cancel_scope.cancel()
+
     try:
-        async with Client(stdio_client(params, errlog=sys.stderr), message_handler=toolset.on_message) as client:
-            toolset.bind(client)
-            await toolset.load()
-            scope = await toolset.attach(gate.agent(agent, tools=toolset.tools))
-            proxy = McpProxy(toolset, scope, name=f"callgate:{gate.name}", run=run)
-            async with anyio.create_task_group() as tasks:
-                await tasks.start(toolset.follow)
-                if http is not None:
-                    stop = anyio.Event()
-                    tasks.start_soon(_stop_on_signals, stop)
-                    await proxy.serve_http(*http, stop=stop)
-                else:
-                    await proxy.serve_stdio()
-                tasks.cancel_scope.cancel()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(stop_on_signals)
+            tasks.start_soon(give_up_after_timeout)
+            async with Client(stdio_client(params, errlog=sys.stderr), message_handler=toolset.on_message) as client:
+                toolset.bind(client)
+                await toolset.load()
+                scope = await toolset.attach(gate.agent(agent, tools=toolset.tools, identity=run))
+                started.set()
+                proxy = McpProxy(toolset, scope, name=f"callgate:{gate.name}", run=run_for if tokens else run)
+                async with anyio.create_task_group() as serving:
+                    await serving.start(toolset.follow)
+                    if http is not None:
+                        await proxy.serve_http(
+                            *http, stop=stop, sock=sock, authenticate=tokens.client if tokens else None
+                        )
+                    else:
+                        await proxy.serve_stdio(stop=stop)
+                    serving.cancel_scope.cancel()
+            tasks.cancel_scope.cancel()
+    except Exception as exc:
+        if started.is_set():
+            raise
+        raise ProxyConfigError(_startup_failure(command, upstream[0], exc, noise.unparsed)) from None
     finally:
+        stdio_log.removeFilter(noise)
         await gate.close()
+    if timed_out:
+        more = "; it wrote lines that are not JSON-RPC" if noise.unparsed else ""
+        raise ProxyConfigError(
+            f"upstream {command!r} did not answer as an MCP server within {startup_timeout_s:g} s{more}"
+        )
     return audit_loss_status(gate)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _startup_failure(command: str, program: str, exc: BaseException, unparsed: int) -> str:
+    """One line saying why the upstream could not become the proxy's server."""
+    leaf = next((e for e in _leaves(exc) if not isinstance(e, anyio.get_cancelled_exc_class())), exc)
+    if isinstance(leaf, FileNotFoundError):
+        return f"upstream command {program!r} not found"
+    if isinstance(leaf, PermissionError):
+        return f"upstream command {program!r} cannot be run: permission denied"
+    if isinstance(leaf, OSError):
+        return f"upstream command {program!r} cannot be started: {leaf.strerror or leaf}"
+    said = "it wrote lines that are not JSON-RPC, then " if unparsed else ""
+    return f"upstream {command!r} is not an MCP server: {said}{type(leaf).__name__}: {leaf}"
 
 
 def audit_loss_status(gate: Gate) -> int:
@@ -168,12 +405,3 @@ def audit_loss_status(gate: Gate) -> int:
         return 0
     print(f"error: audit events were lost: {'; '.join(lost)}", file=sys.stderr)
     return 1
-
-
-async def _stop_on_signals(stop: anyio.Event) -> None:
-    # SIGINT or SIGTERM end an HTTP proxy the way a closed stdin ends a stdio one: requests in
-    # flight finish, the upstream is shut down and the gate's sinks are flushed before exit 0.
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            stop.set()
-            return

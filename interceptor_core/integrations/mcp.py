@@ -17,8 +17,14 @@ Needs the `mcp` package (the `mcp` extra); importing `interceptor_core` does not
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import queue
+import socket
 import sys
+import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, TextIO
@@ -26,6 +32,7 @@ from typing import Any, TextIO
 import anyio
 import anyio.abc
 import mcp_types as types
+import pydantic
 import pydantic_core
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -35,7 +42,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared._context_streams import create_context_streams
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from interceptor_core.context import RunContext, ToolContext
@@ -51,6 +60,18 @@ __all__ = ["McpProxy", "McpToolError", "McpToolset", "error_text", "result_from_
 
 _LIST_PAGE_CAP = 1000
 """Pages of a tools/list walk before giving up: a server whose cursor never ends cannot hang us."""
+
+MAX_NAME_CHARS = 128
+"""The longest tool name `McpProxy` accepts by default (the MCP specification's own bound)."""
+
+MAX_ARGS_BYTES = 1_048_576
+"""The largest `tools/call` arguments (as JSON) `McpProxy` accepts by default."""
+
+MAX_LINE_BYTES = 4 * 1_048_576
+"""The longest JSON-RPC message line `McpProxy.serve_stdio` reads by default."""
+
+_SHOWN_NAME_CHARS = 64
+"""How much of a refused tool name the audit keeps."""
 
 
 class McpToolError(CallgateError):
@@ -341,9 +362,15 @@ class McpProxy:
     `tools/list` shows the upstream's definitions; `tools/call` goes through `scope.call` with
     `run` (a `RunContext`, or a function of the request context returning one). A name the proxy
     does not know yet makes it list the upstream again before answering, so a tool announced
-    after start is registered before its first call. Upstream list changes are passed on to
-    connected clients (a notification on older protocol versions, `subscriptions/listen` on
-    2026-07-28).
+    after start is registered before its first call; those extra listings are made at most once
+    per `refresh_interval_s` (a client naming unknown tools in a loop cannot flood the upstream).
+    Upstream list changes are passed on to connected clients (a notification on older protocol
+    versions, `subscriptions/listen` on 2026-07-28).
+
+    Hostile input is refused before the gate sees it: a tool name longer than `max_name_chars` or
+    arguments larger than `max_args_bytes` (as JSON) get a JSON-RPC error (invalid params) that
+    states the sizes, never the input, and one small `ToolDenied` event (decided by validation,
+    the name cut to 64 characters, no arguments).
     """
 
     def __init__(
@@ -353,12 +380,24 @@ class McpProxy:
         *,
         name: str = "callgate-mcp-proxy",
         run: RunContext | Callable[[ServerRequestContext[Any]], RunContext] | None = None,
+        max_name_chars: int = MAX_NAME_CHARS,
+        max_args_bytes: int = MAX_ARGS_BYTES,
+        refresh_interval_s: float = 1.0,
     ) -> None:
         if not toolset.raw_results:
             raise ConfigurationError("McpProxy needs a toolset built with raw_results=True")
+        if max_name_chars < 1 or max_args_bytes < 2 or refresh_interval_s < 0:
+            raise ConfigurationError(
+                "max_name_chars must be at least 1, max_args_bytes at least 2 and refresh_interval_s not negative"
+            )
         self.toolset = toolset
         self.scope = scope
+        self.max_name_chars = max_name_chars
+        self.max_args_bytes = max_args_bytes
+        self.refresh_interval_s = refresh_interval_s
         self._run = run if run is not None else RunContext(principal="mcp-client")
+        self._next_refresh = 0.0
+        self._refreshing: anyio.Event | None = None
         self._bus = InMemorySubscriptionBus()
         self._listen = ListenHandler(self._bus)
         self._legacy_sessions: weakref.WeakSet[ServerSession] = weakref.WeakSet()
@@ -396,32 +435,95 @@ class McpProxy:
                 tools.append(definition.model_copy(update={"name": self.toolset.tool_name(definition.name)}))
         return types.ListToolsResult(tools=tools)
 
+    def _refusal(self, name: str, args: dict[str, Any]) -> str | None:
+        """Why a call is refused before the gate (sizes only, never the input), or None."""
+        if len(name) > self.max_name_chars:
+            return f"tool name of {len(name)} characters refused: this proxy accepts at most {self.max_name_chars}"
+        if len(args) and (size := len(pydantic_core.to_json(args))) > self.max_args_bytes:
+            return f"arguments of {size} bytes refused: this proxy accepts at most {self.max_args_bytes}"
+        return None
+
+    async def _refresh_for_unknown(self) -> None:
+        """List the upstream again for a name the proxy does not know, at most once per
+        `refresh_interval_s`; callers arriving during a listing wait for it instead of starting one."""
+        if self._refreshing is not None:
+            await self._refreshing.wait()
+            return
+        if time.monotonic() < self._next_refresh:
+            return
+        self._refreshing = done = anyio.Event()
+        try:
+            await self.toolset.refresh()
+        except Exception:
+            # The call is then answered as unknown; the upstream's failure is not the client's to read.
+            log.warning("listing the upstream's tools again failed", exc_info=True)
+        finally:
+            self._next_refresh = time.monotonic() + self.refresh_interval_s
+            self._refreshing = None
+            done.set()
+
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         self._remember(ctx)
-        if params.name not in self.scope.tools:
-            await self.toolset.refresh()
         run = self._run if isinstance(self._run, RunContext) else self._run(ctx)
+        args = dict(params.arguments or {})
+        refusal = self._refusal(params.name, args)
+        if refusal is not None:
+            name = params.name
+            shown = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
+            self.scope.refuse(shown, refusal, run=run)
+            raise MCPError(types.INVALID_PARAMS, refusal)
+        if params.name not in self.scope.tools:
+            await self._refresh_for_unknown()
         try:
-            result = await self.scope.call(params.name, dict(params.arguments or {}), run=run)
+            result = await self.scope.call(params.name, args, run=run)
         except (ToolBlockedError, ToolApprovalRequiredError) as exc:
             # A block stops the caller's run: a protocol error, not a result a model would read on.
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
         definition = self.toolset.definition(params.name)
         return result_from_gate(result, definition.output_schema if definition is not None else None)
 
-    async def serve_stdio(self) -> None:
-        """Serve MCP clients on this process's stdin/stdout until stdin closes."""
-        from mcp.server.stdio import stdio_server
+    async def serve_stdio(self, *, stop: anyio.Event | None = None, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        """Serve one MCP client on this process's stdin/stdout until stdin closes or `stop` is set
+        (then it returns at once: a blocked read of stdin does not hold it). While serving, fd 0
+        reads the null device and fd 1 writes to stderr, so stray output misses the wire.
 
-        async with stdio_server() as (read, write):
+        Unlike the MCP SDK's stdio transport, which drops such lines unanswered, every line that is
+        not a JSON-RPC message gets an error response: -32700 (parse error, id null) for text that
+        is not JSON, -32600 (invalid request) for JSON that is not a message, for JSON nested deeper
+        than the parser's limit (with the request's id when it can be read) and for a line longer
+        than `max_line_bytes` (its content is skipped, never buffered whole)."""
+        async with _stdio_transport(max_line_bytes) as (read, write), anyio.create_task_group() as tasks:
+            if stop is not None:
+
+                async def stop_when_asked() -> None:
+                    await stop.wait()
+                    tasks.cancel_scope.cancel()
+
+                tasks.start_soon(stop_when_asked)
             await self.server.run(read, write, self._init_options())
+            tasks.cancel_scope.cancel()
 
-    async def serve_http(self, host: str, port: int, *, stop: anyio.Event | None = None) -> None:
+    async def serve_http(
+        self,
+        host: str,
+        port: int,
+        *,
+        stop: anyio.Event | None = None,
+        sock: socket.socket | None = None,
+        authenticate: Callable[[str | None], object | None] | None = None,
+    ) -> None:
         """Serve streamable HTTP on `host:port` (path `/mcp`) until `stop` is set (then it shuts
         down gracefully and returns) or the task is cancelled. Installs no signal handlers:
-        whether a signal stops the server is the caller's decision."""
+        whether a signal stops the server is the caller's decision. `sock`: a socket already
+        bound to `host:port` and listening (so the caller learns of a port in use before it starts
+        anything else).
+
+        `authenticate(bearer_token_or_None)` returns who the request is from, or None to answer it
+        401 (`WWW-Authenticate: Bearer`) before the MCP layer sees it; what it returned is in the
+        request's ASGI scope under `"callgate.client"`, which a `run` function reads with
+        `client_of(ctx)`."""
         import uvicorn
 
         class _Server(uvicorn.Server):
@@ -431,7 +533,9 @@ class McpProxy:
             def capture_signals(self) -> Iterator[None]:
                 yield
 
-        app = self.server.streamable_http_app(host=host)
+        app: Any = self.server.streamable_http_app(host=host)
+        if authenticate is not None:
+            app = _BearerAuth(app, authenticate)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
         server = _Server(config)
 
@@ -442,8 +546,184 @@ class McpProxy:
         async with anyio.create_task_group() as tasks:
             if stop is not None:
                 tasks.start_soon(stop_when_asked, stop)
-            await server.serve()
+            await server.serve(sockets=[sock] if sock is not None else None)
             tasks.cancel_scope.cancel()
 
     def _init_options(self) -> Any:
         return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+
+
+def client_of(ctx: ServerRequestContext[Any]) -> object | None:
+    """Who sent this request over streamable HTTP, as `serve_http(authenticate=...)` said (None
+    over stdio or without authentication)."""
+    request = ctx.request
+    scope = getattr(request, "scope", None)
+    return scope.get("callgate.client") if isinstance(scope, dict) else None
+
+
+class _BearerAuth:
+    """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>` that
+    `authenticate` accepts; others are answered 401 and never reach the MCP app."""
+
+    def __init__(self, app: Any, authenticate: Callable[[str | None], object | None]) -> None:
+        self.app = app
+        self.authenticate = authenticate
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = None
+        for key, value in scope.get("headers", ()):
+            if key == b"authorization":
+                scheme, _, credentials = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer":
+                    token = credentials.strip()
+                break
+        client = self.authenticate(token)
+        if client is None:
+            body = b'{"error":"unauthorized","error_description":"a valid bearer token is required"}'
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"www-authenticate", b'Bearer realm="callgate"'),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app({**scope, "callgate.client": client}, receive, send)
+
+
+# -- stdio ----------------------------------------------------------------------------------------
+
+_EOF = object()
+_TOO_LONG = object()
+
+
+def _error_line(code: int, message: str, request_id: Any = None) -> SessionMessage:
+    return SessionMessage(
+        types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message))
+    )
+
+
+def _answer_unreadable(line: bytes, exc: pydantic.ValidationError) -> SessionMessage:
+    """The error response to a line that is not a JSON-RPC message (the input is never echoed)."""
+    errors = exc.errors(include_input=False, include_url=False)
+    parse = next((e for e in errors if e["type"] == "json_invalid"), None)
+    request_id: Any = None
+    try:
+        # Python's parser reads deeper than pydantic-core's (200 levels), so the id of a request
+        # refused only for its nesting can usually be named.
+        parsed = json.loads(line)
+    except (ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("id"), str | int) and not isinstance(parsed["id"], bool):
+        request_id = parsed["id"]
+    if parse is not None and parsed is None:
+        why = (parse.get("ctx") or {}).get("error", "not JSON")
+        return _error_line(types.PARSE_ERROR, f"Parse error: {why}")
+    if parse is not None:
+        why = (parse.get("ctx") or {}).get("error", "")
+        return _error_line(types.INVALID_REQUEST, f"Invalid request: {why}", request_id)
+    return _error_line(types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message", request_id)
+
+
+def _read_lines(fd: int, max_line_bytes: int, deliver: Callable[[object], bool]) -> None:
+    """A daemon thread's loop: each line of `fd` (bytes), `_TOO_LONG` for a line over the limit
+    (skipped to its end), then `_EOF`; stops when `deliver` returns False (nobody listens)."""
+    with os.fdopen(fd, "rb", closefd=False) as stream:
+        while True:
+            line = stream.readline(max_line_bytes + 1)
+            if not line:
+                deliver(_EOF)
+                return
+            if len(line) > max_line_bytes:
+                while line and not line.endswith(b"\n"):
+                    line = stream.readline(65536)
+                if not deliver(_TOO_LONG):
+                    return
+                continue
+            if not deliver(line):
+                return
+
+
+@contextlib.asynccontextmanager
+async def _stdio_transport(max_line_bytes: int) -> AsyncIterator[tuple[Any, Any]]:
+    """MCP over fds 0 and 1, read and written by daemon threads of its own: a read blocked on
+    stdin never holds up the process's exit (the SDK's transport reads in a worker thread that a
+    stop must wait for). Lines that are not messages are answered here (see `serve_stdio`)."""
+    wire_in, wire_out = os.dup(0), os.dup(1)
+    quiet = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(quiet, 0)
+    os.close(quiet)
+    os.dup2(2, 1)
+    token = anyio.lowlevel.current_token()
+    lines_in, lines = anyio.create_memory_object_stream[object](0)
+    read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
+    write_stream, write_reader = create_context_streams[SessionMessage](0)
+    outgoing: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    drained = threading.Event()
+
+    def deliver(item: object) -> bool:
+        try:
+            anyio.from_thread.run(lines_in.send, item, token=token)
+        except Exception:  # the loop is gone or the transport closed: nobody listens any more
+            return False
+        return True
+
+    def write_lines() -> None:
+        with os.fdopen(wire_out, "wb", closefd=False) as stream:
+            while (data := outgoing.get()) is not None:
+                try:
+                    stream.write(data)
+                    stream.flush()
+                except OSError:
+                    break  # the client closed its end; what it would have read is lost with it
+        drained.set()
+
+    async def route_lines() -> None:
+        async with read_writer, lines:
+            async for item in lines:
+                if item is _EOF:
+                    return
+                if not isinstance(item, bytes):  # _TOO_LONG
+                    too_long = f"Invalid request: longer than {max_line_bytes} bytes"
+                    await write_stream.send(_error_line(types.INVALID_REQUEST, too_long))
+                    continue
+                if not item.strip():
+                    continue
+                try:
+                    message = types.jsonrpc_message_adapter.validate_json(item, by_name=False)
+                except pydantic.ValidationError as exc:
+                    await write_stream.send(_answer_unreadable(item, exc))
+                    continue
+                await read_writer.send(SessionMessage(message))
+
+    async def send_lines() -> None:
+        async with write_reader:
+            async for message in write_reader:
+                text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                outgoing.put((text + "\n").encode())
+
+    threading.Thread(target=_read_lines, args=(wire_in, max_line_bytes, deliver), daemon=True).start()
+    threading.Thread(target=write_lines, daemon=True).start()
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(route_lines)
+            tasks.start_soon(send_lines)
+            try:
+                yield read_stream, write_stream
+            finally:
+                tasks.cancel_scope.cancel()
+    finally:
+        lines_in.close()
+        outgoing.put(None)
+        # What the server answered last reaches the client before the process goes on to exit.
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(drained.wait, 5.0, abandon_on_cancel=True)
+        os.dup2(wire_out, 1)

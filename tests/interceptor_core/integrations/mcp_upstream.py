@@ -2,16 +2,33 @@
 
 Its tools act on files under $UPSTREAM_ROOT and record every effect in effects.log there, so a
 test can prove that a refused call never reached it. `enable_archive` adds the `archive_file`
-tool at run time and announces the change (on both protocol eras).
+tool at run time and announces the change (on both protocol eras). Every tools/list a client
+makes is a line of lists.log, and the process writes its pid to upstream.pid when it starts.
+
+With UPSTREAM_FILE_TOOLS=1 it also has the path-carrying tools of the official filesystem server
+(`read_file`, `read_multiple_files`, `move_file`), which resolve paths as it does: relative to the
+root, or absolute.
 """
 
 import os
 from pathlib import Path
+from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 
 root = Path(os.environ["UPSTREAM_ROOT"])
-server = MCPServer("files")
+
+
+class CountingServer(MCPServer):
+    """Records each tools/list request (the proxy's rate limit on listing again is measured here)."""
+
+    async def _handle_list_tools(self, *args: Any, **kwargs: Any) -> Any:
+        with (root / "lists.log").open("a") as log:
+            log.write("list\n")
+        return await super()._handle_list_tools(*args, **kwargs)
+
+
+server = CountingServer("files")
 
 
 def record(effect: str) -> None:
@@ -51,5 +68,27 @@ async def enable_archive(ctx: Context) -> str:
     return "archive_file is available"
 
 
+if os.environ.get("UPSTREAM_FILE_TOOLS") == "1":
+
+    @server.tool(description="Reads a text file under the root (or an absolute path)")
+    def read_file(path: str) -> str:
+        text = (root / path).read_text()
+        record(f"read {path}")
+        return text
+
+    @server.tool(description="Reads several text files")
+    def read_multiple_files(paths: list[str]) -> str:
+        texts = [(root / path).read_text() for path in paths]
+        record(f"read {' '.join(paths)}")
+        return "\n".join(texts)
+
+    @server.tool(description="Moves or renames a file")
+    def move_file(source: str, destination: str) -> str:
+        (root / source).rename(root / destination)
+        record(f"move {source} {destination}")
+        return f"moved {source} to {destination}"
+
+
 if __name__ == "__main__":
+    (root / "upstream.pid").write_text(str(os.getpid()))
     server.run()
