@@ -7,11 +7,13 @@ files = GatedMCPServer(MCPServerStdio({"command": "python", "args": ["my_server.
 agent = agents.Agent(name="writer", tools=tools, mcp_servers=[files])
 ```
 
-Each gated tool is the original `FunctionTool` with its invocation replaced: the SDK parses the
-model's JSON arguments into the gate, and only an allowed call reaches the original invocation
-(with the SDK's own tool context, so its validation, context injection and error handling still
-apply). A denial is the tool's output, so the model reads it; `Block` raises `ToolBlockedError`
-and ends the run. The `RunContext` is the run's `context` when that is one, else `run`.
+Each gated tool is the original `FunctionTool` with its invocation replaced: the gate decides on
+the model's arguments, and only an allowed call reaches the original's own invocation (with the
+SDK's tool context, so its argument validation, context injection and output checks apply as
+ungated). A denial is the tool's output, so the model reads it; `Block` raises `ToolBlockedError`
+and ends the run. A failure of the tool, invalid arguments included, gets the SDK's failure handling
+(`failure_error_function`: the default text, a custom one, or `None` to raise) as ungated. The
+`RunContext` is the run's `context` when that is one, else `run`; the call id is the SDK's.
 
 An MCP server handed to the SDK as it is (`Agent(mcp_servers=[server])`) is called by the SDK
 directly: wrap it in `GatedMCPServer` first, so that its tools are registered and every call of
@@ -22,44 +24,96 @@ Needs `openai-agents` (the `openai-agents` extra); importing `interceptor_core` 
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import dataclasses
+import inspect
 import json
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, assert_never
 
 import mcp_types as types
 from agents import FunctionTool
 from agents.agent import AgentBase
+from agents.exceptions import ModelBehaviorError
 from agents.mcp import MCPServer, MCPToolMetaContext
 from agents.run_context import RunContextWrapper
-from agents.tool import ToolErrorFunction
+from agents.tool import (
+    ToolErrorFunction,
+    _FailureHandlingFunctionToolInvoker,
+    _parse_function_tool_json_input,
+    maybe_invoke_function_tool_failure_error_function,
+)
 from agents.tool_context import ToolContext as SdkToolContext
+from agents.util._approvals import evaluate_needs_approval_setting
+from pydantic import ValidationError
 
-from interceptor_core.context import RunContext, ToolContext
+from interceptor_core.approvals import Approval
+from interceptor_core.context import RunContext, ToolCall, ToolContext
+from interceptor_core.decisions import Allow, PolicyDecision, RequireApproval, Rewrite
 from interceptor_core.exceptions import ToolApprovalRequiredError, ToolBlockedError
 from interceptor_core.gate import AgentScope, Gate, Workflow
-from interceptor_core.integrations._schema import schema_tool
+from interceptor_core.integrations._schema import SchemaArgs, schema_model, schema_tool
 from interceptor_core.integrations.mcp import McpToolError, error_text, result_from_gate
 from interceptor_core.tools import Tool
 
 __all__ = ["GatedMCPServer", "gate_function_tools"]
 
-_sdk_context: contextvars.ContextVar[SdkToolContext[Any] | None] = contextvars.ContextVar(
+# The SDK's invocation pipeline is private API (`_FailureHandlingFunctionToolInvoker` and its
+# `_invoke_tool_impl`, `_parse_function_tool_json_input`): the `openai-agents` extra pins 0.24.x,
+# and the tests run the real runner over every path that uses them.
+
+_SDK_APPROVED = Approval(approved=True, note="approved in the OpenAI Agents SDK run (RunState.approve)")
+
+_STOPPING = (ToolBlockedError, ToolApprovalRequiredError)
+
+
+@dataclasses.dataclass(slots=True)
+class _InFlight:
+    """One gated invocation: the SDK's context for the gate tool's body (None while the approval
+    step only records that the call waits for approval), and what the original raised."""
+
+    ctx: SdkToolContext[Any] | None
+    error: Exception | None = None
+
+
+_in_flight: contextvars.ContextVar[_InFlight | None] = contextvars.ContextVar(
     "callgate_openai_agents_call", default=None
 )
-"""The SDK's context of the call in flight, for the gate tool's body (run in a copy of the caller's
-context)."""
+"""The gated invocation in flight, for the gate tool's body (run in a copy of the caller's context)."""
+
+
+def _sdk_invocation(original: FunctionTool) -> Callable[[SdkToolContext[Any], str], Awaitable[Any]]:
+    """What the original runs for a call, without its failure handling (the gated tool applies that
+    to the gate's outcome): its arguments checked and its function called, as the SDK would."""
+    invoker = original.on_invoke_tool
+    if isinstance(invoker, _FailureHandlingFunctionToolInvoker):
+        return invoker._invoke_tool_impl
+    return invoker
 
 
 def _gate_tool(original: FunctionTool, timeout_s: float | None) -> Tool[Any, Any]:
-    async def body(args: dict[str, Any], _ctx: ToolContext) -> Any:
-        sdk_ctx = _sdk_context.get()
-        if sdk_ctx is None:
-            raise RuntimeError(f"tool {original.name!r} was called outside the OpenAI Agents runner")
-        return await original.on_invoke_tool(sdk_ctx, json.dumps(args))
+    """The gate's tool for `original`: its JSON Schema shown as is, and no schema check of its own,
+    because the SDK's validation (in the body, before the function) decides what is valid, as it
+    does ungated. Interceptors see the model's arguments as a plain mapping."""
+    shown = schema_model(original.name, original.params_json_schema)
+    model = type(shown.__name__, (shown,), {"__module__": shown.__module__, "validate_schema": None})
+    invoke = _sdk_invocation(original)
+    name = original.name
 
-    return schema_tool(original.name, original.description, original.params_json_schema, body, timeout_s=timeout_s)
+    async def run(args: SchemaArgs, ctx: ToolContext) -> Any:
+        flight = _in_flight.get()
+        if flight is None or flight.ctx is None:
+            raise RuntimeError(f"tool {name!r} was called outside the OpenAI Agents runner")
+        try:
+            return await invoke(flight.ctx, json.dumps(args.model_dump()))
+        except Exception as exc:
+            flight.error = exc  # the SDK's failure handling wants the exception, not its text
+            raise
+
+    run.__annotations__ = {"args": model, "ctx": ToolContext, "return": Any}
+    run.__qualname__ = run.__name__ = f"{name}_via_openai_agents"
+    return Tool(run, name=name, description=original.description, timeout_s=timeout_s)
 
 
 def gate_function_tools(
@@ -70,29 +124,187 @@ def gate_function_tools(
     run: RunContext | None = None,
     interceptors: Sequence[object] = (),
     timeout_s: float | None = None,
+    sdk_approvals: bool = True,
 ) -> list[FunctionTool]:
     """Gated copies of `tools`, registered in `gate.agent(agent)` (one `ToolsRegistered` event)
-    before this returns. Raises `ConfigurationError` for a name or schema the gate cannot take."""
+    before this returns. Raises `ConfigurationError` for a name or schema the gate cannot take.
+
+    `sdk_approvals` (default True): when the gate has no `approval_handler`, a call its chain
+    requires approval for interrupts the SDK's run (`RunResult.interruptions`; approve or reject
+    it on the run's state and run again), as a tool's own `needs_approval` does. The chain is then
+    asked at the SDK's approval step too (recording nothing), and the tools' `needs_approval` is a
+    function, which the SDK asks only for arguments that are a JSON object: other arguments ask for
+    approval first. False leaves `needs_approval` as it is; such a call then raises
+    `ToolApprovalRequiredError`, as on the gate's other routes."""
     scope = gate.agent(agent, tools=[_gate_tool(t, timeout_s) for t in tools], interceptors=interceptors)
     default_run = run if run is not None else RunContext()
-    return [_wrap(t, scope, default_run) for t in tools]
+    return [_wrap(t, scope, default_run, sdk_approvals) for t in tools]
 
 
-def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext) -> FunctionTool:
-    name = original.name
+def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sdk_approvals: bool) -> FunctionTool:
+    invoker = original.on_invoke_tool
+    handled = (
+        getattr(invoker, "_on_handled_error", None)
+        if isinstance(invoker, _FailureHandlingFunctionToolInvoker)
+        else None
+    )
+    gated = _GatedInvocation(
+        scope, original.name, default_run, isinstance(invoker, _FailureHandlingFunctionToolInvoker), handled
+    )
+    if not sdk_approvals:
+        return dataclasses.replace(original, on_invoke_tool=gated)
+    needs_approval = _needs_approval(original.needs_approval, scope, original.name, default_run)
+    return dataclasses.replace(original, on_invoke_tool=gated, needs_approval=needs_approval)
 
-    async def gated(ctx: SdkToolContext[Any], arguments: str) -> Any:
-        run = ctx.context if isinstance(ctx.context, RunContext) else default_run
-        token = _sdk_context.set(ctx)
+
+class _GatedInvocation:
+    """A gated tool's `on_invoke_tool`: the call passes the gate, whose tool body is the original's
+    own invocation; then the SDK's failure handling of the original's kind applies to a failure,
+    so the model reads (or the run raises) what it would ungated. A block, or an approval nobody
+    can give, ends the run whatever `failure_error_function` says."""
+
+    def __init__(
+        self,
+        scope: AgentScope,
+        name: str,
+        default_run: RunContext,
+        handles_failures: bool,
+        on_handled_error: Callable[..., None] | None,
+        tool: FunctionTool | None = None,
+    ) -> None:
+        self.scope = scope
+        self.name = name
+        self.default_run = default_run
+        self.handles_failures = handles_failures
+        self.on_handled_error = on_handled_error
+        self.tool = tool
+
+    def __agents_bind_function_tool__(self, tool: FunctionTool) -> _GatedInvocation:
+        # The SDK binds an invoker to each FunctionTool (copies included) so that failures are
+        # formatted with that tool's own `failure_error_function`.
+        if tool is self.tool:
+            return self
+        return _GatedInvocation(
+            self.scope, self.name, self.default_run, self.handles_failures, self.on_handled_error, tool
+        )
+
+    async def __call__(self, ctx: SdkToolContext[Any], input: str) -> Any:
         try:
-            result = await scope.call(name, arguments or "{}", run=run)
-        finally:
-            _sdk_context.reset(token)
-        if result.kind in ("ok", "substituted"):
-            return result.value
-        return result.to_model_text()
+            return await self._through_gate(ctx, input)
+        except _STOPPING:
+            raise
+        except Exception as exc:
+            tool = self.tool
+            if not self.handles_failures or tool is None:
+                raise
+            text = await maybe_invoke_function_tool_failure_error_function(function_tool=tool, context=ctx, error=exc)
+            if text is None:
+                raise
+            if self.on_handled_error is not None:
+                self.on_handled_error(tool, exc, input, ctx)
+            return text
 
-    return dataclasses.replace(original, on_invoke_tool=gated)
+    async def _through_gate(self, ctx: SdkToolContext[Any], input: str) -> Any:
+        scope = self.scope
+        context = ctx.context
+        run = context if isinstance(context, RunContext) else self.default_run
+        approval = None
+        if scope.gate.approval_handler is None and ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
+            approval = _SDK_APPROVED
+        flight = _InFlight(ctx)
+        token = _in_flight.set(flight)
+        try:
+            result = await scope.call(self.name, input or "{}", run=run, call_id=ctx.tool_call_id, approval=approval)
+        finally:
+            _in_flight.reset(token)
+        match result.kind:
+            case "ok" | "substituted":
+                return result.value
+            case "denied":
+                return result.to_model_text()
+            case "error":
+                if flight.error is not None:
+                    raise flight.error
+                if result.decided_by == "validation":
+                    # Not a JSON object: the SDK's own error for it, then its failure handling.
+                    _parse_function_tool_json_input(tool_name=self.name, input_json=input)
+                    raise ModelBehaviorError(f"Invalid JSON input for tool {self.name}: {result.message}")
+                return result.to_model_text()  # the gate's own failure (a timeout, an after-interceptor)
+            case _:
+                assert_never(result.kind)
+
+
+NeedsApproval = Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]
+
+
+def _needs_approval(own: bool | NeedsApproval, scope: AgentScope, name: str, default_run: RunContext) -> NeedsApproval:
+    """The gated tool's `needs_approval`: the tool's own setting, or else (when the gate has no
+    approval handler) whether the chain requires approval for the call. Then the gate records what
+    it records when nobody can approve a call (`Blocked`, cause "approval_required"), and the SDK
+    interrupts the run; the resumed run passes the whole chain again, with the SDK's approval."""
+
+    async def needs_approval(run_ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
+        if own is True or (callable(own) and await evaluate_needs_approval_setting(own, run_ctx, params, call_id)):
+            return True
+        if scope.gate.approval_handler is not None:
+            return False
+        context = run_ctx.context
+        run = context if isinstance(context, RunContext) else default_run
+        if not await _chain_requires_approval(scope, name, params, run, call_id):
+            return False
+        token = _in_flight.set(_InFlight(None))  # the body must not run now, whatever the chain says
+        try:
+            await scope.call(name, params, run=run, call_id=call_id)
+        except ToolApprovalRequiredError:
+            return True
+        finally:
+            _in_flight.reset(token)
+        return False  # the chain changed its mind; the call itself decides again
+
+    return needs_approval
+
+
+async def _chain_requires_approval(
+    scope: AgentScope, name: str, params: Mapping[str, Any], run: RunContext, call_id: str
+) -> bool:
+    """Whether the chain would ask for approval of this call: its before-interceptors run on the
+    arguments (rewrites applied; a call id is counted once by rate limits) and nothing is recorded.
+    Any other end (a denial, a substitute, a block, a failing interceptor) is False: the call then
+    ends that way when it is made."""
+    if name not in scope.tools:
+        return False
+    compiled = scope._chain(name)
+    tool = compiled.tool
+    model = tool.input_model
+    try:
+        call = ToolCall(tool, model.model_validate(params), run, call_id, compiled.path)
+    except ValidationError:
+        return False
+    asked = False
+    timeout = scope.gate.interceptor_timeout_s
+    for bound in compiled.before:
+        if bound.shadow or bound.before is None:
+            continue
+        try:
+            decision = bound.before(call)
+            if inspect.isawaitable(decision):
+                async with asyncio.timeout(timeout):
+                    decision = await decision
+            if type(decision) is PolicyDecision:
+                if decision.args is not None:
+                    args = decision.args
+                    call._replace_args(args if isinstance(args, model) else model.model_validate(args))
+                decision = decision.decision
+            if type(decision) is Rewrite:
+                new = decision.args
+                call._replace_args(new if isinstance(new, model) else model.model_validate(new))
+        except Exception:
+            return False
+        if type(decision) is RequireApproval:
+            asked = True
+        elif decision is not None and type(decision) not in (Allow, Rewrite):
+            return False
+    return asked
 
 
 # -- MCP servers ----------------------------------------------------------------------------------
@@ -107,8 +319,6 @@ _mcp_meta: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVa
     "callgate_openai_agents_mcp_meta", default=None
 )
 """The request `_meta` of the call in flight, for the gate tool's body."""
-
-_STOPPING = (ToolBlockedError, ToolApprovalRequiredError)
 
 
 def _stopping_error(error: BaseException) -> BaseException | None:

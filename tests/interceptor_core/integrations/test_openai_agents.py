@@ -1,59 +1,51 @@
 """OpenAI Agents SDK through the gate: gated `FunctionTool`s (an agent as a tool included) and a
-gated MCP server (the real test server process) in the SDK's own runner, driven by a scripted
-model (the SDK's `Model` interface), no network."""
+gated MCP server (the real test server process) in the SDK's own runner, driven by the SDK's own
+scripted model (`agents.testing.ScriptedModel`), no network.
+
+Where a test says "as ungated", it runs the same script against the original tools too and
+compares what the model read or what the run raised."""
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agent, ModelResponse, RunConfig, Runner, Usage, UserError, function_tool
+from agents import (
+    Agent,
+    FunctionTool,
+    RunConfig,
+    RunContextWrapper,
+    Runner,
+    RunResult,
+    UserError,
+    function_tool,
+)
 from agents.mcp import MCPServerStdio
-from agents.models.interface import Model
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
-from events import MemorySink
-from interceptor_core import Deny, Gate, RunContext, ToolBlockedError, ToolCall
+from events import MemorySink, verify_chain
+from interceptor_core import (
+    Approval,
+    ApprovalRequest,
+    Deny,
+    Gate,
+    RequireApproval,
+    Rewrite,
+    RunContext,
+    ToolApprovalRequiredError,
+    ToolBlockedError,
+    ToolCall,
+)
 from interceptor_core.integrations.openai_agents import GatedMCPServer, gate_function_tools
 
 from .conftest import effects, upstream_command
 from .files_policy import DENIAL, ProtectFiles
 
 OFFLINE = RunConfig(tracing_disabled=True)
-
-
-class ScriptedModel(Model):
-    """Answers each turn with the scripted tool calls, then with the tool outputs it was sent."""
-
-    def __init__(self, *turns: list[tuple[str, dict[str, Any]]]) -> None:
-        self.turns = list(turns)
-        self.asked = 0
-
-    async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> ModelResponse:
-        self.asked += 1
-        if self.asked <= len(self.turns):
-            calls = [
-                ResponseFunctionToolCall(
-                    type="function_call", call_id=f"c{self.asked}-{i}", name=name, arguments=json.dumps(args_)
-                )
-                for i, (name, args_) in enumerate(self.turns[self.asked - 1])
-            ]
-            return ModelResponse(output=list(calls), usage=Usage(), response_id=None)
-        outputs = [
-            output_text(item["output"])
-            for item in input
-            if isinstance(item, dict) and item.get("type") == "function_call_output"
-        ]
-        text = ResponseOutputText(type="output_text", text=" | ".join(outputs), annotations=[])
-        message = ResponseOutputMessage(id="m", type="message", role="assistant", status="completed", content=[text])
-        return ModelResponse(output=[message], usage=Usage(), response_id=None)
-
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise NotImplementedError
+OUTCOMES = ("ToolUse", "ToolDenied", "Substitute", "Blocked")
 
 
 def output_text(output: Any) -> str:
@@ -65,15 +57,34 @@ def output_text(output: Any) -> str:
     return str(output)
 
 
-def file_tools(root: Path, done: list[str]) -> list[Any]:
-    @function_tool
+def echo_outputs(call: ModelCall) -> list[Any]:
+    """The model's answer once it has tool outputs: every output it was sent this turn, joined."""
+    outputs = [
+        output_text(item["output"])
+        for item in call.input
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    ]
+    return [assistant_message(" | ".join(outputs))]
+
+
+def script(*turns: Sequence[tuple[str, Any]]) -> ScriptedModel:
+    """A model that makes each turn's tool calls (ids `c<turn>-<index>`), then echoes the outputs."""
+    steps: list[Any] = [
+        [function_call(name, args, call_id=f"c{t}-{i}") for i, (name, args) in enumerate(turn)]
+        for t, turn in enumerate(turns, start=1)
+    ]
+    return ScriptedModel([*steps, ModelStep.respond(echo_outputs)])
+
+
+def file_tools(root: Path, done: list[str], **options: Any) -> list[FunctionTool]:
+    @function_tool(**options)
     def write_file(path: str, text: str) -> str:
         """Writes text to a file under the root."""
         (root / path).write_text(text)
         done.append(f"write {path}")
         return f"wrote {path}"
 
-    @function_tool
+    @function_tool(**options)
     def delete_file(path: str) -> str:
         """Deletes a file under the root."""
         (root / path).unlink()
@@ -83,33 +94,285 @@ def file_tools(root: Path, done: list[str]) -> list[Any]:
     return [write_file, delete_file]
 
 
+def outcomes(memory: MemorySink) -> list[tuple[str, str, str | None]]:
+    """(type, tool, call id) of each outcome event, in order."""
+    return [(e.type, e.tool, e.call_id) for e in memory.events if e.type in OUTCOMES]
+
+
+def assert_chain_whole(memory: MemorySink) -> None:
+    report = verify_chain(memory.sealed)
+    assert report.ok, report
+
+
+async def run_agent(tools: list[FunctionTool], model: ScriptedModel, **options: Any) -> RunResult:
+    return await Runner.run(Agent(name="writer", tools=tools, model=model), "tidy up", run_config=OFFLINE, **options)
+
+
 class TestGateFunctionTools:
     async def test_parallel_calls_one_denied(self, root: Path) -> None:
         """Of two parallel calls in one turn the write runs and the delete is denied: the model reads
-        the denial and the file stays."""
+        the denial, the file stays, and each call leaves one outcome event with the SDK's call id."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
         tools = gate_function_tools(file_tools(root, done), gate=gate, agent="writer")
-        model = ScriptedModel(
-            [("write_file", {"path": "note.txt", "text": "hi"}), ("delete_file", {"path": "precious.txt"})]
-        )
-        result = await Runner.run(Agent(name="writer", tools=tools, model=model), "tidy up", run_config=OFFLINE)
+        model = script([("write_file", {"path": "note.txt", "text": "hi"}), ("delete_file", {"path": "precious.txt"})])
+        result = await run_agent(tools, model, context=RunContext(tenant="acme"))
         assert result.final_output == f"wrote note.txt | {DENIAL}"
         assert (root / "precious.txt").read_text() == "keep me"
         assert done == ["write note.txt"]
-        assert sorted(e.type for e in memory.events) == ["ToolDenied", "ToolUse", "ToolsRegistered"]
+        assert sorted(outcomes(memory)) == [("ToolDenied", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
+        assert {e.tenant for e in memory.events if e.type in OUTCOMES} == {"acme"}
+        assert_chain_whole(memory)
 
     async def test_block_ends_the_run(self, root: Path) -> None:
-        """A Block ends the SDK's run (the SDK wraps the ToolBlockedError in its UserError); the tool
-        never runs."""
-        done: list[str] = []
-        gate = Gate("files", interceptors=[ProtectFiles()])
+        """A Block ends the SDK's run (the SDK wraps the ToolBlockedError in its UserError), even with
+        the default `failure_error_function`, which turns other failures into text; the tool never runs."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
         tools = gate_function_tools(file_tools(root, done), gate=gate)
-        model = ScriptedModel([("delete_file", {"path": "*"})])
         with pytest.raises(UserError, match="wildcard") as stopped:
-            await Runner.run(Agent(name="writer", tools=tools, model=model), "delete everything", run_config=OFFLINE)
+            await run_agent(tools, script([("delete_file", {"path": "*"})]))
         assert isinstance(stopped.value.__cause__, ToolBlockedError)
         assert done == []
+        assert outcomes(memory) == [("Blocked", "delete_file", "c1-0")]
+
+    async def test_rewrite_reaches_the_tool(self, root: Path) -> None:
+        """A Rewrite's arguments are what the original tool gets, through the SDK's own validation."""
+        done: list[str] = []
+
+        class KeepOutOfPrecious:
+            name = "keep-out-of-precious"
+
+            def before_tool_call(self, call: ToolCall) -> Rewrite | None:
+                return Rewrite({**call.args, "path": "safe.txt"}) if call.args["path"] == "precious.txt" else None
+
+        gate = Gate("files", interceptors=[KeepOutOfPrecious()])
+        tools = gate_function_tools(file_tools(root, done), gate=gate)
+        result = await run_agent(tools, script([("write_file", {"path": "precious.txt", "text": "x"})]))
+        assert result.final_output == "wrote safe.txt"
+        assert (root / "precious.txt").read_text() == "keep me"
+        assert (root / "safe.txt").read_text() == "x"
+
+
+def failing_tool(failure: Any) -> FunctionTool:
+    """A tool that always raises; `failure` is its `failure_error_function` ("unset" for the default)."""
+    options = {} if failure == "unset" else {"failure_error_function": failure}
+
+    @function_tool(**options)
+    def flaky(path: str, retries: int = 1) -> str:
+        """Reads a file that is never there."""
+        raise FileNotFoundError(f"no such file: {path}")
+
+    return flaky
+
+
+def custom_failure(ctx: RunContextWrapper[Any], error: Exception) -> str:
+    return f"custom: {type(error).__name__}: {error}"
+
+
+FAILURES: dict[str, Any] = {"default": "unset", "custom": custom_failure, "none": None}
+
+
+async def read_or_raise(tools: list[FunctionTool], arguments: Any) -> str:
+    """What the model read after one call of `flaky` with `arguments`, or what the run raised."""
+    try:
+        result = await run_agent(tools, script([("flaky", arguments)]))
+    except Exception as exc:
+        return f"raised {type(exc).__name__}: {exc}"
+    return str(result.final_output)
+
+
+class TestSdkErrorHandling:
+    @pytest.mark.parametrize("failure", FAILURES.values(), ids=FAILURES.keys())
+    async def test_tool_errors_as_ungated(self, failure: Any) -> None:
+        """A tool that raises: with the default `failure_error_function` the model reads the SDK's
+        fixed text, with a custom one that function's text, with None the run raises the SDK's
+        UserError, as ungated; the gate records one ToolUse with outcome "error"."""
+        memory = MemorySink()
+        gated = gate_function_tools([failing_tool(failure)], gate=Gate("files", sinks=[memory]))
+        ungated = await read_or_raise([failing_tool(failure)], {"path": "gone.txt"})
+        assert await read_or_raise(gated, {"path": "gone.txt"}) == ungated
+        assert ("no such file" in ungated) == (failure != "unset")
+        (use,) = [e for e in memory.events if e.type in OUTCOMES]
+        assert (use.type, use.outcome, use.call_id) == ("ToolUse", "error", "c1-0")
+        assert "FileNotFoundError: no such file: gone.txt" in use.error
+
+    @pytest.mark.parametrize("failure", FAILURES.values(), ids=FAILURES.keys())
+    @pytest.mark.parametrize(
+        "arguments", [{"path": 3}, {"retries": 2}, {"path": "a", "retries": "many"}], ids=["type", "missing", "bad"]
+    )
+    async def test_invalid_arguments_as_ungated(self, failure: Any, arguments: Any) -> None:
+        """Arguments the SDK's validation refuses: the model reads (or the run raises) the SDK's own
+        answer, with each failure function, and the gate records the call."""
+        memory = MemorySink()
+        gated = gate_function_tools([failing_tool(failure)], gate=Gate("files", sinks=[memory]))
+        ungated = await read_or_raise([failing_tool(failure)], arguments)
+        assert await read_or_raise(gated, arguments) == ungated
+        assert "FileNotFoundError" not in ungated  # the SDK refused the arguments; the tool never ran
+        (use,) = [e for e in memory.events if e.type in OUTCOMES]
+        assert (use.type, use.outcome, use.call_id) == ("ToolUse", "error", "c1-0")
+        assert "ModelBehaviorError: Invalid JSON input for tool flaky" in use.error
+
+    async def test_arguments_the_sdk_accepts_reach_the_tool(self, root: Path) -> None:
+        """The SDK's validation decides what is valid, not the strict JSON Schema it shows the model:
+        a call leaving out a parameter with a default runs, gated as ungated."""
+        seen: list[int] = []
+
+        @function_tool
+        def count(path: str, times: int = 2) -> str:
+            """Counts."""
+            seen.append(times)
+            return f"{path} x{times}"
+
+        assert count.params_json_schema["required"] == ["path", "times"]
+        gated = gate_function_tools([count], gate=Gate("files"))
+        assert (await run_agent(gated, script([("count", {"path": "a"})]))).final_output == "a x2"
+        assert seen == [2]
+
+    @pytest.mark.parametrize("failure", FAILURES.values(), ids=FAILURES.keys())
+    async def test_invalid_json_as_ungated(self, failure: Any) -> None:
+        """Arguments that are not JSON: the SDK's own error, then its failure handling, as ungated;
+        the gate records the call (refused by validation). With `sdk_approvals` off: by default the
+        SDK asks for approval of a call it cannot show an approval policy (next test)."""
+        memory = MemorySink()
+        gate = Gate("files", sinks=[memory])
+        gated = gate_function_tools([failing_tool(failure)], gate=gate, sdk_approvals=False)
+        ungated = await read_or_raise([failing_tool(failure)], "{not json")
+        assert await read_or_raise(gated, "{not json") == ungated
+        assert "Invalid JSON input" in ungated or "An error occurred" in ungated
+        (refused,) = [e for e in memory.events if e.type in OUTCOMES]
+        assert (refused.type, refused.cause, refused.call_id) == ("ToolDenied", "validation", "c1-0")
+
+    async def test_invalid_json_asks_for_approval_first(self) -> None:
+        """With `sdk_approvals` (the default) and no approval handler, the tools' `needs_approval` is a
+        policy, and the SDK asks for approval of arguments a policy cannot read; once approved, the
+        call gets the SDK's own error handling."""
+        memory = MemorySink()
+        gated = gate_function_tools([failing_tool("unset")], gate=Gate("files", sinks=[memory]))
+        agent = Agent(name="writer", tools=gated, model=script([("flaky", "{not json")]))
+        paused = await Runner.run(agent, "go", run_config=OFFLINE)
+        (pending,) = paused.interruptions
+        state = paused.to_state()
+        state.approve(pending)
+        resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert resumed.final_output == "An error occurred while running the tool. Please try again."
+        assert [e.type for e in memory.events if e.type in OUTCOMES] == ["ToolDenied"]
+
+
+class DeleteNeedsApproval:
+    name = "delete-needs-approval"
+
+    def before_tool_call(self, call: ToolCall) -> RequireApproval | None:
+        return RequireApproval("deleting needs a human") if call.tool_name == "delete_file" else None
+
+
+class TestApprovals:
+    async def gated_run(
+        self, root: Path, done: list[str], memory: MemorySink, **gate_options: Any
+    ) -> tuple[Agent[Any], RunResult]:
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory], **gate_options)
+        tools = gate_function_tools(file_tools(root, done), gate=gate, agent="writer")
+        model = script([("write_file", {"path": "note.txt", "text": "hi"}), ("delete_file", {"path": "old.txt"})])
+        agent = Agent(name="writer", tools=tools, model=model)
+        return agent, await Runner.run(agent, "tidy up", run_config=OFFLINE, context=RunContext(tenant="acme"))
+
+    async def test_require_approval_interrupts_and_resumes_approved(self, root: Path) -> None:
+        """With no approval handler, `RequireApproval` is the SDK's interruption: the run pauses
+        with the call in `interruptions` (the other call ran), nothing deleted; approved on the
+        run's state, the resumed run passes the chain again and deletes. The gate recorded the
+        pause (`Blocked`, "approval_required") and then the approval and the call."""
+        memory, done = MemorySink(), []
+        agent, paused = await self.gated_run(root, done, memory)
+        (pending,) = paused.interruptions
+        assert (pending.name, pending.call_id) == ("delete_file", "c1-1")
+        assert done == ["write note.txt"]
+        assert (root / "old.txt").exists()
+
+        state = paused.to_state()
+        state.approve(pending)
+        resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert resumed.interruptions == []
+        assert done == ["write note.txt", "delete old.txt"]
+        assert not (root / "old.txt").exists()
+        assert "deleted old.txt" in str(resumed.final_output)
+        calls = [(e.type, e.tool, e.call_id) for e in memory.events if e.type != "ToolsRegistered"]
+        assert sorted(calls[:2]) == [("Blocked", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
+        assert calls[2:] == [
+            ("ApprovalRequested", "delete_file", "c1-1"),
+            ("ApprovalResolved", "delete_file", "c1-1"),
+            ("ToolUse", "delete_file", "c1-1"),
+        ]
+        blocked = next(e for e in memory.events if e.type == "Blocked")
+        assert (blocked.cause, blocked.tenant) == ("approval_required", "acme")
+        resolved = next(e for e in memory.events if e.type == "ApprovalResolved")
+        assert resolved.approved is True
+        assert_chain_whole(memory)
+
+    async def test_rejected_never_runs(self, root: Path) -> None:
+        """Rejected on the run's state, the call never reaches the gate again nor the tool: the
+        model reads the SDK's rejection message."""
+        memory, done = MemorySink(), []
+        agent, paused = await self.gated_run(root, done, memory)
+        (pending,) = paused.interruptions
+        state = paused.to_state()
+        state.reject(pending, rejection_message="not today")
+        resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert "not today" in str(resumed.final_output)
+        assert done == ["write note.txt"]
+        assert (root / "old.txt").exists()
+        assert sorted(outcomes(memory)) == [("Blocked", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
+
+    async def test_state_survives_serialization(self, root: Path) -> None:
+        """The paused run's state, written to JSON and read back, resumes like the original."""
+        from agents import RunState
+
+        memory, done = MemorySink(), []
+        agent, paused = await self.gated_run(root, done, memory)
+        state = await RunState.from_string(agent, paused.to_state().to_string())
+        (pending,) = state.get_interruptions()
+        state.approve(pending)
+        await Runner.run(agent, state, run_config=OFFLINE)
+        assert done == ["write note.txt", "delete old.txt"]
+
+    async def test_gate_handler_answers_instead(self, root: Path) -> None:
+        """A gate with an approval handler of its own asks it, inside the call: no interruption."""
+        memory, done, asked = MemorySink(), [], []
+
+        def handler(request: ApprovalRequest) -> Approval:
+            asked.append((request.tool, request.call_id))
+            return Approval(approved=False, by="ops", note="not now")
+
+        _, result = await self.gated_run(root, done, memory, approval_handler=handler)
+        assert result.interruptions == []
+        assert asked == [("delete_file", "c1-1")]
+        assert "refused by ops: not now" in str(result.final_output)
+        assert (root / "old.txt").exists()
+
+    async def test_sdk_approvals_off_raises(self, root: Path) -> None:
+        """`sdk_approvals=False`: an approval nobody can give ends the run, as on the other routes."""
+        done: list[str] = []
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()])
+        tools = gate_function_tools(file_tools(root, done), gate=gate, sdk_approvals=False)
+        with pytest.raises(UserError) as stopped:
+            await run_agent(tools, script([("delete_file", {"path": "old.txt"})]))
+        assert isinstance(stopped.value.__cause__, ToolApprovalRequiredError)
+        assert (root / "old.txt").exists()
+
+    async def test_tool_own_needs_approval_is_kept(self, root: Path) -> None:
+        """A tool's own `needs_approval` still interrupts, before the gate sees the call; approved,
+        the call then passes the chain."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        tools = gate_function_tools(file_tools(root, done, needs_approval=True), gate=gate)
+        agent = Agent(name="writer", tools=tools, model=script([("delete_file", {"path": "precious.txt"})]))
+        paused = await Runner.run(agent, "go", run_config=OFFLINE)
+        (pending,) = paused.interruptions
+        assert outcomes(memory) == []
+        state = paused.to_state()
+        state.approve(pending)
+        resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert resumed.final_output == DENIAL
+        assert outcomes(memory) == [("ToolDenied", "delete_file", "c1-0")]
 
 
 class TestAgentAsTool:
@@ -117,7 +380,7 @@ class TestAgentAsTool:
         """An agent turned into a tool (`as_tool`) passes the gate like any function tool: of two
         parallel calls one runs the inner agent (whose write happens), the denied one never starts it."""
         memory, done = MemorySink(), []
-        inner_model = ScriptedModel([("write_file", {"path": "note.txt", "text": "hi"})])
+        inner_model = script([("write_file", {"path": "note.txt", "text": "hi"})])
         inner = Agent(name="clerk", tools=file_tools(root, done), model=inner_model)
 
         class NoPreciousDelegation:
@@ -128,16 +391,13 @@ class TestAgentAsTool:
 
         gate = Gate("files", interceptors=[NoPreciousDelegation()], sinks=[memory])
         tools = gate_function_tools([inner.as_tool("clerk", "Does file chores")], gate=gate, agent="boss")
-        model = ScriptedModel([("clerk", {"input": "write note.txt"}), ("clerk", {"input": "delete precious.txt"})])
+        model = script([("clerk", {"input": "write note.txt"}), ("clerk", {"input": "delete precious.txt"})])
         result = await Runner.run(Agent(name="boss", tools=tools, model=model), "tidy up", run_config=OFFLINE)
         assert result.final_output == f"wrote note.txt | {DENIAL}"
-        assert inner_model.asked == 2  # one inner run: its tool call, then its answer
+        assert len(inner_model.calls) == 2  # one inner run: its tool call, then its answer
         assert done == ["write note.txt"]
         assert (root / "precious.txt").read_text() == "keep me"
-        assert sorted((e.type, e.tool) for e in memory.events if e.type != "ToolsRegistered") == [
-            ("ToolDenied", "clerk"),
-            ("ToolUse", "clerk"),
-        ]
+        assert sorted(outcomes(memory)) == [("ToolDenied", "clerk", "c1-1"), ("ToolUse", "clerk", "c1-0")]
 
 
 def mcp_server(root: Path) -> MCPServerStdio:
@@ -155,33 +415,32 @@ class TestGatedMCPServer:
         memory = MemorySink()
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
         acme = RunContext(tenant="acme", principal="u-1")
-        model = ScriptedModel(
-            [("write_file", {"path": "note.txt", "text": "hi"}), ("delete_file", {"path": "precious.txt"})]
-        )
+        model = script([("write_file", {"path": "note.txt", "text": "hi"}), ("delete_file", {"path": "precious.txt"})])
         async with GatedMCPServer(mcp_server(root), gate=gate, agent="writer") as files:
             agent = Agent(name="writer", mcp_servers=[files], model=model)
             result = await Runner.run(agent, "tidy up", context=acme, run_config=OFFLINE)
         assert result.final_output == f"wrote 2 chars to note.txt | {DENIAL}"
         assert (root / "precious.txt").read_text() == "keep me"
         assert effects(root) == ["write note.txt"]
-        registered, *outcomes = memory.events
+        registered, *rest = memory.events
         assert registered.type == "ToolsRegistered"
         assert [t.name for t in registered.tools] == ["write_file", "delete_file", "enable_archive"]
-        assert sorted((e.type, e.tool, e.call_id, e.tenant) for e in outcomes) == [
+        assert sorted((e.type, e.tool, e.call_id, e.tenant) for e in rest) == [
             ("ToolDenied", "delete_file", "c1-1", "acme"),
             ("ToolUse", "write_file", "c1-0", "acme"),
         ]
         assert gate.coverage().registered == {"write_file", "delete_file", "enable_archive"}
+        assert_chain_whole(memory)
 
     async def test_block_ends_the_run(self, root: Path) -> None:
         """A Block ends the run even though the SDK turns MCP tool failures into text for the
         model; the server never sees the call."""
         gate = Gate("files", interceptors=[ProtectFiles()])
-        model = ScriptedModel([("delete_file", {"path": "*"})])
+        model = script([("delete_file", {"path": "*"})])
         async with GatedMCPServer(mcp_server(root), gate=gate) as files:
             agent = Agent(name="writer", mcp_servers=[files], model=model)
             with pytest.raises(UserError, match="wildcard") as stopped:
                 await Runner.run(agent, "delete everything", run_config=OFFLINE)
         assert isinstance(stopped.value.__cause__, ToolBlockedError)
-        assert model.asked == 1
+        assert len(model.calls) == 1
         assert effects(root) == []
