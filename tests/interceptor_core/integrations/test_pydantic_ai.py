@@ -1,27 +1,44 @@
-"""Pydantic AI through the gate: `GatedToolset` and `ScopeToolset` (an MCP server's tools, from the
-real test server process) with the framework's own FunctionModel, no network."""
+"""Pydantic AI through the gate: `GatedToolset` (around function tools and around Pydantic AI's own
+MCP toolset, against the real test server process) and `ScopeToolset` (an MCP server's tools through
+`McpToolset`), driven by the framework's own FunctionModel and TestModel, no network.
+
+Every test checks what the framework reports (the tool return's `outcome`, a deferred run, an
+exception out of the run) against what it reports without the gate, and that the events carry its
+`tool_call_id` and verify as a chain."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
 import pytest
 from mcp import StdioServerParameters
-from pydantic_ai import Agent, ModelRetry
+from pydantic_ai import (
+    Agent,
+    ApprovalRequired,
+    CallDeferred,
+    DeferredToolRequests,
+    DeferredToolResults,
+    ModelRetry,
+    ToolDenied,
+    ToolFailed,
+)
+from pydantic_ai.mcp import MCPToolset, StdioTransport
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.models.test import TestModel
+from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
-from events import MemorySink
-from interceptor_core import Gate, RunContext, ToolBlockedError
+from events import EventBase, MemorySink, verify_chain
+from interceptor_core import Approval, ApprovalRequest, Gate, RequireApproval, RunContext, ToolBlockedError, ToolCall
 from interceptor_core.integrations.mcp import McpToolset
 from interceptor_core.integrations.pydantic_ai import GatedToolset, ScopeToolset
 
-from .conftest import effects, upstream_command
-from .files_policy import DENIAL, ProtectFiles
+from .conftest import UPSTREAM, effects, upstream_command
+from .files_policy import DENIAL, SUBSTITUTE, ProtectFiles
 
 
 def file_tools(root: Path, done: list[str]) -> FunctionToolset[Any]:
@@ -38,6 +55,14 @@ def file_tools(root: Path, done: list[str]) -> FunctionToolset[Any]:
 
     def delete_file(path: str) -> str:
         """Deletes a file under the root."""
+        if path == "later.txt":
+            raise CallDeferred({"queue": "deletions"})
+        if path == "ask.txt":
+            raise ApprovalRequired({"why": "the tool asks"})
+        if not (root / path).exists():
+            raise ToolFailed(f"{path} does not exist")
+        if path == "old.txt" and (root / "locked").exists():
+            raise PermissionError(f"{path} is locked")
         (root / path).unlink()
         done.append(f"delete {path}")
         return f"deleted {path}"
@@ -54,6 +79,21 @@ def returns(messages: list[ModelMessage]) -> list[str]:
     ]
 
 
+def outcomes(messages: list[ModelMessage]) -> dict[str, str]:
+    """Each tool return's outcome, by tool call id: what Pydantic AI reports for the call."""
+    return {
+        part.tool_call_id: part.outcome
+        for message in messages
+        for part in getattr(message, "parts", [])
+        if isinstance(part, ToolReturnPart)
+    }
+
+
+def calls(events: list[EventBase]) -> list[tuple[str, str | None, str | None]]:
+    """(type, tool, call_id) of every event but the registrations, in order."""
+    return [(e.type, e.tool, e.call_id) for e in events if e.type != "ToolsRegistered"]
+
+
 def scripted(*turns: list[ToolCallPart]) -> FunctionModel:
     """Each turn's tool calls in order, then a final answer listing every tool return seen."""
 
@@ -66,75 +106,395 @@ def scripted(*turns: list[ToolCallPart]) -> FunctionModel:
     return FunctionModel(respond)
 
 
+class AskForDeletes:
+    """Every delete needs a human's approval."""
+
+    name = "ask-for-deletes"
+
+    def before_tool_call(self, call: ToolCall) -> RequireApproval | None:
+        return RequireApproval("deletes need a human") if call.tool_name.endswith("delete_file") else None
+
+
+async def run_both(root: Path, toolsets: tuple[AbstractToolset[Any], AbstractToolset[Any]], *turns: list[ToolCallPart]):
+    """The same script run ungated and gated: (ungated result or exception, gated result or exception)."""
+    answers: list[Any] = []
+    for toolset in toolsets:
+        try:
+            answers.append(
+                await Agent(scripted(*turns), toolsets=[toolset], output_type=[str, DeferredToolRequests]).run("go")
+            )
+        except Exception as exc:
+            answers.append(exc)
+    return answers
+
+
 class TestGatedToolset:
     async def test_parallel_calls_one_denied(self, root: Path) -> None:
-        """Of two parallel calls the write runs and the delete is denied: the model reads the denial,
-        the file stays, and each call leaves its event."""
+        """Of two parallel calls the write runs and the delete is denied: Pydantic AI reports the
+        denial as its own `denied` outcome, the model reads it, the file stays, and each call
+        leaves its event under the framework's call id."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
         toolset = GatedToolset(file_tools(root, done), gate=gate, agent="writer")
         model = scripted(
             [
-                ToolCallPart("write_file", {"path": "note.txt", "text": "hi"}),
-                ToolCallPart("delete_file", {"path": "precious.txt"}),
+                ToolCallPart("write_file", {"path": "note.txt", "text": "hi"}, tool_call_id="call-write"),
+                ToolCallPart("delete_file", {"path": "precious.txt"}, tool_call_id="call-delete"),
             ]
         )
         result = await Agent(model, toolsets=[toolset]).run("tidy up")
         assert result.output == f"write_file: wrote note.txt | delete_file: {DENIAL}"
+        assert outcomes(result.all_messages()) == {"call-write": "success", "call-delete": "denied"}
         assert (root / "precious.txt").read_text() == "keep me"
         assert done == ["write note.txt"]
-        assert sorted((e.type, e.tool) for e in memory.events) == [
-            ("ToolDenied", "delete_file"),
-            ("ToolUse", "write_file"),
-            ("ToolsRegistered", None),
+        assert sorted(calls(memory.events)) == [
+            ("ToolDenied", "delete_file", "call-delete"),
+            ("ToolUse", "write_file", "call-write"),
         ]
         assert gate.coverage().registered == {"write_file", "delete_file"}
+        assert verify_chain(memory.events).ok
+
+    async def test_substitute_is_the_tools_result(self, root: Path) -> None:
+        """A substitute is a successful return carrying the substitute; nothing is written."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        toolset = GatedToolset(file_tools(root, done), gate=gate)
+        model = scripted([ToolCallPart("write_file", {"path": "dry-run.txt", "text": "x"}, tool_call_id="c1")])
+        result = await Agent(model, toolsets=[toolset]).run("write")
+        assert result.output == f"write_file: {SUBSTITUTE}"
+        assert outcomes(result.all_messages()) == {"c1": "success"}
+        assert done == []
+        assert calls(memory.events) == [("Substitute", "write_file", "c1")]
 
     async def test_retry_passes_the_gate_each_time(self, root: Path) -> None:
-        """A tool's ModelRetry still makes the model retry, and each attempt passes the gate."""
+        """A tool's ModelRetry still makes the model retry (outcome `retried`), and each attempt
+        passes the gate."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
         toolset = GatedToolset(file_tools(root, done), gate=gate)
         model = scripted(
-            [ToolCallPart("write_file", {"path": "flaky.txt", "text": "x"})],
-            [ToolCallPart("write_file", {"path": "flaky.txt", "text": "x"})],
-            [ToolCallPart("delete_file", {"path": "precious.txt"})],
+            [ToolCallPart("write_file", {"path": "flaky.txt", "text": "x"}, tool_call_id="c1")],
+            [ToolCallPart("write_file", {"path": "flaky.txt", "text": "x"}, tool_call_id="c2")],
+            [ToolCallPart("delete_file", {"path": "precious.txt"}, tool_call_id="c3")],
         )
         result = await Agent(model, toolsets=[toolset]).run("write")
         assert (
             result.output == f"write_file: disk busy, try again | write_file: wrote flaky.txt | delete_file: {DENIAL}"
         )
+        assert outcomes(result.all_messages()) == {"c1": "retried", "c2": "success", "c3": "denied"}
         assert done == ["write flaky.txt"]
-        outcomes = [(e.type, e.tool) for e in memory.events if e.type != "ToolsRegistered"]
-        assert [kind for kind, _ in outcomes] == ["ToolUse", "ToolUse", "ToolDenied"]
+        assert [(kind, call_id) for kind, _, call_id in calls(memory.events)] == [
+            ("ToolUse", "c1"),
+            ("ToolUse", "c2"),
+            ("ToolDenied", "c3"),
+        ]
         first = next(e for e in memory.events if e.type == "ToolUse")
         assert first.outcome == "error"
         assert "disk busy" in (first.error or "")
 
+    async def test_tool_failed_keeps_the_failed_outcome(self, root: Path) -> None:
+        """A tool's ToolFailed is a `failed` return with its message, gated as ungated, and the gate
+        records the call as an error."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        call = [ToolCallPart("delete_file", {"path": "missing.txt"}, tool_call_id="c1")]
+        plain, gated = await run_both(root, (file_tools(root, []), GatedToolset(file_tools(root, []), gate=gate)), call)
+        for result in (plain, gated):
+            assert result.output == "delete_file: missing.txt does not exist"
+            assert outcomes(result.all_messages()) == {"c1": "failed"}
+        (event,) = [e for e in memory.events if e.type == "ToolUse"]
+        assert (event.call_id, event.outcome) == ("c1", "error")
+        assert "missing.txt does not exist" in (event.error or "")
+
+    async def test_call_deferred_still_defers_the_run(self, root: Path) -> None:
+        """A tool's CallDeferred ends the run with DeferredToolRequests carrying the call and its
+        metadata, gated as ungated; the gate records the call under the same id."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        call = [ToolCallPart("delete_file", {"path": "later.txt"}, tool_call_id="c1")]
+        plain, gated = await run_both(root, (file_tools(root, []), GatedToolset(file_tools(root, []), gate=gate)), call)
+        for result in (plain, gated):
+            assert isinstance(result.output, DeferredToolRequests)
+            assert [c.tool_call_id for c in result.output.calls] == ["c1"]
+            assert result.output.metadata == {"c1": {"queue": "deletions"}}
+            assert result.output.approvals == []
+        assert calls(memory.events) == [("ToolUse", "delete_file", "c1")]
+        assert "CallDeferred" in (memory.events[-1].error or "")
+
+    async def test_the_tools_own_approval_request_defers_the_run(self, root: Path) -> None:
+        """A tool raising ApprovalRequired asks through Pydantic AI's approvals, gated as ungated."""
+        gate = Gate("files", interceptors=[ProtectFiles()])
+        call = [ToolCallPart("delete_file", {"path": "ask.txt"}, tool_call_id="c1")]
+        plain, gated = await run_both(root, (file_tools(root, []), GatedToolset(file_tools(root, []), gate=gate)), call)
+        for result in (plain, gated):
+            assert isinstance(result.output, DeferredToolRequests)
+            assert [c.tool_call_id for c in result.output.approvals] == ["c1"]
+            assert result.output.metadata == {"c1": {"why": "the tool asks"}}
+
+    async def test_an_exception_that_ends_an_ungated_run_ends_the_gated_one(self, root: Path) -> None:
+        """A tool's PermissionError comes out of the gated run as out of the ungated one, the file
+        stays, and the gate has recorded the call as an error."""
+        (root / "locked").write_text("")
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        call = [ToolCallPart("delete_file", {"path": "old.txt"}, tool_call_id="c1")]
+        plain, gated = await run_both(
+            root, (file_tools(root, done), GatedToolset(file_tools(root, done), gate=gate)), call
+        )
+        for raised in (plain, gated):
+            assert isinstance(raised, PermissionError)
+            assert str(raised) == "old.txt is locked"
+        assert (root / "old.txt").exists()
+        assert done == []
+        (event,) = [e for e in memory.events if e.type == "ToolUse"]
+        assert (event.call_id, event.outcome) == ("c1", "error")
+        assert "PermissionError: old.txt is locked" in (event.error or "")
+        assert verify_chain(memory.events).ok
+
+    async def test_gate_failure_is_a_failed_outcome(self, root: Path) -> None:
+        """An after-interceptor that fails withholds the output: a `failed` return the model reads."""
+
+        class Broken:
+            name = "broken"
+
+            def after_tool_call(self, call: ToolCall, output: Any) -> Any:
+                raise RuntimeError("cannot check")
+
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[Broken()], sinks=[memory])
+        toolset = GatedToolset(file_tools(root, []), gate=gate)
+        model = scripted([ToolCallPart("write_file", {"path": "note.txt", "text": "hi"}, tool_call_id="c1")])
+        result = await Agent(model, toolsets=[toolset]).run("write")
+        assert result.output == "write_file: Tool error: output withheld: after-interceptor 'broken' failed"
+        assert outcomes(result.all_messages()) == {"c1": "failed"}
+
     async def test_block_ends_the_run(self, root: Path) -> None:
         """A Block raises ToolBlockedError out of the run and the tool never runs."""
-        done: list[str] = []
-        gate = Gate("files", interceptors=[ProtectFiles()])
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
         toolset = GatedToolset(file_tools(root, done), gate=gate)
-        model = scripted([ToolCallPart("delete_file", {"path": "*"})])
+        model = scripted([ToolCallPart("delete_file", {"path": "*"}, tool_call_id="c1")])
         with pytest.raises(ToolBlockedError, match="wildcard"):
             await Agent(model, toolsets=[toolset]).run("delete everything")
         assert done == []
+        assert calls(memory.events) == [("Blocked", "delete_file", "c1")]
+
+    async def test_test_model_call_ids_are_the_events_call_ids(self, root: Path) -> None:
+        """With TestModel calling every tool, each event's call_id is the id of the return Pydantic AI
+        recorded for that call."""
+        memory = MemorySink()
+        gate = Gate("files", sinks=[memory])
+        toolset = GatedToolset(FunctionToolset([lambda_free_echo]), gate=gate)
+        result = await Agent(TestModel(), toolsets=[toolset]).run("echo")
+        ids = list(outcomes(result.all_messages()))
+        assert ids
+        assert [call_id for _, _, call_id in calls(memory.events)] == ids
+
+
+def lambda_free_echo(text: str) -> str:
+    """Returns the text."""
+    return text
+
+
+class TestApprovals:
+    """`RequireApproval` with no gate handler is Pydantic AI's approval flow; with one, the gate asks."""
+
+    def agent(self, root: Path, gate: Gate, done: list[str]) -> Agent[None, str | DeferredToolRequests]:
+        toolset = GatedToolset(file_tools(root, done), gate=gate, agent="cleaner")
+        model = scripted([ToolCallPart("delete_file", {"path": "old.txt"}, tool_call_id="c1")])
+        return Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
+
+    async def test_approved_in_the_next_run(self, root: Path) -> None:
+        """The run ends with the call in DeferredToolRequests.approvals and nothing deleted; the next
+        run brings the approval, the call passes the chain again and runs, and the events tell it all
+        under one call id."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[AskForDeletes()], sinks=[memory])
+        agent = self.agent(root, gate, done)
+        first = await agent.run("clean up")
+        assert isinstance(first.output, DeferredToolRequests)
+        assert [c.tool_call_id for c in first.output.approvals] == ["c1"]
+        assert first.output.metadata == {"c1": {"reason": "deletes need a human", "requested_by": "ask-for-deletes"}}
+        assert (root / "old.txt").exists()
+        assert calls(memory.events) == [("Blocked", "delete_file", "c1")]
+        assert memory.events[-1].cause == "approval_required"
+
+        second = await agent.run(
+            message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={"c1": True})
+        )
+        assert second.output == "delete_file: deleted old.txt"
+        assert outcomes(second.all_messages()) == {"c1": "success"}
+        assert done == ["delete old.txt"]
+        assert calls(memory.events)[1:] == [
+            ("ApprovalRequested", "delete_file", "c1"),
+            ("ApprovalResolved", "delete_file", "c1"),
+            ("ToolUse", "delete_file", "c1"),
+        ]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert resolved.approved
+        assert "Pydantic AI" in (resolved.note or "")
+        assert verify_chain(memory.events).ok
+
+    async def test_refused_in_the_next_run(self, root: Path) -> None:
+        """A refusal is Pydantic AI's own `denied` outcome; the tool never runs."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[AskForDeletes()], sinks=[memory])
+        agent = self.agent(root, gate, done)
+        first = await agent.run("clean up")
+        second = await agent.run(
+            message_history=first.all_messages(),
+            deferred_tool_results=DeferredToolResults(approvals={"c1": ToolDenied("not today")}),
+        )
+        assert second.output == "delete_file: not today"
+        assert outcomes(second.all_messages()) == {"c1": "denied"}
+        assert done == []
+        assert (root / "old.txt").exists()
+
+    async def test_the_gates_handler_answers_instead(self, root: Path) -> None:
+        """A gate with its own approval handler asks it: the run is not deferred, and a refusal is a
+        `denied` return carrying the reviewer's note."""
+        asked: list[ApprovalRequest] = []
+
+        def refuse(request: ApprovalRequest) -> Approval:
+            asked.append(request)
+            return Approval(approved=False, by="alice", note="keep it")
+
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[AskForDeletes()], sinks=[memory], approval_handler=refuse)
+        result = await self.agent(root, gate, done).run("clean up")
+        assert result.output == (
+            "delete_file: The call to delete_file needs approval (deletes need a human) "
+            "and was refused by alice: keep it"
+        )
+        assert outcomes(result.all_messages()) == {"c1": "denied"}
+        assert [r.call_id for r in asked] == ["c1"]
+        assert done == []
+        assert [kind for kind, _, _ in calls(memory.events)] == ["ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+
+
+def mcp_toolset(root: Path, **options: Any) -> MCPToolset[Any]:
+    """Pydantic AI's own MCP client on the test server, started as its own process."""
+    transport = StdioTransport(
+        command=sys.executable, args=[str(UPSTREAM)], env={**os.environ, "UPSTREAM_ROOT": str(root)}
+    )
+    return MCPToolset(transport, **options)
+
+
+class TestGatedMcpToolset:
+    """`GatedToolset` around `pydantic_ai.mcp.MCPToolset` and a real MCP server process."""
+
+    async def test_parallel_calls_one_denied_a_tool_added_later_and_a_block(self, root: Path) -> None:
+        """Of two parallel calls the write reaches the server and the delete is denied (`denied`, the
+        model reads why) and never does; a tool the server adds later is registered when the agent
+        next lists the tools, before its first call; a block ends the run; every event carries
+        Pydantic AI's call id.
+
+        `cache_tools=False`: on the 2026-07-28 protocol era the fastmcp client does not hear the
+        server's list change, so the toolset must list again to see the new tool."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        toolset = GatedToolset(mcp_toolset(root, cache_tools=False), gate=gate, agent="files")
+        acme = RunContext(tenant="acme", principal="u-1")
+        async with toolset:
+            model = scripted(
+                [
+                    ToolCallPart("write_file", {"path": "note.txt", "text": "hi"}, tool_call_id="w1"),
+                    ToolCallPart("delete_file", {"path": "precious.txt"}, tool_call_id="d1"),
+                ],
+                [ToolCallPart("enable_archive", {}, tool_call_id="e1")],
+            )
+            result = await Agent(model, toolsets=[toolset]).run("tidy up", deps=acme)
+            assert result.output == " | ".join(
+                [
+                    "write_file: wrote 2 chars to note.txt",
+                    f"delete_file: {DENIAL}",
+                    "enable_archive: archive_file is available",
+                ]
+            )
+            assert outcomes(result.all_messages()) == {"w1": "success", "d1": "denied", "e1": "success"}
+
+            offered: list[str] = []
+
+            def archive(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+                offered.extend(t.name for t in info.function_tools)
+                if any(isinstance(m, ModelResponse) for m in messages):
+                    return ModelResponse(parts=[TextPart(" | ".join(returns(messages)))])
+                return ModelResponse(parts=[ToolCallPart("archive_file", {"path": "old.txt"}, tool_call_id="a1")])
+
+            result = await Agent(FunctionModel(archive), toolsets=[toolset]).run("archive", deps=acme)
+            assert result.output == "archive_file: archived old.txt"
+            assert "archive_file" in offered
+
+            with pytest.raises(ToolBlockedError, match="wildcard"):
+                await Agent(
+                    scripted([ToolCallPart("delete_file", {"path": "*"}, tool_call_id="b1")]), toolsets=[toolset]
+                ).run("x")
+
+        assert (root / "precious.txt").read_text() == "keep me"
+        assert effects(root) == ["write note.txt", "enable_archive", "archive old.txt"]
+        order = [(e.type, [t.name for t in e.tools] if e.type == "ToolsRegistered" else e.tool) for e in memory.events]
+        assert order.index(("ToolsRegistered", ["archive_file"])) < order.index(("ToolUse", "archive_file"))
+        assert sorted(calls(memory.events)) == [
+            ("Blocked", "delete_file", "b1"),
+            ("ToolDenied", "delete_file", "d1"),
+            ("ToolUse", "archive_file", "a1"),
+            ("ToolUse", "enable_archive", "e1"),
+            ("ToolUse", "write_file", "w1"),
+        ]
+        assert {e.tenant for e in memory.events if e.type == "ToolUse"} == {"acme"}
+        assert verify_chain(memory.events).ok
+
+    async def test_a_server_error_keeps_the_toolsets_error_behaviour(self, root: Path) -> None:
+        """A tool error from the server is what MCPToolset makes of it: a `retried` return by default,
+        a `failed` one with tool_error_behavior='failed'."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        server = mcp_toolset(root)
+        toolset = GatedToolset(server, gate=gate)
+        async with toolset:
+            for behaviour, outcome, call_id in (("retry", "retried", "m1"), ("failed", "failed", "m2")):
+                server.tool_error_behavior = behaviour
+                model = scripted([ToolCallPart("delete_file", {"path": "missing.txt"}, tool_call_id=call_id)])
+                result = await Agent(model, toolsets=[toolset]).run("delete")
+                assert outcomes(result.all_messages()) == {call_id: outcome}
+                assert result.output == "delete_file: Error executing tool delete_file"
+        assert [(e.call_id, e.outcome) for e in memory.events if e.type == "ToolUse"] == [
+            ("m1", "error"),
+            ("m2", "error"),
+        ]
+
+    async def test_require_approval_through_the_mcp_toolset(self, root: Path) -> None:
+        """Pydantic AI's approval flow works around its MCP toolset: deferred, then approved, then run."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[AskForDeletes()], sinks=[memory])
+        toolset = GatedToolset(mcp_toolset(root), gate=gate)
+        model = scripted([ToolCallPart("delete_file", {"path": "old.txt"}, tool_call_id="c1")])
+        agent = Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
+        async with toolset:
+            first = await agent.run("clean up")
+            assert isinstance(first.output, DeferredToolRequests)
+            assert effects(root) == []
+            second = await agent.run(
+                message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={"c1": True})
+            )
+        assert second.output == "delete_file: deleted old.txt"
+        assert effects(root) == ["delete old.txt"]
+        assert [kind for kind, _, _ in calls(memory.events)] == [
+            "Blocked",
+            "ApprovalRequested",
+            "ApprovalResolved",
+            "ToolUse",
+        ]
 
 
 class TestMcpThroughScopeToolset:
-    """Pydantic AI's own MCP client needs `fastmcp`; an MCP server reaches its agents through
-    `McpToolset` (registration, list changes) and `ScopeToolset`."""
-
-    def test_pydantic_ai_mcp_client_needs_fastmcp(self) -> None:
-        """The reason for this route: `pydantic_ai.mcp` does not import without fastmcp."""
-        with pytest.raises(ImportError, match="fastmcp"):
-            import pydantic_ai.mcp  # noqa: F401
+    """An MCP server reaches Pydantic AI agents through `McpToolset` (registration, list changes)
+    and `ScopeToolset` too, with the same outcomes."""
 
     async def test_parallel_calls_one_denied_and_a_tool_added_later(self, root: Path, errlog: TextIO) -> None:
-        """Of two parallel calls the write reaches the server and the delete is denied (the model
-        reads why) and never does; a tool the server announces later is offered to the next run,
-        registered before its call; a block ends the run."""
+        """Of two parallel calls the write reaches the server and the delete is denied (`denied`, the
+        model reads why) and never does; a tool the server announces later is offered to the next run,
+        registered before its call; a server error is a `failed` return; a block ends the run."""
         memory = MemorySink()
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
         command = upstream_command()
@@ -148,19 +508,24 @@ class TestMcpThroughScopeToolset:
             toolset = ScopeToolset(await mcp_tools.attach(gate.agent("files", tools=[])))
             model = scripted(
                 [
-                    ToolCallPart("write_file", {"path": "note.txt", "text": "hi"}),
-                    ToolCallPart("delete_file", {"path": "precious.txt"}),
+                    ToolCallPart("write_file", {"path": "note.txt", "text": "hi"}, tool_call_id="w1"),
+                    ToolCallPart("delete_file", {"path": "precious.txt"}, tool_call_id="d1"),
                 ],
-                [ToolCallPart("enable_archive", {})],
+                [ToolCallPart("enable_archive", {}, tool_call_id="e1")],
+                [ToolCallPart("delete_file", {"path": "missing.txt"}, tool_call_id="m1")],
             )
             result = await Agent(model, toolsets=[toolset]).run("tidy up", deps=acme)
-            assert result.output == " | ".join(
-                [
-                    "write_file: wrote 2 chars to note.txt",
-                    f"delete_file: {DENIAL}",
-                    "enable_archive: archive_file is available",
-                ]
+            assert result.output.startswith(
+                " | ".join(
+                    [
+                        "write_file: wrote 2 chars to note.txt",
+                        f"delete_file: {DENIAL}",
+                        "enable_archive: archive_file is available",
+                        "delete_file: Tool error: ",
+                    ]
+                )
             )
+            assert outcomes(result.all_messages()) == {"w1": "success", "d1": "denied", "e1": "success", "m1": "failed"}
             with anyio.fail_after(20):
                 await added.wait()
 
@@ -170,25 +535,46 @@ class TestMcpThroughScopeToolset:
                 offered.extend(t.name for t in info.function_tools)
                 if any(isinstance(m, ModelResponse) for m in messages):
                     return ModelResponse(parts=[TextPart(" | ".join(returns(messages)))])
-                return ModelResponse(parts=[ToolCallPart("archive_file", {"path": "old.txt"})])
+                return ModelResponse(parts=[ToolCallPart("archive_file", {"path": "old.txt"}, tool_call_id="a1")])
 
             result = await Agent(FunctionModel(archive), toolsets=[toolset]).run("archive", deps=acme)
             assert result.output == "archive_file: archived old.txt"
             assert "archive_file" in offered
 
             with pytest.raises(ToolBlockedError, match="wildcard"):
-                await Agent(scripted([ToolCallPart("delete_file", {"path": "*"})]), toolsets=[toolset]).run("x")
+                await Agent(
+                    scripted([ToolCallPart("delete_file", {"path": "*"}, tool_call_id="b1")]), toolsets=[toolset]
+                ).run("x")
 
         assert (root / "precious.txt").read_text() == "keep me"
         assert effects(root) == ["write note.txt", "enable_archive", "archive old.txt"]
         order = [(e.type, [t.name for t in e.tools] if e.type == "ToolsRegistered" else e.tool) for e in memory.events]
         assert order.index(("ToolsRegistered", ["archive_file"])) < order.index(("ToolUse", "archive_file"))
-        outcomes = sorted((e.type, e.tool) for e in memory.events if e.type != "ToolsRegistered")
-        assert outcomes == [
-            ("Blocked", "delete_file"),
-            ("ToolDenied", "delete_file"),
-            ("ToolUse", "archive_file"),
-            ("ToolUse", "enable_archive"),
-            ("ToolUse", "write_file"),
+        assert sorted(calls(memory.events)) == [
+            ("Blocked", "delete_file", "b1"),
+            ("ToolDenied", "delete_file", "d1"),
+            ("ToolUse", "archive_file", "a1"),
+            ("ToolUse", "delete_file", "m1"),
+            ("ToolUse", "enable_archive", "e1"),
+            ("ToolUse", "write_file", "w1"),
         ]
         assert {e.tenant for e in memory.events if e.type == "ToolUse"} == {"acme"}
+        assert verify_chain(memory.events).ok
+
+    async def test_invalid_arguments_ask_the_model_to_retry(self, root: Path, errlog: TextIO) -> None:
+        """Arguments the tool's schema refuses are a `retried` return, as Pydantic AI's own
+        validation would make them; the server never sees the call."""
+        memory = MemorySink()
+        gate = Gate("files", sinks=[memory])
+        command = upstream_command()
+        params = StdioServerParameters(
+            command=command[0], args=command[1:], env={**os.environ, "UPSTREAM_ROOT": str(root)}
+        )
+        async with McpToolset.connect(params, errlog=errlog) as mcp_tools:
+            toolset = ScopeToolset(await mcp_tools.attach(gate.agent("files", tools=[])))
+            model = scripted([ToolCallPart("write_file", {"path": "note.txt"}, tool_call_id="v1")])
+            result = await Agent(model, toolsets=[toolset]).run("write")
+        assert outcomes(result.all_messages()) == {"v1": "retried"}
+        assert "text" in result.output
+        assert effects(root) == []
+        assert calls(memory.events) == [("ToolDenied", "write_file", "v1")]
