@@ -163,6 +163,15 @@ class _GatedInvocation:
     so the model reads (or the run raises) what it would ungated. A block, or an approval nobody
     can give, ends the run whatever `failure_error_function` says."""
 
+    # The SDK reads the invoker's signature on every call to choose the context it passes; with
+    # the annotation a class rather than a string, that is a lookup instead of parsing it twice.
+    __signature__ = inspect.Signature(
+        [
+            inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=SdkToolContext),
+            inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str),
+        ]
+    )
+
     def __init__(
         self,
         scope: AgentScope,
