@@ -33,7 +33,7 @@ from asyncio import events as _loops
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, get_type_hints
 
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
 from langchain_core.messages import ToolMessage
@@ -219,10 +219,49 @@ def _close_loops() -> None:
 _CALL_KEY = "__callgate_call__"
 
 
-class _ToolCall(PendingCall):
-    """A `GatedTool` invocation: the original's parsed arguments, and how its `_run` takes them."""
+class _Body(NamedTuple):
+    """How to run one side (sync or async) of an original tool, worked out once when it is wrapped."""
 
-    __slots__ = ("artifact", "extra", "gate_args", "injected", "original", "parsed", "tool_call_id")
+    fn: Callable[..., Any]
+    """The StructuredTool's own function or coroutine, else the tool's `_run` / `_arun`."""
+    manager_as: str | None
+    """The keyword that takes LangChain's callbacks: "callbacks" (a function that takes them, with
+    the child manager) or "run_manager" (a `_run` that takes the manager itself), or None."""
+    config_as: str | None
+    """The keyword of the function's `RunnableConfig` parameter, if it has one."""
+
+    @classmethod
+    def of(cls, original: BaseTool, *, sync: bool) -> _Body:
+        fn = getattr(original, "func" if sync else "coroutine", None)
+        if isinstance(original, StructuredTool) and fn is not None:
+            # What StructuredTool._run / _arun do per call, decided here once.
+            takes_callbacks = "callbacks" in inspect.signature(fn).parameters
+            return cls(fn, "callbacks" if takes_callbacks else None, _get_runnable_config_param(fn))
+        # What BaseTool.run / arun inspect: _arun if the tool has its own, else the _run it falls back to.
+        method = original._run if sync or type(original)._arun is BaseTool._arun else original._arun
+        takes_manager = "run_manager" in inspect.signature(method).parameters
+        return cls(
+            original._run if sync else original._arun,
+            "run_manager" if takes_manager else None,
+            _get_runnable_config_param(method),
+        )
+
+    def keywords(self, run_manager: Any, config: RunnableConfig) -> dict[str, Any]:
+        """The keywords the function takes besides the tool's arguments."""
+        keywords: dict[str, Any] = {}
+        if self.manager_as == "callbacks" and run_manager is not None:
+            keywords["callbacks"] = run_manager.get_child()
+        elif self.manager_as == "run_manager" and run_manager is not None:
+            keywords["run_manager"] = run_manager
+        if self.config_as is not None:
+            keywords[self.config_as] = config
+        return keywords
+
+
+class _ToolCall(PendingCall):
+    """A `GatedTool` invocation: the original's parsed arguments, and how to run it with them."""
+
+    __slots__ = ("artifact", "bodies", "gate_args", "injected", "keywords", "original", "parsed", "tool_call_id")
 
     def __init__(
         self,
@@ -230,12 +269,15 @@ class _ToolCall(PendingCall):
         raw: str | dict[str, Any],
         visible: Sequence[str],
         tool_call_id: str | None,
+        bodies: tuple[_Body, _Body],
     ) -> None:
         super().__init__(original.name, sync=True)
         self.original = original
         self.tool_call_id = tool_call_id
         self.artifact: Any = None
-        self.extra: dict[str, Any] = {}
+        self.bodies = bodies
+        self.keywords: dict[str, Any] = {}
+        """Callbacks and config for the function, set by the sync or async hook that makes the call."""
         if isinstance(raw, str):
             # A single-argument tool invoked with its input as a plain string.
             self.gate_args: dict[str, Any] = {visible[0]: raw} if visible else {}
@@ -248,15 +290,16 @@ class _ToolCall(PendingCall):
 
     async def execute(self, args: dict[str, Any]) -> Any:
         original = self.original
+        body = self.bodies[0] if self.sync else self.bodies[1]
         if args == self.gate_args:
             pos, kwargs = self.parsed
         else:  # rewritten by the chain: LangChain validates the new arguments as it did the old
             pos, kwargs = original._to_args_and_kwargs({**self.injected, **args}, self.tool_call_id)
-        kwargs = {**kwargs, **self.extra}
+        kwargs = {**kwargs, **self.keywords}
         if self.sync:
-            response = outside_loop(original._run, *pos, **kwargs)
+            response = outside_loop(body.fn, *pos, **kwargs)
         else:
-            response = await original._arun(*pos, **kwargs)
+            response = await body.fn(*pos, **kwargs)
         if original.response_format != "content_and_artifact":
             return response
         if not isinstance(response, tuple) or len(response) != 2:
@@ -266,11 +309,6 @@ class _ToolCall(PendingCall):
             )
         content, self.artifact = response
         return content
-
-
-def _takes(fn: Callable[..., Any]) -> tuple[bool, str | None]:
-    """Whether `fn` takes LangChain's `run_manager`, and the name of its `RunnableConfig` parameter."""
-    return "run_manager" in inspect.signature(fn).parameters, _get_runnable_config_param(fn)
 
 
 class GatedTool(StructuredTool):
@@ -288,8 +326,8 @@ class GatedTool(StructuredTool):
     _scope: AgentScope = PrivateAttr()
     _default_run: RunContext = PrivateAttr()
     _visible: tuple[str, ...] = PrivateAttr()
-    _sync_takes: tuple[bool, str | None] = PrivateAttr()
-    _async_takes: tuple[bool, str | None] = PrivateAttr()
+    _sync_body: _Body = PrivateAttr()
+    _async_body: _Body = PrivateAttr()
 
     @classmethod
     def wrap(cls, original: BaseTool, scope: AgentScope, default_run: RunContext) -> GatedTool:
@@ -315,9 +353,8 @@ class GatedTool(StructuredTool):
         gated._scope = scope
         gated._default_run = default_run
         gated._visible = tuple(_input_schema(original).get("properties") or ())
-        gated._sync_takes = _takes(original._run)
-        # What BaseTool.arun inspects: _arun if the tool has its own, else the _run it falls back to.
-        gated._async_takes = _takes(original._run if type(original)._arun is BaseTool._arun else original._arun)
+        gated._sync_body = _Body.of(original, sync=True)
+        gated._async_body = _Body.of(original, sync=False)
         return gated
 
     @property
@@ -330,15 +367,15 @@ class GatedTool(StructuredTool):
         return self._original._injected_args_keys
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        if isinstance(self._original, StructuredTool):
-            # As the original would: a sync-only StructuredTool runs `invoke` on a worker thread.
-            return await super().ainvoke(input, config, **kwargs)
+        # StructuredTool.ainvoke runs a tool without a coroutine wholly on a worker thread; here the
+        # chain runs on the caller's loop, and the original's `_arun` puts only its function there.
         return await BaseTool.ainvoke(self, input, config, **kwargs)
 
     def _to_args_and_kwargs(self, tool_input: str | dict[str, Any], tool_call_id: str | None) -> Any:
         # BaseTool.run/arun call this with the raw input and the ToolCall's id right before _run /
         # _arun: the original parses (and validates) the input here, as it would ungated.
-        return (), {_CALL_KEY: _ToolCall(self._original, tool_input, self._visible, tool_call_id)}
+        call = _ToolCall(self._original, tool_input, self._visible, tool_call_id, (self._sync_body, self._async_body))
+        return (), {_CALL_KEY: call}
 
     def _run(
         self,
@@ -348,7 +385,7 @@ class GatedTool(StructuredTool):
         **kwargs: Any,
     ) -> Any:
         call: _ToolCall = kwargs[_CALL_KEY]
-        self._prepare(call, self._sync_takes, run_manager, config)
+        call.keywords = self._sync_body.keywords(run_manager, config)
         run = run_of(config, self._default_run)
         token = _PENDING.set(call)
         try:
@@ -366,7 +403,7 @@ class GatedTool(StructuredTool):
     ) -> Any:
         call: _ToolCall = kwargs[_CALL_KEY]
         call.sync = False
-        self._prepare(call, self._async_takes, run_manager, config)
+        call.keywords = self._async_body.keywords(run_manager, config)
         token = _PENDING.set(call)
         try:
             result = await self._scope.call(
@@ -375,14 +412,6 @@ class GatedTool(StructuredTool):
         finally:
             _PENDING.reset(token)
         return self._output(call, result)
-
-    @staticmethod
-    def _prepare(call: _ToolCall, takes: tuple[bool, str | None], run_manager: Any, config: RunnableConfig) -> None:
-        wants_manager, config_param = takes
-        if wants_manager and run_manager is not None:
-            call.extra["run_manager"] = run_manager
-        if config_param is not None:
-            call.extra[config_param] = config
 
     def _output(self, call: _ToolCall, result: ToolResult) -> Any:
         if call.escaped is not None:
@@ -419,3 +448,9 @@ def gate_tools(
     scope = gate.agent(agent, tools=[gate_tool(t, timeout_s) for t in tools], interceptors=interceptors)
     default_run = run if run is not None else RunContext()
     return [GatedTool.wrap(t, scope, default_run) for t in tools]
+
+
+# LangChain reads `_run`'s and `_arun`'s signature and type hints on every invocation; resolved once
+# here, it need not evaluate their annotations (strings, in this module) each time.
+for _hook in (GatedTool._run, GatedTool._arun):
+    _hook.__annotations__ = get_type_hints(_hook)

@@ -1,20 +1,31 @@
-"""LangChain through the gate: wrapped `BaseTool`s driven by langchain-core's own fake chat model."""
+"""LangChain and LangGraph through the gate: `create_agent` with `CallgateMiddleware`, a LangGraph
+`ToolNode` of `gate_tools` tools, and the tools invoked by hand, all driven by langchain-core's own
+fake chat model; every test checks the effects, the messages the model reads and the events."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Any
 
 import pytest
-from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
-from langchain_core.messages import AIMessage, ToolMessage
-from langchain_core.tools import BaseTool, tool
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.tools import BaseTool, InjectedToolCallId, tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import Command
+from pydantic import BaseModel, Field
 
-from events import MemorySink
-from interceptor_core import Gate, RunContext, ToolBlockedError
-from interceptor_core.integrations.langchain import RUN_CONFIG_KEY, gate_tools
+from events import EventBase, MemorySink, verify_chain
+from interceptor_core import Gate, Rewrite, RunContext, ToolBlockedError, ToolCall
+from interceptor_core.integrations.langchain import RUN_CONFIG_KEY, CallgateMiddleware, GatedTool, gate_tools
 
-from .files_policy import DENIAL, ProtectFiles
+from .files_policy import DENIAL, SUBSTITUTE, ProtectFiles
+
+OUTCOMES = {"ToolUse", "ToolDenied", "Substitute", "Blocked"}
 
 
 def file_tools(root: Path, done: list[str]) -> list[BaseTool]:
@@ -35,32 +46,300 @@ def file_tools(root: Path, done: list[str]) -> list[BaseTool]:
     return [write_file, delete_file]
 
 
-class TestGateTools:
-    async def test_parallel_tool_calls_of_a_model_turn(self, root: Path) -> None:
-        """The model's two parallel tool calls run as a ToolNode would: the write runs, the delete
-        becomes the ToolMessage with the denial, and the file stays."""
+@tool
+def read_file(path: str) -> str:
+    """Reads a file (there is none: it always fails)."""
+    raise FileNotFoundError(path)
+
+
+class ScriptedChat(GenericFakeChatModel):
+    """langchain-core's fake chat model, which `create_agent` can bind tools to."""
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChat:  # type: ignore[override]
+        return self
+
+
+def chat(*turns: AIMessage) -> ScriptedChat:
+    return ScriptedChat(messages=iter([*turns, AIMessage("done")]))
+
+
+def turn(*calls: tuple[str, str, dict[str, Any]]) -> AIMessage:
+    """A model turn making the tool calls `(id, name, args)`, in parallel."""
+    return AIMessage("", tool_calls=[{"id": id_, "name": name, "args": args} for id_, name, args in calls])
+
+
+TIDY_UP = turn(
+    ("c1", "write_file", {"path": "note.txt", "text": "hi"}),
+    ("c2", "delete_file", {"path": "precious.txt"}),
+    ("c3", "read_file", {"path": "missing.txt"}),
+)
+
+
+def replies(messages: Sequence[AnyMessage]) -> dict[str, tuple[str, Any]]:
+    """The ToolMessages the model reads, by tool call id: (status, content)."""
+    return {m.tool_call_id: (m.status, m.content) for m in messages if isinstance(m, ToolMessage)}
+
+
+def outcomes(memory: MemorySink) -> dict[str, str]:
+    """Each call's one outcome event type, by call id (a second outcome of a call fails)."""
+    found: dict[str, str] = {}
+    for event in memory.events:
+        if event.type in OUTCOMES:
+            call_id = event.call_id  # type: ignore[attr-defined]
+            assert call_id not in found, f"two outcomes for {call_id}"
+            found[call_id] = event.type
+    return found
+
+
+def assert_tidy_up(root: Path, done: list[str], messages: Sequence[AnyMessage], memory: MemorySink) -> None:
+    """The write ran, the denied delete had no effect and the model read the denial, the raising
+    read is an error message; one outcome per call, under the model's ids; the chain verifies."""
+    assert (root / "note.txt").read_text() == "hi"
+    assert (root / "precious.txt").read_text() == "keep me"
+    assert done == ["write note.txt"]
+    got = replies(messages)
+    assert got["c1"] == ("success", "wrote note.txt")
+    assert got["c2"] == ("error", DENIAL)
+    assert got["c3"][0] == "error"
+    assert "FileNotFoundError" in got["c3"][1]
+    assert outcomes(memory) == {"c1": "ToolUse", "c2": "ToolDenied", "c3": "ToolUse"}
+    assert next(e for e in memory.events if e.call_id == "c3").outcome == "error"  # type: ignore[attr-defined]
+    assert verify_chain(memory.events).ok
+
+
+def agent_for(model: ScriptedChat, tools: list[BaseTool], gate: Gate, **kwargs: Any) -> Any:
+    return create_agent(model, tools=tools, middleware=[CallgateMiddleware(tools, gate=gate, agent="writer", **kwargs)])
+
+
+class TestCallgateMiddleware:
+    async def test_parallel_calls_of_a_create_agent_run(self, root: Path) -> None:
+        """Three parallel calls of one model turn: allowed, denied, raising; the run goes on."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
-        tools = {t.name: t for t in gate_tools(file_tools(root, done), gate=gate, agent="writer")}
-        model = FakeMessagesListChatModel(
-            responses=[
-                AIMessage(
-                    content="",
-                    tool_calls=[
-                        {"id": "c1", "name": "write_file", "args": {"path": "note.txt", "text": "hi"}},
-                        {"id": "c2", "name": "delete_file", "args": {"path": "precious.txt"}},
-                    ],
-                )
-            ]
+        agent = agent_for(chat(TIDY_UP), [*file_tools(root, done), read_file], gate)
+        out = await agent.ainvoke({"messages": [HumanMessage("tidy up")]})
+        assert out["messages"][-1].content == "done"
+        assert_tidy_up(root, done, out["messages"], memory)
+
+    def test_the_same_run_sync(self, root: Path) -> None:
+        """`agent.invoke` takes the sync hook, with the same answers and events."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        agent = agent_for(chat(TIDY_UP), [*file_tools(root, done), read_file], gate)
+        out = agent.invoke({"messages": [HumanMessage("tidy up")]})
+        assert_tidy_up(root, done, out["messages"], memory)
+
+    async def test_sync_invoke_inside_a_running_loop(self, root: Path) -> None:
+        """A sync `agent.invoke` from async code (a loop runs in the thread) does not raise."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        agent = agent_for(chat(TIDY_UP), [*file_tools(root, done), read_file], gate)
+        out = agent.invoke({"messages": [HumanMessage("tidy up")]})
+        assert_tidy_up(root, done, out["messages"], memory)
+
+    async def test_registration_and_coverage(self, root: Path) -> None:
+        """The tools are registered in the scope when the middleware is built, before any call;
+        the agent's own tool list is unchanged (the middleware adds none)."""
+        memory = MemorySink()
+        gate = Gate("files", sinks=[memory])
+        tools = file_tools(root, [])
+        middleware = CallgateMiddleware(tools, gate=gate, agent="writer")
+        assert [e.type for e in memory.events] == ["ToolsRegistered"]
+        assert sorted(middleware.scope.tools) == ["delete_file", "write_file"]
+        assert getattr(middleware, "tools", []) == []
+        out = await create_agent(
+            chat(turn(("c1", "write_file", {"path": "a.txt", "text": "x"}))), tools=tools, middleware=[middleware]
+        ).ainvoke({"messages": [HumanMessage("write")]})
+        assert replies(out["messages"]) == {"c1": ("success", "wrote a.txt")}
+        assert gate.coverage().ok
+
+    async def test_substitute_and_block(self, root: Path) -> None:
+        """A substitute is the message and nothing is written; a block ends the run."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        dry = turn(("c1", "write_file", {"path": "dry-run.txt", "text": "x"}))
+        out = await agent_for(chat(dry), file_tools(root, done), gate).ainvoke({"messages": [HumanMessage("x")]})
+        assert replies(out["messages"]) == {"c1": ("success", SUBSTITUTE)}
+        wildcard = turn(("c2", "delete_file", {"path": "*"}))
+        with pytest.raises(ToolBlockedError, match="wildcard"):
+            await agent_for(chat(wildcard), file_tools(root, done), gate).ainvoke({"messages": [HumanMessage("x")]})
+        assert done == []
+        assert not (root / "dry-run.txt").exists()
+        assert outcomes(memory) == {"c1": "Substitute", "c2": "Blocked"}
+
+    async def test_a_rewrite_reaches_the_tool(self, root: Path) -> None:
+        """The chain's rewritten arguments are the ones the tool runs with."""
+        done: list[str] = []
+
+        class IntoDrafts:
+            name = "into-drafts"
+
+            def before_tool_call(self, call: ToolCall) -> Rewrite | None:
+                return Rewrite({**call.args, "path": f"draft-{call.args['path']}"})
+
+        gate = Gate("files", interceptors=[IntoDrafts()])
+        call = turn(("c1", "write_file", {"path": "a.txt", "text": "x"}))
+        out = await agent_for(chat(call), file_tools(root, done), gate).ainvoke({"messages": [HumanMessage("x")]})
+        assert replies(out["messages"]) == {"c1": ("success", "wrote draft-a.txt")}
+        assert done == ["write draft-a.txt"]
+
+    async def test_invalid_arguments_are_langchains_error(self, root: Path) -> None:
+        """LangChain's own validation answers invalid arguments; the call is an error outcome."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", sinks=[memory])
+        bad = turn(("c1", "write_file", {"path": "a.txt"}))
+        out = await agent_for(chat(bad), file_tools(root, done), gate).ainvoke({"messages": [HumanMessage("x")]})
+        status, content = replies(out["messages"])["c1"]
+        assert status == "error"
+        assert "text" in content
+        assert "Field required" in content
+        assert done == []
+        assert outcomes(memory) == {"c1": "ToolUse"}
+
+    async def test_an_unknown_tool_is_the_gates_error(self, root: Path) -> None:
+        """A call of a tool the middleware was not given never runs, and is recorded."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", sinks=[memory])
+        write, delete = file_tools(root, done)
+        agent = create_agent(
+            chat(turn(("c1", "delete_file", {"path": "old.txt"}))),
+            tools=[write, delete],
+            middleware=[CallgateMiddleware([write], gate=gate)],
         )
-        turn = await model.ainvoke("tidy up")
-        assert isinstance(turn, AIMessage)
-        replies = await asyncio.gather(*(tools[c["name"]].ainvoke({**c, "type": "tool_call"}) for c in turn.tool_calls))
-        assert all(isinstance(r, ToolMessage) for r in replies)
-        assert [(r.tool_call_id, r.content) for r in replies] == [("c1", "wrote note.txt"), ("c2", DENIAL)]
-        assert (root / "precious.txt").read_text() == "keep me"
-        assert done == ["write note.txt"]
-        assert sorted(e.type for e in memory.events) == ["ToolDenied", "ToolUse", "ToolsRegistered"]
+        out = await agent.ainvoke({"messages": [HumanMessage("x")]})
+        status, content = replies(out["messages"])["c1"]
+        assert status == "error"
+        assert "Unknown tool 'delete_file'" in content
+        assert (root / "old.txt").exists()
+        assert done == []
+        assert outcomes(memory) == {"c1": "ToolDenied"}
+
+    async def test_run_context_from_the_agent_context_or_the_config(self, root: Path) -> None:
+        """The agent's `context=` RunContext is the one the events carry; the config's wins."""
+        memory = MemorySink()
+        gate = Gate("files", sinks=[memory])
+        acme, globex = RunContext(tenant="acme"), RunContext(tenant="globex")
+        call = turn(("c1", "write_file", {"path": "a.txt", "text": "x"}))
+        await agent_for(chat(call), file_tools(root, []), gate).ainvoke({"messages": [HumanMessage("x")]}, context=acme)
+        call = turn(("c2", "write_file", {"path": "b.txt", "text": "x"}))
+        await agent_for(chat(call), file_tools(root, []), gate).ainvoke(
+            {"messages": [HumanMessage("x")]}, {"configurable": {RUN_CONFIG_KEY: globex}}, context=acme
+        )
+        used = {e.call_id: e.tenant for e in memory.events if e.type == "ToolUse"}  # type: ignore[attr-defined]
+        assert used == {"c1": "acme", "c2": "globex"}
+
+
+def tool_node_graph(model: ScriptedChat, tools: list[GatedTool]) -> Any:
+    """The classic LangGraph agent: a model node, and a ToolNode while the model calls tools."""
+
+    def call_model(state: MessagesState) -> dict[str, list[AnyMessage]]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", call_model)
+    graph.add_node("tools", ToolNode(tools))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition, ["tools", END])
+    graph.add_edge("tools", "agent")
+    return graph.compile()
+
+
+class TestToolNode:
+    async def test_parallel_calls_through_a_tool_node(self, root: Path) -> None:
+        """A LangGraph graph whose ToolNode holds the gated tools: the same answers and events."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        tools = gate_tools([*file_tools(root, done), read_file], gate=gate, agent="writer")
+        out = await tool_node_graph(chat(TIDY_UP), tools).ainvoke({"messages": [HumanMessage("tidy up")]})
+        assert out["messages"][-1].content == "done"
+        assert_tidy_up(root, done, out["messages"], memory)
+
+    def test_the_same_graph_sync(self, root: Path) -> None:
+        """The sync graph runs the calls on its worker threads, through the gate's sync path."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        tools = gate_tools([*file_tools(root, done), read_file], gate=gate, agent="writer")
+        out = tool_node_graph(chat(TIDY_UP), tools).invoke({"messages": [HumanMessage("tidy up")]})
+        assert_tidy_up(root, done, out["messages"], memory)
+
+
+class Shout(BaseModel):
+    text: str = Field(description="What to shout")
+
+
+@tool(args_schema=Shout)
+def shout(text: str) -> str:
+    """Shouts the text."""
+    return text.upper()
+
+
+@tool
+def remember(fact: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command[Any]:
+    """Stores a fact in the agent's state, answering the call itself."""
+    return Command(update={"messages": [ToolMessage(f"noted: {fact}", tool_call_id=tool_call_id)]})
+
+
+@tool(response_format="content_and_artifact")
+def search(query: str) -> tuple[str, list[dict[str, Any]]]:
+    """Searches; the model reads a summary, the application keeps the hits."""
+    return f"2 hits for {query}", [{"id": 1}, {"id": 2}]
+
+
+def a_call(name: str, args: dict[str, Any], id_: str = "k1") -> dict[str, Any]:
+    return {"type": "tool_call", "id": id_, "name": name, "args": args}
+
+
+class TestGatedTool:
+    def test_the_originals_schema_is_kept(self) -> None:
+        """`args_schema` is the original's pydantic model, and what the model sees is unchanged."""
+        (gated,) = gate_tools([shout], gate=Gate("g"))
+        assert gated.args_schema is Shout
+        assert gated.args_schema.model_json_schema() == Shout.model_json_schema()
+        assert gated.tool_call_schema.model_json_schema() == shout.tool_call_schema.model_json_schema()  # type: ignore[union-attr]
+        assert gated.original is shout
+        assert isinstance(gated.metadata["callgate_scope"].tools["shout"].definition(), dict)  # type: ignore[index]
+
+    def test_injected_tool_call_id_and_command(self) -> None:
+        """A tool taking the call's id runs, and its Command comes back as it would ungated."""
+        memory = MemorySink()
+        (gated,) = gate_tools([remember], gate=Gate("g", sinks=[memory]))
+        assert "tool_call_id" not in gated.tool_call_schema.model_json_schema()["properties"]  # type: ignore[union-attr]
+        got = gated.invoke(a_call("remember", {"fact": "sky is blue"}))
+        assert isinstance(got, Command)
+        assert got == remember.invoke(a_call("remember", {"fact": "sky is blue"}))
+        assert outcomes(memory) == {"k1": "ToolUse"}
+
+    async def test_content_and_artifact(self) -> None:
+        """The model reads the content; the artifact stays on the message, sync and async."""
+        (gated,) = gate_tools([search], gate=Gate("g"))
+        for got in (
+            gated.invoke(a_call("search", {"query": "q"})),
+            await gated.ainvoke(a_call("search", {"query": "q"})),
+        ):
+            assert isinstance(got, ToolMessage)
+            assert (got.content, got.artifact, got.status) == ("2 hits for q", [{"id": 1}, {"id": 2}], "success")
+
+    async def test_sync_invoke_inside_a_running_loop(self, root: Path) -> None:
+        """`invoke` from async code answers as it would anywhere else."""
+        gate = Gate("files", interceptors=[ProtectFiles()])
+        _, delete = gate_tools(file_tools(root, []), gate=gate)
+        assert delete.invoke(a_call("delete_file", {"path": "old.txt"})).content == "deleted old.txt"
+        denied = delete.invoke(a_call("delete_file", {"path": "precious.txt"}))
+        assert (denied.status, denied.content) == ("error", DENIAL)
+
+    def test_a_tool_that_runs_its_own_loop(self) -> None:
+        """A sync tool may start an event loop of its own (`asyncio.run`), as it could ungated."""
+
+        async def fetch(key: str) -> str:
+            return f"value of {key}"
+
+        @tool
+        def lookup(key: str) -> str:
+            """Looks a key up through an async client."""
+            return asyncio.run(fetch(key))
+
+        (gated,) = gate_tools([lookup], gate=Gate("g"))
+        assert gated.invoke({"key": "k"}) == "value of k"
 
     def test_sync_invoke_batch_and_retry(self, root: Path) -> None:
         """Sync invoke, batch (threads) and with_retry all pass the gate: every denial is an output,
@@ -85,3 +364,44 @@ class TestGateTools:
         await write.ainvoke({"path": "a.txt", "text": "x"}, config={"configurable": {RUN_CONFIG_KEY: acme}})
         used = next(e for e in memory.events if e.type == "ToolUse")
         assert (used.tenant, used.run_id) == ("acme", acme.run_id)
+
+    @pytest.mark.parametrize("route", ["invoke", "ainvoke"])
+    async def test_a_raising_tool_is_an_error_message(self, route: str) -> None:
+        """An exception of the tool is an error ToolMessage with the model's id, on both paths."""
+        memory = MemorySink()
+        (gated,) = gate_tools([read_file], gate=Gate("g", sinks=[memory]))
+        call = a_call("read_file", {"path": "x"}, "r1")
+        got = gated.invoke(call) if route == "invoke" else await gated.ainvoke(call)
+        assert isinstance(got, ToolMessage)
+        assert (got.tool_call_id, got.status) == ("r1", "error")
+        assert "FileNotFoundError" in str(got.content)
+        assert outcomes(memory) == {"r1": "ToolUse"}
+
+
+def _events_of(memory: MemorySink, type_: str) -> list[EventBase]:
+    return [e for e in memory.events if e.type == type_]
+
+
+class TestBothRoutes:
+    async def test_command_and_artifact_tools_in_create_agent(self) -> None:
+        """With the middleware, a Command tool updates the state and an artifact stays on its message."""
+        memory = MemorySink()
+        gate = Gate("g", sinks=[memory])
+        model = chat(turn(("m1", "remember", {"fact": "sky is blue"}), ("s1", "search", {"query": "q"})))
+        out = await agent_for(model, [remember, search], gate).ainvoke({"messages": [HumanMessage("x")]})
+        messages = {m.tool_call_id: m for m in out["messages"] if isinstance(m, ToolMessage)}
+        assert messages["m1"].content == "noted: sky is blue"
+        assert (messages["s1"].content, messages["s1"].artifact) == ("2 hits for q", [{"id": 1}, {"id": 2}])
+        assert outcomes(memory) == {"m1": "ToolUse", "s1": "ToolUse"}
+        assert len(_events_of(memory, "ToolsRegistered")) == 1
+
+    async def test_command_and_artifact_tools_in_a_tool_node(self) -> None:
+        """With gate_tools in a ToolNode, the same: the Command's message, the artifact kept."""
+        memory = MemorySink()
+        tools = gate_tools([remember, search], gate=Gate("g", sinks=[memory]))
+        model = chat(turn(("m1", "remember", {"fact": "sky is blue"}), ("s1", "search", {"query": "q"})))
+        out = await tool_node_graph(model, tools).ainvoke({"messages": [HumanMessage("x")]})
+        messages = {m.tool_call_id: m for m in out["messages"] if isinstance(m, ToolMessage)}
+        assert messages["m1"].content == "noted: sky is blue"
+        assert (messages["s1"].content, messages["s1"].artifact) == ("2 hits for q", [{"id": 1}, {"id": 2}])
+        assert outcomes(memory) == {"m1": "ToolUse", "s1": "ToolUse"}
