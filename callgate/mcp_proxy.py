@@ -13,6 +13,7 @@ import inspect
 import ipaddress
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -276,19 +277,21 @@ async def run_proxy(
 
 
 class _UpstreamNoise(logging.Filter):
-    """Keeps the SDK's complaint about an upstream line that is not JSON-RPC to one line (no
-    traceback), and remembers that there was one (the startup error says so)."""
+    """The SDK's complaint about an upstream line that is not JSON-RPC: counted and kept quiet
+    while the proxy starts (the one-line startup error says so), one line without its traceback
+    after."""
 
     def __init__(self) -> None:
         super().__init__()
         self.unparsed = 0
+        self.starting = True
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info is not None:
             self.unparsed += 1
             record.exc_info = None
             record.exc_text = None
-        return True
+        return not self.starting
 
 
 async def _serve(
@@ -307,7 +310,7 @@ async def _serve(
 
     from interceptor_core.integrations.mcp import McpProxy, McpToolset, client_of
 
-    command = " ".join(upstream)
+    command = shlex.join(upstream)
     # A proxy stands in for the command, so the command sees the environment it would have seen.
     params = StdioServerParameters(command=upstream[0], args=list(upstream[1:]), env=dict(os.environ))
     toolset = McpToolset(raw_results=True, prefix=prefix)
@@ -349,6 +352,7 @@ async def _serve(
                 await toolset.load()
                 scope = await toolset.attach(gate.agent(agent, tools=toolset.tools, identity=run))
                 started.set()
+                noise.starting = False
                 proxy = McpProxy(toolset, scope, name=f"callgate:{gate.name}", run=run_for if tokens else run)
                 async with anyio.create_task_group() as serving:
                     await serving.start(toolset.follow)
@@ -370,7 +374,7 @@ async def _serve(
     if timed_out:
         more = "; it wrote lines that are not JSON-RPC" if noise.unparsed else ""
         raise ProxyConfigError(
-            f"upstream {command!r} did not answer as an MCP server within {startup_timeout_s:g} s{more}"
+            f"upstream {command} did not answer as an MCP server within {startup_timeout_s:g} s{more}"
         )
     return audit_loss_status(gate)
 
@@ -391,7 +395,7 @@ def _startup_failure(command: str, program: str, exc: BaseException, unparsed: i
     if isinstance(leaf, OSError):
         return f"upstream command {program!r} cannot be started: {leaf.strerror or leaf}"
     said = "it wrote lines that are not JSON-RPC, then " if unparsed else ""
-    return f"upstream {command!r} is not an MCP server: {said}{type(leaf).__name__}: {leaf}"
+    return f"upstream {command} is not an MCP server: {said}{type(leaf).__name__}: {leaf}"
 
 
 def audit_loss_status(gate: Gate) -> int:

@@ -37,12 +37,14 @@ def free_port() -> int:
 class HttpProxy:
     """`callgate mcp-proxy --http` in front of the test server, as a process of its own."""
 
-    def __init__(self, root: Path, tmp_path: Path, events: Path | None = None) -> None:
+    def __init__(
+        self, root: Path, tmp_path: Path, events: Path | None = None, *extra: str, host: str = "127.0.0.1"
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.events = events or tmp_path / "events.jsonl"
         self.stderr = tmp_path / "proxy.stderr"
-        params = proxy_params(root, self.events, "--http", f"127.0.0.1:{self.port}")
+        params = proxy_params(root, self.events, "--http", f"{host}:{self.port}", *extra)
         with self.stderr.open("wb") as err:
             self.process = subprocess.Popen(
                 [params.command, *params.args], env=params.env, stdin=subprocess.DEVNULL, stdout=err, stderr=err

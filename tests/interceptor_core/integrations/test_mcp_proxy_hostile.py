@@ -1,0 +1,481 @@
+"""`callgate mcp-proxy` under hostile clients and operators, each case with a real proxy process in
+front of a real MCP server process: signals, oversized and malformed input, unknown names in a
+loop, startup failures, factories without `sinks=`, path spellings, bearer tokens over HTTP.
+
+The upstream is the Python test server (`mcp_upstream.py`, with the filesystem server's
+path-carrying tools under UPSTREAM_FILE_TOOLS=1), not the npm `@modelcontextprotocol/server-
+filesystem` the issue measured with: the project's own files do not install Node packages, so CI
+could not rely on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from events import read_jsonl, verify_chain
+
+from .conftest import HERE, effects, upstream_command
+from .files_policy import DENIAL, PROTECTED
+from .test_mcp import DEADLINE_S, proxy_params, text_of
+from .test_mcp_proxy import FILES_POLICY, HttpProxy, free_port
+
+INITIALIZE = {
+    "protocolVersion": "2025-06-18",
+    "capabilities": {},
+    "clientInfo": {"name": "raw-test-client", "version": "1"},
+}
+
+
+class StdioProxy:
+    """`callgate mcp-proxy` over stdio as a process, spoken to line by line (a raw client can send
+    what no SDK client would)."""
+
+    def __init__(self, root: Path, tmp_path: Path, *extra: str, file_tools: bool = False) -> None:
+        self.root = root
+        self.events = tmp_path / "events.jsonl"
+        self.stderr_path = tmp_path / "proxy.stderr"
+        params = proxy_params(root, self.events, *extra)
+        env = {
+            **(params.env or {}),
+            "UPSTREAM_FILE_TOOLS": "1" if file_tools else "0",
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(tmp_path)]),
+        }
+        with self.stderr_path.open("wb") as err:
+            self.process = subprocess.Popen(
+                [params.command, *params.args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err
+            )
+        self._next_id = 100
+
+    def send(self, line: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+
+    def receive(self) -> dict[str, Any]:
+        """The next message the proxy writes; fails at the deadline."""
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], DEADLINE_S)
+        if not ready:
+            pytest.fail(f"no answer within {DEADLINE_S} s:\n{self.stderr_path.read_text()}")
+        line = self.process.stdout.readline()
+        if not line:
+            pytest.fail(f"the proxy closed stdout:\n{self.stderr_path.read_text()}")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def answer_to(self, request_id: Any) -> dict[str, Any]:
+        """The response with `request_id`, skipping notifications."""
+        while True:
+            message = self.receive()
+            if "id" in message and message["id"] == request_id:
+                return message
+
+    def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self._next_id += 1
+        self.send(json.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}).encode())
+        return self.answer_to(self._next_id)
+
+    def initialize(self) -> None:
+        assert "result" in self.request("initialize", INITIALIZE)
+        self.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+
+    def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.request("tools/call", {"name": name, "arguments": arguments})
+
+    def wait(self) -> int:
+        try:
+            return self.process.wait(timeout=DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            pytest.fail(f"the proxy did not exit within {DEADLINE_S} s:\n{self.stderr_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+
+    def lists(self) -> int:
+        """How many tools/list requests the upstream has served."""
+        log = self.root / "lists.log"
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+@pytest.fixture
+def stdio_proxy(root: Path, tmp_path: Path) -> Any:
+    proxies: list[StdioProxy] = []
+
+    def start(*extra: str, file_tools: bool = False) -> StdioProxy:
+        proxy = StdioProxy(root, tmp_path, *extra, file_tools=file_tools)
+        proxies.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in proxies:
+        proxy.stop()
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` has exited (polled until the deadline)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)  # sleep-ok: polling another process's exit, with a deadline
+    return False
+
+
+class TestSignalsOverStdio:
+    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+    def test_a_signal_flushes_stops_the_upstream_and_exits_0(self, stdio_proxy: Any, root: Path, signum: int) -> None:
+        """With the client still connected and stdin open: exit 0 at once, every event of the calls
+        made is in the file, the chain verifies, and the upstream process is gone."""
+        proxy = stdio_proxy()
+        proxy.initialize()
+        assert proxy.call("write_file", {"path": "note.txt", "text": "hi"})["result"]["isError"] is False
+        assert proxy.call("delete_file", {"path": "precious.txt"})["result"]["isError"] is True
+        upstream_pid = int((root / "upstream.pid").read_text())
+        proxy.process.send_signal(signum)
+        assert proxy.wait() == 0, proxy.stderr_path.read_text()
+        assert "Traceback" not in proxy.stderr_path.read_text()
+        found = read_jsonl(proxy.events)
+        assert [e.type for e in found if e.type != "ToolsRegistered"] == ["ToolUse", "ToolDenied"]
+        assert verify_chain(found).ok
+        assert gone(upstream_pid)
+
+
+FIVE_MB = 5 * 1024 * 1024
+THREE_MB = 3 * 1024 * 1024  # under the 4 MiB a message line (or an HTTP body) may hold
+
+
+class TestOversizedInput:
+    def test_a_huge_tool_name_is_refused_small(self, stdio_proxy: Any) -> None:
+        """A 3 MB tool name: a JSON-RPC invalid-params error stating sizes (not the name), one
+        small ToolDenied event with the name cut, and no extra tools/list of the upstream. A 5 MB
+        one (a line past the message limit) is refused unread, with no event: it names no tool."""
+        proxy = stdio_proxy()
+        proxy.initialize()
+        before = proxy.lists()
+        answer = proxy.call("x" * THREE_MB, {})
+        assert answer["error"]["code"] == -32602
+        assert len(json.dumps(answer)) < 300
+        assert f"tool name of {THREE_MB} characters refused" in answer["error"]["message"]
+        proxy.send(
+            json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x" * FIVE_MB}}).encode()
+        )
+        answer = proxy.receive()
+        assert (answer["id"], answer["error"]["code"], len(json.dumps(answer)) < 200) == (None, -32600, True)
+        assert proxy.lists() == before
+        proxy.process.send_signal(signal.SIGTERM)
+        assert proxy.wait() == 0
+        assert proxy.events.stat().st_size < 10_000
+        (denied,) = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
+        assert (denied.tool, denied.cause, denied.args) == ("x" * 64 + "…", "validation", {})
+
+    def test_huge_arguments_are_refused_before_the_upstream(self, stdio_proxy: Any, root: Path) -> None:
+        """2 MB of arguments to a real tool: refused with the sizes, the upstream never runs it,
+        and the event holds no arguments."""
+        proxy = stdio_proxy()
+        proxy.initialize()
+        answer = proxy.call("write_file", {"path": "big.txt", "text": "y" * (2 * 1024 * 1024)})
+        assert answer["error"]["code"] == -32602
+        assert "arguments of 2097" in answer["error"]["message"]
+        assert "refused: this proxy accepts at most 1048576" in answer["error"]["message"]
+        assert proxy.call("write_file", {"path": "small.txt", "text": "ok"})["result"]["isError"] is False
+        proxy.process.send_signal(signal.SIGTERM)
+        assert proxy.wait() == 0
+        assert effects(root) == ["write small.txt"]
+        denied = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
+        assert [(e.tool, e.args) for e in denied] == [("write_file", {})]
+
+
+class TestUnknownNames:
+    def test_listing_again_is_rate_limited(self, stdio_proxy: Any) -> None:
+        """Thirty calls of names nobody has: each is answered unknown, and the upstream is listed
+        again at most once per second of the run, not once per call."""
+        proxy = stdio_proxy()
+        proxy.initialize()
+        before = proxy.lists()
+        began = time.monotonic()
+        for n in range(30):
+            answer = proxy.call(f"no_such_tool_{n}", {})
+            assert answer["result"]["isError"] is True
+            assert "Unknown tool" in answer["result"]["content"][0]["text"]
+        elapsed = time.monotonic() - began
+        assert 1 <= proxy.lists() - before <= 1 + int(elapsed)
+
+
+class TestMalformedLines:
+    def test_every_unreadable_line_is_answered(self, stdio_proxy: Any) -> None:
+        """Not JSON: -32700 with id null; JSON that is no message: -32600 (with its id); arguments
+        nested past the parser's limit: -32600 naming the request; a line past the size limit:
+        -32600. The input is never echoed, and the proxy goes on serving."""
+        proxy = stdio_proxy()
+        proxy.initialize()
+        proxy.send(b"this is not json")
+        assert proxy.receive() == {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": -32700, "message": "Parse error: expected ident at line 1 column 2"},
+        }
+        proxy.send(b'{"id": 7, "hello": "world"}')
+        answer = proxy.receive()
+        assert (answer["id"], answer["error"]["code"]) == (7, -32600)
+        nested = "[" * 300 + "]" * 300
+        call = '{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"write_file","arguments":{"a":%s}}}'
+        proxy.send((call % nested).encode())
+        answer = proxy.receive()
+        assert (answer["id"], answer["error"]["code"]) == (8, -32600)
+        assert "recursion limit exceeded" in answer["error"]["message"]
+        proxy.send(b'{"jsonrpc":"2.0","id":9,"method":"ping","params":{"pad":"' + b"z" * FIVE_MB + b'"}}')
+        answer = proxy.receive()
+        assert (answer["id"], answer["error"]["code"]) == (None, -32600)
+        assert len(json.dumps(answer)) < 200
+        assert proxy.call("write_file", {"path": "after.txt", "text": "fine"})["result"]["isError"] is False
+
+
+NOT_MCP = "print('hello, I am no server')"
+SILENT = "import time; time.sleep(60)"
+
+
+class TestStartupFailures:
+    """What an operator gets wrong before anything is served: exit 2, one line naming the culprit."""
+
+    def run(self, root: Path, *args: str, upstream: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "callgate.cli", "mcp-proxy", "--gate", "files_policy:build_gate", *args]
+        return subprocess.run(
+            [*command, "--", *(upstream if upstream is not None else upstream_command())],
+            env={**os.environ, "UPSTREAM_ROOT": str(root), "PYTHONPATH": str(HERE)},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S * 2,
+            check=False,
+        )
+
+    @pytest.mark.parametrize(
+        ("args", "upstream", "line"),
+        [
+            ([], ["no-such-mcp-server"], "error: upstream command 'no-such-mcp-server' not found"),
+            ([], ["/dev/null"], "error: upstream command '/dev/null' cannot be run: permission denied"),
+            (
+                [],
+                [sys.executable, "-c", NOT_MCP],
+                f"error: upstream {shlex.join([sys.executable, '-c', NOT_MCP])} is not an MCP server: "
+                "it wrote lines that are not JSON-RPC, then MCPError: Connection closed",
+            ),
+            (
+                ["--startup-timeout", "1"],
+                [sys.executable, "-c", SILENT],
+                f"error: upstream {shlex.join([sys.executable, '-c', SILENT])} did not answer as an MCP server "
+                "within 1 s",
+            ),
+            (
+                ["--http", "127.0.0.1:70000"],
+                None,
+                "error: --http 127.0.0.1:70000: port 70000 is out of range (1-65535)",
+            ),
+            (["--http", "8808"], None, "error: --http expects HOST:PORT, got '8808'"),
+        ],
+        ids=["not-found", "not-executable", "not-mcp", "silent", "port-out-of-range", "no-host"],
+    )
+    def test_one_line_exit_2(self, root: Path, args: list[str], upstream: list[str] | None, line: str) -> None:
+        """The line names the command or the address; no traceback; nothing on stdout."""
+        done = self.run(root, *args, upstream=upstream)
+        assert (done.returncode, done.stderr.splitlines(), done.stdout) == (2, [line], "")
+
+    def test_port_in_use(self, root: Path) -> None:
+        """A port another process listens on: refused before the upstream is started."""
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            done = self.run(root, "--http", f"127.0.0.1:{port}")
+        assert done.returncode == 2
+        assert done.stderr.splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+        assert not (root / "upstream.pid").exists()
+
+    def test_non_loopback_without_tokens(self, root: Path) -> None:
+        """`--http 0.0.0.0:PORT` without `--tokens`: refused, since nobody could tell the clients apart."""
+        port = free_port()
+        done = self.run(root, "--http", f"0.0.0.0:{port}")
+        assert done.returncode == 2
+        assert done.stderr.splitlines() == [
+            f"error: --http 0.0.0.0:{port} is not a loopback address: give --tokens FILE so every client "
+            "authenticates (or listen on 127.0.0.1)"
+        ]
+        assert not (root / "upstream.pid").exists()
+
+    @pytest.mark.parametrize(
+        ("content", "line"),
+        [
+            ("short alice acme\n", "tokens.txt:1: the token is shorter than 16 characters"),
+            ("# only a comment\n", "tokens file tokens.txt holds no token"),
+            (f"{'a' * 20} alice\n{'a' * 20} bob\n", "tokens.txt:2: the same token as line 1"),
+            (f"{'a' * 20}\n", "tokens.txt:1: expected TOKEN PRINCIPAL [TENANT], got 1 fields"),
+        ],
+        ids=["short", "empty", "duplicate", "no-principal"],
+    )
+    def test_a_bad_tokens_file(self, root: Path, tmp_path: Path, content: str, line: str) -> None:
+        """A tokens file with a problem names file and line, never the token."""
+        (tmp_path / "tokens.txt").write_text(content)
+        port = free_port()
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "callgate.cli", "mcp-proxy", "--gate", "files_policy:build_gate"),
+                *("--http", f"127.0.0.1:{port}", "--tokens", "tokens.txt", "--", *upstream_command()),
+            ],
+            env={**os.environ, "UPSTREAM_ROOT": str(root), "PYTHONPATH": str(HERE)},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+            check=False,
+        )
+        assert done.returncode == 2
+        (said,) = done.stderr.splitlines()
+        assert line in said
+        assert "a" * 20 not in said
+
+
+READY_GATE = """
+from interceptor_core import Gate
+from files_policy import ProtectFiles
+
+GATE = Gate("files", interceptors=[ProtectFiles()])
+"""
+
+
+class TestFactoriesWithoutSinks:
+    @pytest.mark.parametrize("spec", ["files_policy:build_plain_gate", "ready_gate:GATE"], ids=["plain", "ready"])
+    def test_the_proxy_adds_its_sinks(self, stdio_proxy: Any, root: Path, tmp_path: Path, spec: str) -> None:
+        """`def build(): return Gate(...)` and a module-level Gate both work with `--events`: the
+        events file holds the registration and every call's outcome."""
+        (tmp_path / "ready_gate.py").write_text(READY_GATE)
+        proxy = stdio_proxy("--gate", spec)
+        proxy.initialize()
+        assert proxy.call("delete_file", {"path": "precious.txt"})["result"]["isError"] is True
+        proxy.process.send_signal(signal.SIGTERM)
+        assert proxy.wait() == 0, proxy.stderr_path.read_text()
+        found = read_jsonl(proxy.events)
+        assert [e.type for e in found] == ["ToolsRegistered", "ToolDenied"]
+        assert verify_chain(found).ok
+
+
+class TestPathSpellings:
+    @pytest.mark.parametrize(
+        ("tool", "arguments"),
+        [
+            ("read_file", {"path": "precious.txt"}),
+            ("read_file", {"path": "./precious.txt"}),
+            ("read_file", {"path": "sub/../precious.txt"}),
+            ("read_file", {"path": "ABSOLUTE"}),
+            ("read_file", {"path": ".//sub/./../precious.txt"}),
+            ("read_multiple_files", {"paths": ["old.txt", "sub/../precious.txt"]}),
+            ("move_file", {"source": "./precious.txt", "destination": "mine.txt"}),
+            ("move_file", {"source": "old.txt", "destination": "ABSOLUTE"}),
+            ("delete_file", {"path": "sub/../precious.txt"}),
+        ],
+        ids=["plain", "dot", "dotdot", "absolute", "slashes", "paths-list", "source", "destination", "delete"],
+    )
+    def test_every_spelling_of_the_protected_file_is_denied(
+        self, stdio_proxy: Any, root: Path, tool: str, arguments: dict[str, Any]
+    ) -> None:
+        """Through the real proxy and the real server: each spelling, in each path-carrying
+        argument, is denied and never reaches the upstream; precious.txt is untouched."""
+        (root / "sub").mkdir()
+        absolute = str(root / "precious.txt")
+        arguments = {k: absolute if v == "ABSOLUTE" else v for k, v in arguments.items()}
+        proxy = stdio_proxy(file_tools=True)
+        proxy.initialize()
+        result = proxy.call(tool, arguments)["result"]
+        assert result["isError"] is True
+        assert result["content"][0]["text"] == (DENIAL if tool == "delete_file" else PROTECTED)
+        assert proxy.call("read_file", {"path": "old.txt"})["result"]["content"][0]["text"] == "old"
+        assert effects(root) == ["read old.txt"]
+        assert (root / "precious.txt").read_text() == "keep me"
+
+
+TOKENS = f"""\
+# token                principal  tenant
+{"A" * 32} alice acme
+{"B" * 32} bob trial
+"""
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token is not None else {}
+
+
+def post_status(url: str, token: str | None) -> tuple[int, str | None]:
+    """The HTTP status (and WWW-Authenticate) of an initialize POST with `token`."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE}).encode()
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream", **bearer(token)}
+    # The URL is the test's own http://127.0.0.1 one.
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=DEADLINE_S) as response:  # noqa: S310
+            return response.status, None
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.headers.get("WWW-Authenticate")
+
+
+class TestBearerTokens:
+    async def test_each_client_is_who_its_token_says(self, root: Path, tmp_path: Path) -> None:
+        """On 0.0.0.0 with `--tokens`: no token or a wrong one is 401; alice (acme) and bob (trial)
+        each call as themselves (their events say so), and bob's tools/list lacks the tool the
+        policy denies trial tenants outright; ToolsRegistered names the proxy's own identity."""
+        (tmp_path / "tokens.txt").write_text(TOKENS)
+        (tmp_path / "files.policy.yaml").write_text(FILES_POLICY)
+        proxy = HttpProxy(
+            root,
+            tmp_path,
+            None,
+            *("--tokens", str(tmp_path / "tokens.txt"), "--policy", str(tmp_path / "files.policy.yaml")),
+            *("--tenant", "ops", "--principal", "gateway"),
+            host="0.0.0.0",  # noqa: S104 - the non-loopback case is the point
+        )
+        try:
+            await proxy.wait_until_listening()
+            assert post_status(proxy.url, None) == (401, 'Bearer realm="callgate"')
+            assert post_status(proxy.url, "C" * 32)[0] == 401
+            assert post_status(proxy.url, "A" * 31)[0] == 401
+            seen = {}
+            for token in ("A" * 32, "B" * 32):
+                http = create_mcp_http_client(headers=bearer(token))
+                async with http, Client(streamable_http_client(proxy.url, http_client=http)) as client:
+                    seen[token[0]] = {t.name for t in (await client.list_tools()).tools}
+                    done = await client.call_tool("write_file", {"path": f"{token[0]}.txt", "text": "hi"})
+                    assert not done.is_error, text_of(done)
+            assert seen == {"A": {"write_file", "delete_file", "enable_archive"}, "B": {"write_file", "enable_archive"}}
+        finally:
+            code = proxy.stop()
+        assert code == 0, proxy.stderr.read_text()
+        found = read_jsonl(proxy.events)
+        uses = [(e.principal, e.tenant, e.tool) for e in found if e.type == "ToolUse"]
+        assert uses == [("alice", "acme", "write_file"), ("bob", "trial", "write_file")]
+        registered = [(e.principal, e.tenant) for e in found if e.type == "ToolsRegistered"]
+        assert set(registered) == {("gateway", "ops")}
+        assert effects(root) == ["write A.txt", "write B.txt"]
