@@ -75,8 +75,14 @@ class _Pending:
     """The framework's side of one call, handed to the gate tool's body through a context variable
     (the body runs in a copy of the caller's context)."""
 
+    toolset: AbstractToolset[Any]
+    """The wrapped toolset of this run (Pydantic AI may have replaced it for the run or the step)."""
     ctx: AiRunContext[Any]
     tool: ToolsetTool[Any]
+    tool_args: dict[str, Any]
+    """The arguments as Pydantic AI validated them."""
+    sent: Any
+    """The same as JSON, as the gate got them: the body compares them with what it is given."""
     raised: Exception | None = None
     """What the wrapped tool raised: raised again to Pydantic AI once the gate has recorded it."""
 
@@ -122,19 +128,11 @@ def _framework_result(result: ToolResult) -> Any:
             assert_never(result.kind)
 
 
-async def _gated_call(
-    scope: AgentScope, name: str, tool_args: dict[str, Any], ctx: AiRunContext[Any], run: RunContext
-) -> ToolResult:
+async def _gated_call(scope: AgentScope, name: str, args: Any, ctx: AiRunContext[Any], run: RunContext) -> ToolResult:
     """`scope.call` with Pydantic AI's call id and approval; `RequireApproval` with nobody to ask
     becomes Pydantic AI's `ApprovalRequired`."""
     try:
-        return await scope.call(
-            name,
-            pydantic_core.to_jsonable_python(tool_args),
-            run=run,
-            call_id=ctx.tool_call_id,
-            approval=_approval(scope.gate, ctx),
-        )
+        return await scope.call(name, args, run=run, call_id=ctx.tool_call_id, approval=_approval(scope.gate, ctx))
     except ToolApprovalRequiredError as exc:
         raise ApprovalRequired({"reason": exc.reason, "requested_by": exc.interceptor}) from exc
 
@@ -155,7 +153,10 @@ class GatedToolset(WrapperToolset[Any]):
     run: RunSource = field(default=None, kw_only=True)
     interceptors: tuple[object, ...] = field(default=(), kw_only=True)
     timeout_s: float | None = field(default=None, kw_only=True)
-    _state: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    # Shared by the copies Pydantic AI makes of this toolset (`for_run`, `for_run_step` and
+    # `visit_and_replace` replace the wrapped one, e.g. a DynamicToolset's every run): one agent
+    # scope and one registration of each tool, however many runs.
+    _state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, kw_only=True)
 
     @property
     def scope(self) -> AgentScope | None:
@@ -164,16 +165,15 @@ class GatedToolset(WrapperToolset[Any]):
         return scope
 
     def _gate_tool(self, name: str, definition: Any) -> Tool[Any, Any]:
-        wrapped = self
-
         async def body(args: dict[str, Any], _ctx: ToolContext) -> Any:
             pending = _pending.get()
             if pending is None:
                 raise RuntimeError(f"tool {name!r} of a GatedToolset was called outside the toolset")
-            # The gate's arguments may have been rewritten: validate them as the framework would.
-            validated = pending.tool.args_validator.validate_python(args)
+            # Rewritten arguments are validated as the framework would; the others are passed as
+            # the framework validated them, as an ungated call would get them.
+            validated = pending.tool_args if args == pending.sent else pending.tool.args_validator.validate_python(args)
             try:
-                return await wrapped.wrapped.call_tool(name, validated, pending.ctx, pending.tool)
+                return await pending.toolset.call_tool(name, validated, pending.ctx, pending.tool)
             except Exception as exc:
                 pending.raised = exc
                 raise
@@ -189,31 +189,35 @@ class GatedToolset(WrapperToolset[Any]):
     async def get_tools(self, ctx: AiRunContext[Any]) -> dict[str, ToolsetTool[Any]]:
         tools = await self.wrapped.get_tools(ctx)
         scope = self.scope
-        known = scope.tools if scope is not None else {}
+        known: set[str] = self._state.setdefault("names", set())
         new = [self._gate_tool(name, tool.tool_def) for name, tool in tools.items() if name not in known]
         if scope is None:
             self._state["scope"] = self.gate.agent(self.agent, tools=new, interceptors=self.interceptors)
         elif new:
             scope.add_tools(new)
+        known.update(t.name for t in new)
         return tools
 
     def _run_context(self, ctx: AiRunContext[Any]) -> RunContext:
-        default: RunContext = self._state.setdefault("run", RunContext())
+        default: RunContext | None = self._state.get("run")
+        if default is None:
+            default = self._state["run"] = RunContext()
         return _run_context(self.run, ctx, default)
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: AiRunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
         scope = self.scope
-        if scope is None or name not in scope.tools:
+        if scope is None or name not in self._state["names"]:
             await self.get_tools(ctx)
             scope = self.scope
         if scope is None:
             raise RuntimeError(f"tool {name!r} was called before the toolset {self.label} listed its tools")
-        pending = _Pending(ctx, tool)
+        sent = pydantic_core.to_jsonable_python(tool_args)
+        pending = _Pending(self.wrapped, ctx, tool, tool_args, sent)
         token = _pending.set(pending)
         try:
-            result = await _gated_call(scope, name, tool_args, ctx, self._run_context(ctx))
+            result = await _gated_call(scope, name, sent, ctx, self._run_context(ctx))
         finally:
             _pending.reset(token)
         if pending.raised is not None:
@@ -271,4 +275,5 @@ class ScopeToolset(AbstractToolset[Any]):
         self, name: str, tool_args: dict[str, Any], ctx: AiRunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
         run = _run_context(self.run, ctx, self._default_run)
-        return _framework_result(await _gated_call(self.scope, name, tool_args, ctx, run))
+        args = pydantic_core.to_jsonable_python(tool_args)
+        return _framework_result(await _gated_call(self.scope, name, args, ctx, run))

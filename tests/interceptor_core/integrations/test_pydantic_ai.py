@@ -30,7 +30,7 @@ from pydantic_ai.mcp import MCPToolset, StdioTransport
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
-from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
+from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
 
 from events import EventBase, MemorySink, verify_chain
 from interceptor_core import Approval, ApprovalRequest, Gate, RequireApproval, RunContext, ToolBlockedError, ToolCall
@@ -278,6 +278,28 @@ class TestGatedToolset:
             await Agent(model, toolsets=[toolset]).run("delete everything")
         assert done == []
         assert calls(memory.events) == [("Blocked", "delete_file", "c1")]
+
+    async def test_a_toolset_built_per_run_is_registered_once(self, root: Path) -> None:
+        """Around a DynamicToolset (a new toolset every run, so Pydantic AI copies the wrapper for
+        each run), the tools are registered once and every run calls its own toolset."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        built: list[FunctionToolset[Any]] = []
+
+        def per_run(ctx: Any) -> FunctionToolset[Any]:
+            built.append(file_tools(root, done))
+            return built[-1]
+
+        toolset = GatedToolset(DynamicToolset(per_run, per_run_step=False), gate=gate)
+        for index in range(3):
+            model = scripted(
+                [ToolCallPart("write_file", {"path": f"n{index}.txt", "text": "x"}, tool_call_id=f"c{index}")]
+            )
+            await Agent(model, toolsets=[toolset]).run("write")
+        assert len(built) == 3
+        assert done == ["write n0.txt", "write n1.txt", "write n2.txt"]
+        assert [e.type for e in memory.events] == ["ToolsRegistered", "ToolUse", "ToolUse", "ToolUse"]
+        assert toolset.scope is not None
 
     async def test_test_model_call_ids_are_the_events_call_ids(self, root: Path) -> None:
         """With TestModel calling every tool, each event's call_id is the id of the return Pydantic AI
