@@ -170,7 +170,8 @@ class TestProxyIdentityOptions:
     async def test_tenant_and_principal_options_reach_the_events(
         self, root: Path, tmp_path: Path, errlog: TextIO
     ) -> None:
-        """`callgate mcp-proxy --tenant acme --principal ops-bot` makes every call for them."""
+        """`callgate mcp-proxy --tenant acme --principal ops-bot` makes every call for them, and its
+        ToolsRegistered event names them too."""
         events = tmp_path / "events.jsonl"
         params = proxy_params(root, events, "--tenant", "acme", "--principal", "ops-bot")
         async with Client(stdio_client(params, errlog=errlog)) as client:
@@ -178,6 +179,8 @@ class TestProxyIdentityOptions:
         found = read_events(events, lambda evs: any(e.type == "ToolUse" for e in evs))
         (use,) = [e for e in found if e.type == "ToolUse"]
         assert (use.tenant, use.principal) == ("acme", "ops-bot")
+        (registered,) = [e for e in found if e.type == "ToolsRegistered"]
+        assert (registered.tenant, registered.principal, registered.run_id) == ("acme", "ops-bot", use.run_id)
 
 
 BAD_FACTORIES = """
