@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import functools
 import inspect
 import sys
 from asyncio import events as _loops
@@ -40,7 +41,8 @@ from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.tools.base import _get_runnable_config_param
-from pydantic import BaseModel, PrivateAttr
+from pydantic import BaseModel, PrivateAttr, ValidationError
+from pydantic.v1 import ValidationError as ValidationErrorV1
 
 from interceptor_core.context import RunContext, ToolContext
 from interceptor_core.gate import AgentScope, Gate, Workflow
@@ -86,7 +88,8 @@ class PendingCall:
         self.sync = sync
         self.taken = False
         self.escaped: BaseException | None = None
-        """An exception LangGraph must see (an interrupt), re-raised once the gate has recorded it."""
+        """An exception LangChain or LangGraph must see (an interrupt, invalid arguments), re-raised
+        once the gate has recorded the call."""
 
     async def execute(self, args: dict[str, Any]) -> Any:
         """Run the tool with `args` (the chain's, possibly rewritten); return what the chain's
@@ -177,7 +180,6 @@ def run_of(config: Mapping[str, Any] | None, default: RunContext, context: objec
 # -- sync calls -------------------------------------------------------------------------------------
 
 _idle_loops: list[asyncio.AbstractEventLoop] = []
-_offload: list[ThreadPoolExecutor] = []
 
 
 def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -192,9 +194,12 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         asyncio.get_running_loop()
     except RuntimeError:
         return _on_idle_loop(make)
-    if not _offload:
-        _offload.append(ThreadPoolExecutor(thread_name_prefix="callgate-langchain"))
-    return _offload[0].submit(contextvars.copy_context().run, _on_idle_loop, make).result()
+    return _offload().submit(contextvars.copy_context().run, _on_idle_loop, make).result()
+
+
+@functools.cache
+def _offload() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(thread_name_prefix="callgate-langchain")
 
 
 def _on_idle_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -261,7 +266,17 @@ class _Body(NamedTuple):
 class _ToolCall(PendingCall):
     """A `GatedTool` invocation: the original's parsed arguments, and how to run it with them."""
 
-    __slots__ = ("artifact", "bodies", "gate_args", "injected", "keywords", "original", "parsed", "tool_call_id")
+    __slots__ = (
+        "artifact",
+        "bodies",
+        "gate_args",
+        "injected",
+        "invalid",
+        "keywords",
+        "original",
+        "parsed",
+        "tool_call_id",
+    )
 
     def __init__(
         self,
@@ -286,12 +301,21 @@ class _ToolCall(PendingCall):
             # Before parsing, which adds the injected tool call id to `raw`.
             self.gate_args = {k: v for k, v in raw.items() if k in visible}
             self.injected = {k: v for k, v in raw.items() if k not in visible}
-        self.parsed = original._to_args_and_kwargs(raw, tool_call_id)
+        self.invalid: Exception | None = None
+        try:
+            self.parsed = original._to_args_and_kwargs(raw, tool_call_id)
+        except (ValidationError, ValidationErrorV1) as exc:
+            # Invalid arguments still pass the chain (it may deny, or rewrite them into valid
+            # ones) and leave an outcome; then LangChain handles the error as it would ungated.
+            self.parsed, self.invalid = ((), {}), exc
 
     async def execute(self, args: dict[str, Any]) -> Any:
         original = self.original
         body = self.bodies[0] if self.sync else self.bodies[1]
         if args == self.gate_args:
+            if self.invalid is not None:
+                self.escaped = self.invalid
+                raise self.invalid
             pos, kwargs = self.parsed
         else:  # rewritten by the chain: LangChain validates the new arguments as it did the old
             pos, kwargs = original._to_args_and_kwargs({**self.injected, **args}, self.tool_call_id)

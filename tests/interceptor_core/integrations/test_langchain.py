@@ -14,10 +14,11 @@ from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.tools import BaseTool, InjectedToolCallId, tool
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from langgraph.types import Command
-from pydantic import BaseModel, Field
+from langgraph.types import Command, interrupt
+from pydantic import BaseModel, Field, ValidationError
 
 from events import EventBase, MemorySink, verify_chain
 from interceptor_core import Gate, Rewrite, RunContext, ToolBlockedError, ToolCall
@@ -365,6 +366,22 @@ class TestGatedTool:
         used = next(e for e in memory.events if e.type == "ToolUse")
         assert (used.tenant, used.run_id) == ("acme", acme.run_id)
 
+    async def test_invalid_arguments_are_langchains_error(self, root: Path) -> None:
+        """Invalid arguments pass the chain and leave an error outcome; then LangChain answers
+        them as it would ungated: a ToolNode's error message, a plain invoke's ValidationError."""
+        memory, done = MemorySink(), []
+        tools = gate_tools(file_tools(root, done), gate=Gate("files", sinks=[memory]))
+        bad = turn(("c1", "write_file", {"path": "a.txt"}))
+        out = await tool_node_graph(chat(bad), tools).ainvoke({"messages": [HumanMessage("x")]})
+        status, content = replies(out["messages"])["c1"]
+        assert status == "error"
+        assert "Field required" in content
+        with pytest.raises(ValidationError):
+            tools[0].invoke({"path": "a.txt"})
+        assert done == []
+        assert [e.type for e in memory.events if e.type in OUTCOMES] == ["ToolUse", "ToolUse"]
+        assert outcomes(memory)["c1"] == "ToolUse"
+
     @pytest.mark.parametrize("route", ["invoke", "ainvoke"])
     async def test_a_raising_tool_is_an_error_message(self, route: str) -> None:
         """An exception of the tool is an error ToolMessage with the model's id, on both paths."""
@@ -405,3 +422,31 @@ class TestBothRoutes:
         assert messages["m1"].content == "noted: sky is blue"
         assert (messages["s1"].content, messages["s1"].artifact) == ("2 hits for q", [{"id": 1}, {"id": 2}])
         assert outcomes(memory) == {"m1": "ToolUse", "s1": "ToolUse"}
+
+
+@tool
+def ask_human(question: str) -> str:
+    """Asks a person, pausing the run until they answer."""
+    return f"they said {interrupt(question)}"
+
+
+class TestInterrupts:
+    def test_an_interrupt_pauses_the_run_and_the_resume_is_a_new_call(self) -> None:
+        """LangGraph's `interrupt()` in a gated tool pauses the run as it would ungated; the
+        resumed run calls the tool again through the gate, under the same tool call id."""
+        memory = MemorySink()
+        gate = Gate("g", sinks=[memory])
+        agent = create_agent(
+            chat(turn(("q1", "ask_human", {"question": "delete it?"}))),
+            tools=[ask_human],
+            middleware=[CallgateMiddleware([ask_human], gate=gate)],
+            checkpointer=InMemorySaver(),
+        )
+        thread = {"configurable": {"thread_id": "t1"}}
+        paused = agent.invoke({"messages": [HumanMessage("x")]}, thread)
+        assert [i.value for i in paused["__interrupt__"]] == ["delete it?"]
+        out = agent.invoke(Command(resume="no"), thread)
+        assert replies(out["messages"]) == {"q1": ("success", "they said no")}
+        uses = [(e.call_id, e.outcome) for e in memory.events if e.type == "ToolUse"]  # type: ignore[attr-defined]
+        assert uses == [("q1", "error"), ("q1", "ok")]
+        assert verify_chain(memory.events).ok
