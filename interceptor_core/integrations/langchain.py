@@ -126,10 +126,10 @@ def outside_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def gate_tool(original: BaseTool, timeout_s: float | None) -> Tool[Any, Any]:
     """The gate's tool for `original`: its name, description and model-facing JSON Schema.
 
-    A tool with a pydantic `args_schema` is validated by LangChain itself (before the chain with
-    `gate_tools`, when the tool runs with the middleware), as it would be ungated, so the gate
-    only takes the arguments as a JSON object; a JSON Schema `args_schema`, which LangChain does
-    not check, is checked by the gate.
+    A tool with a pydantic `args_schema` is validated by LangChain itself, as it would be ungated
+    (invalid arguments still pass the chain, then LangChain answers them), so the gate only takes
+    the arguments as a JSON object; a JSON Schema `args_schema`, which LangChain does not check,
+    is checked by the gate.
     """
     name = original.name
 

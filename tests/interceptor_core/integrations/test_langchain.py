@@ -5,6 +5,8 @@ fake chat model; every test checks the effects, the messages the model reads and
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,7 +18,7 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMes
 from langchain_core.tools import BaseTool, InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.prebuilt import InjectedState, ToolNode, ToolRuntime, tools_condition
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel, Field, ValidationError
 
@@ -450,3 +452,39 @@ class TestInterrupts:
         uses = [(e.call_id, e.outcome) for e in memory.events if e.type == "ToolUse"]  # type: ignore[attr-defined]
         assert uses == [("q1", "error"), ("q1", "ok")]
         assert verify_chain(memory.events).ok
+
+
+@tool
+def tidy_report(state: Annotated[dict[str, Any], InjectedState], runtime: ToolRuntime) -> str:
+    """Reports how many messages the run has, from the graph's state."""
+    return f"{len(state['messages'])} messages, call {runtime.tool_call_id}"
+
+
+class TestInjectedArguments:
+    async def test_state_and_runtime_reach_a_gated_tool_in_a_tool_node(self) -> None:
+        """LangGraph injects the state and the ToolRuntime into a gated tool as into the original;
+        the chain sees only the model's arguments."""
+        seen: list[dict[str, Any]] = []
+
+        class Record:
+            name = "record"
+
+            def before_tool_call(self, call: ToolCall) -> None:
+                seen.append(dict(call.args))
+
+        tools = gate_tools([tidy_report], gate=Gate("g", interceptors=[Record()]))
+        out = await tool_node_graph(chat(turn(("r1", "tidy_report", {}))), tools).ainvoke(
+            {"messages": [HumanMessage("x")]}
+        )
+        assert replies(out["messages"]) == {"r1": ("success", "2 messages, call r1")}
+        assert seen == [{}]
+
+
+def test_importing_the_module_leaves_langchain_agents_unloaded() -> None:
+    """`gate_tools` needs langchain-core only: the middleware's langchain loads on first use."""
+    code = (
+        "import sys, interceptor_core.integrations.langchain as lc; a = 'langchain.agents' in sys.modules; "
+        "lc.CallgateMiddleware; print(a, 'langchain.agents' in sys.modules)"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert found.split() == ["False", "True"]
