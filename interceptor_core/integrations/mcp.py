@@ -726,4 +726,7 @@ async def _stdio_transport(max_line_bytes: int) -> AsyncIterator[tuple[Any, Any]
         # What the server answered last reaches the client before the process goes on to exit.
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(drained.wait, 5.0, abandon_on_cancel=True)
+        # The wire fds stay open: the reader thread may still be blocked on its own; closing
+        # one under it could hand the number to another file.
+        os.dup2(wire_in, 0)
         os.dup2(wire_out, 1)
