@@ -997,17 +997,35 @@ _REPLAY_CALLS_DESCRIPTION = (
 _INCLUSION_MATERIAL = """
 WITH target AS (
     SELECT producer_id, seq, hash, event::VARCHAR AS text FROM events WHERE event_id = $event_id
-), covering AS (
+), last_seq AS (
+    -- Found first without the JSON: a scan that reads `event` for every checkpoint reads the whole
+    -- column (0.3 s over 1,000,000 events); this reads type, producer_id and seq, then one row.
+    SELECT max(c.seq) AS seq FROM events c JOIN target t ON c.producer_id = t.producer_id WHERE c.type = 'Checkpoint'
+), last_checkpoint AS (
     SELECT c.seq, c.hash, c.event::VARCHAR AS text, CAST(json_extract_string(c.event, '$.tree_size') AS BIGINT) AS n
-    FROM events c JOIN target t ON c.producer_id = t.producer_id
-    WHERE c.type = 'Checkpoint' AND CAST(json_extract_string(c.event, '$.tree_size') AS BIGINT) >= t.seq
-    ORDER BY c.seq DESC
-    LIMIT 1
+    FROM events c JOIN target t ON c.producer_id = t.producer_id JOIN last_seq l ON c.seq = l.seq
+    WHERE c.type = 'Checkpoint'
+), covering AS (
+    -- The latest checkpoint that covers the event: the last one, unless its tree is smaller than
+    -- the event's seq (a forged or broken chain); only then are the others' JSON read.
+    SELECT c.seq, c.hash, c.text, c.n FROM last_checkpoint c, target t WHERE c.n >= t.seq
+    UNION ALL
+    (SELECT * FROM (
+        SELECT c.seq, c.hash, c.event::VARCHAR AS text, CAST(json_extract_string(c.event, '$.tree_size') AS BIGINT) AS n
+        FROM events c JOIN target t ON c.producer_id = t.producer_id JOIN last_checkpoint l ON l.n < t.seq
+        WHERE c.type = 'Checkpoint' AND CAST(json_extract_string(c.event, '$.tree_size') AS BIGINT) >= t.seq
+        ORDER BY c.seq DESC
+        LIMIT 1))
 ), bounds AS (
     SELECT t.producer_id, t.seq - 1 AS i, c.n,
            ((t.seq - 1) // 256) * 256 AS own_lo, least(((t.seq - 1) // 256 + 1) * 256, c.n) AS own_hi,
            (c.n // 256) * 256 AS last_lo
     FROM target t, covering c
+), own_seqs AS (
+    -- The two blocks' seqs as join keys: DuckDB then skips every row group outside each block.
+    SELECT producer_id, unnest(range(own_lo + 1, own_hi + 1)) AS seq FROM bounds
+), last_seqs AS (
+    SELECT producer_id, unnest(range(greatest(last_lo, own_hi) + 1, n + 1)) AS seq FROM bounds
 )
 SELECT part, producer_id, seq, hash, text, level, idx FROM (
     SELECT 0 AS o, 'event' AS part, producer_id, seq, hash, text, NULL::INTEGER AS level, NULL::BIGINT AS idx
@@ -1021,8 +1039,10 @@ SELECT part, producer_id, seq, hash, text, level, idx FROM (
       AND (m.idx = xor(b.i >> m.level, 1) OR ((b.n >> m.level) & 1 = 1 AND m.idx = (b.n >> m.level) - 1))
     UNION ALL
     SELECT 3, 'leaf', e.producer_id, e.seq, e.hash, NULL, NULL, NULL
-    FROM events e JOIN bounds b ON e.producer_id = b.producer_id
-    WHERE (e.seq > b.own_lo AND e.seq <= b.own_hi) OR (e.seq > b.last_lo AND e.seq <= b.n)
+    FROM events e JOIN own_seqs s ON e.producer_id = s.producer_id AND e.seq = s.seq
+    UNION ALL
+    SELECT 3, 'leaf', e.producer_id, e.seq, e.hash, NULL, NULL, NULL
+    FROM events e JOIN last_seqs s ON e.producer_id = s.producer_id AND e.seq = s.seq
 )
 ORDER BY o, level, idx, seq
 """
