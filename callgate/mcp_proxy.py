@@ -78,9 +78,14 @@ def gate_from_factory(spec: str, sinks: Sequence[Any]) -> Gate:
     the sinks are added to the gate it returns (`Gate.add_sink`), as they are to a ready gate.
     `ProxyConfigError` when the gate cannot take them (it emitted events or mediated calls
     already, or a sink cannot start)."""
+    import typer
+
     from callgate.cli import load_object
 
-    obj = load_object(spec)
+    try:
+        obj = load_object(spec)
+    except typer.BadParameter as exc:
+        raise ProxyConfigError(f"--gate {exc.message}") from None
     given = False
     if isinstance(obj, Gate):
         gate = obj

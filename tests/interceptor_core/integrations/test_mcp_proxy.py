@@ -228,10 +228,12 @@ class TestProxyConfiguration:
         ids=["no-module", "no-attribute", "not-a-gate", "factory-returns-no-gate", "typo"],
     )
     def test_names_the_culprit(self, tmp_path: Path, args: list[str], culprit: str) -> None:
-        """The message names the spec or option at fault; nothing is written to stdout or the audit."""
+        """One line names the spec or option at fault; nothing is written to stdout or the audit."""
         done = self.run_proxy_command(tmp_path, *args)
         assert done.returncode == 2, done.stderr
-        assert culprit in " ".join(done.stderr.split()), done.stderr
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("error: ")
+        assert culprit in line
         assert done.stdout == ""
         assert not (tmp_path / "audit.jsonl").exists()
 
