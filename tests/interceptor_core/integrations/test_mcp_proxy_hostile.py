@@ -166,6 +166,24 @@ class TestSignalsOverStdio:
         assert gone(upstream_pid)
 
 
+class TestSignalsOverHttp:
+    async def test_sigint_stops_an_http_proxy_with_exit_0(self, root: Path, tmp_path: Path) -> None:
+        """SIGINT (Ctrl-C) ends an HTTP proxy as SIGTERM does: exit 0, events written, upstream gone."""
+        proxy = HttpProxy(root, tmp_path)
+        try:
+            await proxy.wait_until_listening()
+            async with Client(proxy.url) as client:
+                assert not (await client.call_tool("write_file", {"path": "note.txt", "text": "hi"})).is_error
+            upstream_pid = int((root / "upstream.pid").read_text())
+            proxy.process.send_signal(signal.SIGINT)
+            proxy.process.wait(timeout=DEADLINE_S)
+        finally:
+            code = proxy.stop()
+        assert code == 0, proxy.stderr.read_text()
+        assert [e.type for e in read_jsonl(proxy.events)] == ["ToolsRegistered", "ToolUse"]
+        assert gone(upstream_pid)
+
+
 FIVE_MB = 5 * 1024 * 1024
 THREE_MB = 3 * 1024 * 1024  # under the 4 MiB a message line (or an HTTP body) may hold
 
