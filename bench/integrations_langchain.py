@@ -215,7 +215,7 @@ def run(calls: int, rounds: int) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--rounds", type=int, default=15)
     opts = parser.parse_args()
     samples = run(opts.calls, opts.rounds)
     med = {key: statistics.median(values) for key, values in samples.items()}

@@ -268,7 +268,6 @@ class _ToolCall(PendingCall):
 
     __slots__ = (
         "artifact",
-        "bodies",
         "gate_args",
         "injected",
         "invalid",
@@ -276,21 +275,16 @@ class _ToolCall(PendingCall):
         "original",
         "parsed",
         "tool_call_id",
+        "wrapping",
     )
 
-    def __init__(
-        self,
-        original: BaseTool,
-        raw: str | dict[str, Any],
-        visible: Sequence[str],
-        tool_call_id: str | None,
-        bodies: tuple[_Body, _Body],
-    ) -> None:
+    def __init__(self, wrapping: _Wrapping, raw: str | dict[str, Any], tool_call_id: str | None) -> None:
+        original, visible = wrapping.original, wrapping.visible
         super().__init__(original.name, sync=True)
+        self.wrapping = wrapping
         self.original = original
         self.tool_call_id = tool_call_id
         self.artifact: Any = None
-        self.bodies = bodies
         self.keywords: dict[str, Any] = {}
         """Callbacks and config for the function, set by the sync or async hook that makes the call."""
         if isinstance(raw, str):
@@ -311,7 +305,7 @@ class _ToolCall(PendingCall):
 
     async def execute(self, args: dict[str, Any]) -> Any:
         original = self.original
-        body = self.bodies[0] if self.sync else self.bodies[1]
+        body = self.wrapping.sync_body if self.sync else self.wrapping.async_body
         if args == self.gate_args:
             if self.invalid is not None:
                 self.escaped = self.invalid
@@ -335,23 +329,31 @@ class _ToolCall(PendingCall):
         return content
 
 
+class _Wrapping(NamedTuple):
+    """What a `GatedTool` holds besides the original's fields, in one private attribute: pydantic
+    serves private attributes through `__getattr__`, so a call reads it once, not each of these."""
+
+    original: BaseTool
+    scope: AgentScope
+    default_run: RunContext
+    visible: tuple[str, ...]
+    """The arguments the model gives (the tool call schema's properties), in order."""
+    sync_body: _Body
+    async_body: _Body
+
+
 class GatedTool(StructuredTool):
     """A LangChain tool whose every invocation passes the gate before the original runs.
 
     Built by `gate_tools`. Everything LangChain and LangGraph read of a tool is the original's:
     name, description, `args_schema` (the same class), injected arguments, `response_format`,
-    `return_direct`, tags, callbacks; `metadata["callgate_scope"]` is the scope. Invoking it
+    `return_direct`, tags, metadata, callbacks; `scope` is the gate's scope. Invoking it
     (sync, async, batched, from a ToolNode) validates the input as the original would, calls the
     gate with the model's arguments and the `ToolCall`'s id, and runs the original's `_run` /
     `_arun` only for an allowed call. Safe from several threads and tasks at once.
     """
 
-    _original: BaseTool = PrivateAttr()
-    _scope: AgentScope = PrivateAttr()
-    _default_run: RunContext = PrivateAttr()
-    _visible: tuple[str, ...] = PrivateAttr()
-    _sync_body: _Body = PrivateAttr()
-    _async_body: _Body = PrivateAttr()
+    _wrapping: _Wrapping = PrivateAttr()
 
     @classmethod
     def wrap(cls, original: BaseTool, scope: AgentScope, default_run: RunContext) -> GatedTool:
@@ -365,7 +367,7 @@ class GatedTool(StructuredTool):
             coroutine=getattr(original, "coroutine", None),
             return_direct=original.return_direct,
             response_format=original.response_format,
-            metadata={**(original.metadata or {}), "callgate_scope": scope},
+            metadata=original.metadata,
             tags=original.tags,
             callbacks=original.callbacks,
             verbose=original.verbose,
@@ -373,33 +375,42 @@ class GatedTool(StructuredTool):
             handle_tool_error=original.handle_tool_error,
             extras=getattr(original, "extras", None),
         )
-        gated._original = original
-        gated._scope = scope
-        gated._default_run = default_run
-        gated._visible = tuple(_input_schema(original).get("properties") or ())
-        gated._sync_body = _Body.of(original, sync=True)
-        gated._async_body = _Body.of(original, sync=False)
+        gated._wrapping = _Wrapping(
+            original,
+            scope,
+            default_run,
+            tuple(_input_schema(original).get("properties") or ()),
+            _Body.of(original, sync=True),
+            _Body.of(original, sync=False),
+        )
         return gated
+
+    @property
+    def scope(self) -> AgentScope:
+        """The agent scope the tool is registered in (not in `metadata`, which LangChain's callbacks
+        and tracers copy and serialize on every call)."""
+        return self._wrapping.scope
 
     @property
     def original(self) -> BaseTool:
         """The tool this one gates (never hand it to the model: its calls would bypass the gate)."""
-        return self._original
+        return self._wrapping.original
 
     @property
     def _injected_args_keys(self) -> frozenset[str]:
-        return self._original._injected_args_keys
+        return self._wrapping.original._injected_args_keys
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        # StructuredTool.ainvoke runs a tool without a coroutine wholly on a worker thread; here the
-        # chain runs on the caller's loop, and the original's `_arun` puts only its function there.
+        if isinstance(self._wrapping.original, StructuredTool):
+            # As the original: one without a coroutine runs `invoke` wholly on a worker thread (the
+            # chain on a pooled loop there), half the cost of the chain here and a hop for the body.
+            return await super().ainvoke(input, config, **kwargs)
         return await BaseTool.ainvoke(self, input, config, **kwargs)
 
     def _to_args_and_kwargs(self, tool_input: str | dict[str, Any], tool_call_id: str | None) -> Any:
         # BaseTool.run/arun call this with the raw input and the ToolCall's id right before _run /
         # _arun: the original parses (and validates) the input here, as it would ungated.
-        call = _ToolCall(self._original, tool_input, self._visible, tool_call_id, (self._sync_body, self._async_body))
-        return (), {_CALL_KEY: call}
+        return (), {_CALL_KEY: _ToolCall(self._wrapping, tool_input, tool_call_id)}
 
     def _run(
         self,
@@ -409,11 +420,14 @@ class GatedTool(StructuredTool):
         **kwargs: Any,
     ) -> Any:
         call: _ToolCall = kwargs[_CALL_KEY]
-        call.keywords = self._sync_body.keywords(run_manager, config)
-        run = run_of(config, self._default_run)
+        wrapping = call.wrapping
+        call.keywords = wrapping.sync_body.keywords(run_manager, config)
+        run = run_of(config, wrapping.default_run)
         token = _PENDING.set(call)
         try:
-            result = run_sync(lambda: self._scope.call(self.name, call.gate_args, run=run, call_id=call.tool_call_id))
+            result = run_sync(
+                lambda: wrapping.scope.call(self.name, call.gate_args, run=run, call_id=call.tool_call_id)
+            )
         finally:
             _PENDING.reset(token)
         return self._output(call, result)
@@ -427,11 +441,12 @@ class GatedTool(StructuredTool):
     ) -> Any:
         call: _ToolCall = kwargs[_CALL_KEY]
         call.sync = False
-        call.keywords = self._async_body.keywords(run_manager, config)
+        wrapping = call.wrapping
+        call.keywords = wrapping.async_body.keywords(run_manager, config)
         token = _PENDING.set(call)
         try:
-            result = await self._scope.call(
-                self.name, call.gate_args, run=run_of(config, self._default_run), call_id=call.tool_call_id
+            result = await wrapping.scope.call(
+                self.name, call.gate_args, run=run_of(config, wrapping.default_run), call_id=call.tool_call_id
             )
         finally:
             _PENDING.reset(token)

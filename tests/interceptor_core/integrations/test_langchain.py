@@ -300,7 +300,9 @@ class TestGatedTool:
         assert gated.args_schema.model_json_schema() == Shout.model_json_schema()
         assert gated.tool_call_schema.model_json_schema() == shout.tool_call_schema.model_json_schema()  # type: ignore[union-attr]
         assert gated.original is shout
-        assert isinstance(gated.metadata["callgate_scope"].tools["shout"].definition(), dict)  # type: ignore[index]
+        assert gated.scope.tools["shout"].definition()["input_schema"]["properties"] == {
+            "text": {"description": "What to shout", "title": "Text", "type": "string"}
+        }
 
     def test_injected_tool_call_id_and_command(self) -> None:
         """A tool taking the call's id runs, and its Command comes back as it would ungated."""
