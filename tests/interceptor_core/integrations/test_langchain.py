@@ -23,7 +23,7 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel, Field, ValidationError
 
 from events import EventBase, MemorySink, verify_chain
-from interceptor_core import Gate, Rewrite, RunContext, ToolBlockedError, ToolCall
+from interceptor_core import Deny, Gate, Rewrite, RunContext, ToolBlockedError, ToolCall
 from interceptor_core.integrations.langchain import RUN_CONFIG_KEY, CallgateMiddleware, GatedTool, gate_tools
 
 from .files_policy import DENIAL, SUBSTITUTE, ProtectFiles
@@ -331,6 +331,22 @@ class TestGatedTool:
         assert delete.invoke(a_call("delete_file", {"path": "old.txt"})).content == "deleted old.txt"
         denied = delete.invoke(a_call("delete_file", {"path": "precious.txt"}))
         assert (denied.status, denied.content) == ("error", DENIAL)
+
+    def test_an_interceptor_that_waits_on_the_sync_path(self, root: Path) -> None:
+        """An async interceptor that really waits (its check is I/O) works from sync `invoke`."""
+
+        class SlowCheck:
+            name = "slow-check"
+
+            async def before_tool_call(self, call: ToolCall) -> Deny | None:
+                await asyncio.sleep(0)  # stands for a policy service's answer
+                return Deny(DENIAL) if call.args["path"] == "precious.txt" else None
+
+        done: list[str] = []
+        _, delete = gate_tools(file_tools(root, done), gate=Gate("files", interceptors=[SlowCheck()]))
+        assert delete.invoke({"path": "precious.txt"}) == DENIAL
+        assert delete.invoke({"path": "old.txt"}) == "deleted old.txt"
+        assert done == ["delete old.txt"]
 
     def test_a_tool_that_runs_its_own_loop(self) -> None:
         """A sync tool may start an event loop of its own (`asyncio.run`), as it could ungated."""
