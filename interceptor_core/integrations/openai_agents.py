@@ -153,7 +153,8 @@ def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sd
     )
     if not sdk_approvals:
         return dataclasses.replace(original, on_invoke_tool=gated)
-    needs_approval = _needs_approval(original.needs_approval, scope, original.name, default_run)
+    inspectable = invoker if isinstance(invoker, _FailureHandlingFunctionToolInvoker) else None
+    needs_approval = _needs_approval(original.needs_approval, inspectable, scope, original.name, default_run)
     return dataclasses.replace(original, on_invoke_tool=gated, needs_approval=needs_approval)
 
 
@@ -246,15 +247,29 @@ class _GatedInvocation:
 NeedsApproval = Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]
 
 
-def _needs_approval(own: bool | NeedsApproval, scope: AgentScope, name: str, default_run: RunContext) -> NeedsApproval:
+def _needs_approval(
+    own: bool | NeedsApproval,
+    invoker: _FailureHandlingFunctionToolInvoker | None,
+    scope: AgentScope,
+    name: str,
+    default_run: RunContext,
+) -> NeedsApproval:
     """The gated tool's `needs_approval`: the tool's own setting, or else (when the gate has no
     approval handler) whether the chain requires approval for the call. Then the gate records what
     it records when nobody can approve a call (`Blocked`, cause "approval_required"), and the SDK
     interrupts the run; the resumed run passes the whole chain again, with the SDK's approval."""
 
     async def needs_approval(run_ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
-        if own is True or (callable(own) and await evaluate_needs_approval_setting(own, run_ctx, params, call_id)):
+        if own is True:
             return True
+        if callable(own):
+            # As the SDK does for its own tools: a policy sees the arguments only when the tool's
+            # validation leaves them as they are (no default filled in, nothing coerced).
+            prepared = invoker.prepare_arguments(json.dumps(params), name) if invoker is not None else None
+            if (prepared is not None and not prepared.unchanged) or await evaluate_needs_approval_setting(
+                own, run_ctx, params, call_id
+            ):
+                return True
         if scope.gate.approval_handler is not None:
             return False
         context = run_ctx.context

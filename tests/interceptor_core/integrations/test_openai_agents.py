@@ -374,6 +374,35 @@ class TestApprovals:
         assert resumed.final_output == DENIAL
         assert outcomes(memory) == [("ToolDenied", "delete_file", "c1-0")]
 
+    @pytest.mark.parametrize("arguments", [{"path": "a", "times": 3}, {"path": "a"}], ids=["given", "default"])
+    async def test_tool_own_approval_policy_as_ungated(self, arguments: dict[str, Any]) -> None:
+        """A tool's own `needs_approval` function is asked as the SDK asks it ungated: with the
+        arguments when the tool's validation leaves them as they are; a call relying on a default
+        asks for approval without asking the policy."""
+
+        def counting_tool(asked: list[dict[str, Any]]) -> FunctionTool:
+            async def policy(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
+                asked.append(params)
+                return False
+
+            @function_tool(needs_approval=policy)
+            def count(path: str, times: int = 2) -> str:
+                """Counts."""
+                return f"{path} x{times}"
+
+            return count
+
+        seen: list[tuple[int, list[dict[str, Any]]]] = []
+        for gated in (False, True):
+            asked: list[dict[str, Any]] = []
+            tools = [counting_tool(asked)]
+            if gated:
+                tools = gate_function_tools(tools, gate=Gate("files"))
+            result = await run_agent(tools, script([("count", arguments)]))
+            seen.append((len(result.interruptions), asked))
+        assert seen[0] == seen[1]
+        assert seen[0] == ((0, [arguments]) if "times" in arguments else (1, []))
+
 
 class TestAgentAsTool:
     async def test_agent_tool_denied_before_the_inner_run(self, root: Path) -> None:
