@@ -15,7 +15,7 @@ import pytest
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
-from langchain_core.tools import BaseTool, InjectedToolCallId, tool
+from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import InjectedState, ToolNode, ToolRuntime, tools_condition
@@ -303,6 +303,25 @@ class TestGatedTool:
         assert gated.scope.tools["shout"].definition()["input_schema"]["properties"] == {
             "text": {"description": "What to shout", "title": "Text", "type": "string"}
         }
+
+    def test_a_json_schema_tool_is_checked_by_the_gate(self) -> None:
+        """LangChain does not check a JSON Schema `args_schema`: the gate does, and an invalid call
+        never reaches the tool."""
+        ran: list[dict[str, Any]] = []
+
+        def set_quota(**kwargs: Any) -> str:
+            ran.append(kwargs)
+            return "set"
+
+        schema = {"type": "object", "properties": {"quota": {"type": "integer"}}, "required": ["quota"]}
+        original = StructuredTool(name="set_quota", description="Sets the quota.", args_schema=schema, func=set_quota)
+        (gated,) = gate_tools([original], gate=Gate("g"))
+        assert gated.args_schema == schema
+        assert gated.invoke(a_call("set_quota", {"quota": 5})).content == "set"
+        refused = gated.invoke(a_call("set_quota", {"quota": "lots"}))
+        assert refused.status == "error"
+        assert "'lots' is not of type 'integer'" in refused.content
+        assert ran == [{"quota": 5}]
 
     def test_injected_tool_call_id_and_command(self) -> None:
         """A tool taking the call's id runs, and its Command comes back as it would ungated."""
