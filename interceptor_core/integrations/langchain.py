@@ -10,7 +10,8 @@ tool call of the agent passes the chain before LangChain runs the tool. `gate_to
 `BaseTool` in a `GatedTool`, which keeps the original's name, description, argument schema (the same
 pydantic model), injected arguments (`InjectedToolCallId`, `InjectedState`, `ToolRuntime`) and
 `response_format`, and passes every invocation (sync or async, with arguments or a model's
-`ToolCall`) through the chain before it calls the original's own `_run` / `_arun`, once.
+`ToolCall`) through the chain before it calls the original's function (a StructuredTool's own,
+else its `_run` / `_arun`), once.
 
 On both routes the events' `call_id` is the model's `tool_call` id; a denial, a tool's exception and
 an invalid call are a `ToolMessage` with `status="error"` (the text the model reads); `Block` raises
@@ -40,6 +41,9 @@ from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackMan
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
+
+# LangChain's own test for a RunnableConfig parameter: the original gets its config exactly when
+# LangChain would pass it.
 from langchain_core.tools.base import _get_runnable_config_param
 from pydantic import BaseModel, PrivateAttr, ValidationError
 from pydantic.v1 import ValidationError as ValidationErrorV1
@@ -354,8 +358,9 @@ class GatedTool(StructuredTool):
     name, description, `args_schema` (the same class), injected arguments, `response_format`,
     `return_direct`, tags, metadata, callbacks; `scope` is the gate's scope. Invoking it
     (sync, async, batched, from a ToolNode) validates the input as the original would, calls the
-    gate with the model's arguments and the `ToolCall`'s id, and runs the original's `_run` /
-    `_arun` only for an allowed call. Safe from several threads and tasks at once.
+    gate with the model's arguments and the `ToolCall`'s id, and runs the original's function
+    (with the callbacks and config it takes) only for an allowed call. Safe from several threads
+    and tasks at once.
     """
 
     _wrapping: _Wrapping = PrivateAttr()
