@@ -13,8 +13,10 @@ from typing import Annotated, Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -366,6 +368,31 @@ class TestGatedTool:
         assert delete.invoke({"path": "precious.txt"}) == DENIAL
         assert delete.invoke({"path": "old.txt"}) == "deleted old.txt"
         assert done == ["delete old.txt"]
+
+    async def test_the_tool_gets_its_config_and_callbacks(self) -> None:
+        """A tool function taking the RunnableConfig gets the invocation's, sync and async; the
+        callbacks of the invocation see the tool run once."""
+        seen: list[str] = []
+
+        @tool
+        def whoami(config: RunnableConfig) -> str:
+            """Says who the run is for."""
+            return str(config["configurable"]["user"])
+
+        @tool
+        async def awhoami(config: RunnableConfig) -> str:
+            """Says who the run is for."""
+            return str(config["configurable"]["user"])
+
+        class Starts(BaseCallbackHandler):
+            def on_tool_start(self, serialized: dict[str, Any], input_str: str, **kwargs: Any) -> None:
+                seen.append(serialized["name"])
+
+        sync_tool, async_tool = gate_tools([whoami, awhoami], gate=Gate("g"))
+        config: RunnableConfig = {"configurable": {"user": "ada"}, "callbacks": [Starts()]}
+        assert sync_tool.invoke({}, config) == "ada"
+        assert await async_tool.ainvoke({}, config) == "ada"
+        assert seen == ["whoami", "awhoami"]
 
     def test_a_tool_that_runs_its_own_loop(self) -> None:
         """A sync tool may start an event loop of its own (`asyncio.run`), as it could ungated."""
