@@ -37,7 +37,7 @@ class SchemaArgs(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _check_schema(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):  # the ABC check is the slow one
             raise PydanticCustomError(
                 "json_schema", "the arguments must be a JSON object, got {got}", {"got": type(data).__name__}
             )
@@ -138,17 +138,22 @@ def _quick(schema: Any) -> Accepts | None:
         else:
             return None
     if _OBJECT_KEYWORDS & schema.keys():
-        members = _object_quick(schema)
+        # `"type": "object"` beside them (a tool's arguments): one test does both.
+        only_objects = schema.get("type") == "object"
+        members = _object_quick(schema, only_objects)
         if members is None:
             return None
+        if only_objects:
+            tests.remove(_TYPES["object"])
         tests.append(members)
     if not tests:
         return _accept_all
     return tests[0] if len(tests) == 1 else _all_of(tests)
 
 
-def _object_quick(schema: dict[str, Any]) -> Accepts | None:
-    """The quick test of `properties`, `required` and a boolean `additionalProperties`."""
+def _object_quick(schema: dict[str, Any], only_objects: bool) -> Accepts | None:
+    """The quick test of `properties`, `required` and a boolean `additionalProperties` (and of
+    the type, with `only_objects`)."""
     properties = schema.get("properties", {})
     required = schema.get("required", [])
     extra = schema.get("additionalProperties", True)
@@ -167,7 +172,7 @@ def _object_quick(schema: dict[str, Any]) -> Accepts | None:
 
     def members(v: Any) -> bool:
         if not isinstance(v, dict):
-            return True  # the keywords apply to objects only
+            return not only_objects  # the keywords apply to objects only
         for key in needed:
             if key not in v:
                 return False

@@ -33,7 +33,16 @@ from pydantic_ai.models.test import TestModel
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
 
 from events import EventBase, MemorySink, verify_chain
-from interceptor_core import Approval, ApprovalRequest, Gate, RequireApproval, RunContext, ToolBlockedError, ToolCall
+from interceptor_core import (
+    Approval,
+    ApprovalRequest,
+    Gate,
+    RequireApproval,
+    Rewrite,
+    RunContext,
+    ToolBlockedError,
+    ToolCall,
+)
 from interceptor_core.integrations.mcp import McpToolset
 from interceptor_core.integrations.pydantic_ai import GatedToolset, ScopeToolset
 
@@ -165,6 +174,26 @@ class TestGatedToolset:
         assert outcomes(result.all_messages()) == {"c1": "success"}
         assert done == []
         assert calls(memory.events) == [("Substitute", "write_file", "c1")]
+
+    async def test_rewritten_arguments_reach_the_tool(self, root: Path) -> None:
+        """A Rewrite's arguments are what the tool gets (validated by Pydantic AI's validator again)."""
+
+        class Sandbox:
+            name = "sandbox"
+
+            def before_tool_call(self, call: ToolCall) -> Rewrite | None:
+                path = call.args["path"]
+                return None if path.startswith("sandbox-") else Rewrite({**call.args, "path": f"sandbox-{path}"})
+
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[Sandbox()], sinks=[memory])
+        toolset = GatedToolset(file_tools(root, done), gate=gate)
+        model = scripted([ToolCallPart("write_file", {"path": "note.txt", "text": "hi"}, tool_call_id="c1")])
+        result = await Agent(model, toolsets=[toolset]).run("write")
+        assert result.output == "write_file: wrote sandbox-note.txt"
+        assert done == ["write sandbox-note.txt"]
+        assert not (root / "note.txt").exists()
+        assert memory.of_type("ToolUse")[0].args_rewritten
 
     async def test_retry_passes_the_gate_each_time(self, root: Path) -> None:
         """A tool's ModelRetry still makes the model retry (outcome `retried`), and each attempt
