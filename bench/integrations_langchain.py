@@ -10,9 +10,10 @@ serialized, hashed and chained), the audited setup a deployment runs.
 - invoke / ainvoke: a `@tool` invoked with a model's `ToolCall` (what a ToolNode does), against
   the `GatedTool` of `gate_tools`; sync `invoke` of a sync tool, `ainvoke` of an async one, and
   `ainvoke` of a sync tool (LangChain runs it on a worker thread, gated or not).
-- ToolNode: a one-node LangGraph graph running a `ToolNode` on a model turn with one tool call,
-  ungated against `CallgateMiddleware`'s `wrap_tool_call` / `awrap_tool_call` on the same node (what
-  `create_agent` builds), and against a ToolNode of `gate_tools` tools.
+- ToolNode: a one-node LangGraph graph running a `ToolNode` on a model turn with one tool call
+  (`invoke` with the sync tool, `ainvoke` with the async one), ungated against
+  `CallgateMiddleware`'s `wrap_tool_call` / `awrap_tool_call` on the same node (what `create_agent`
+  builds), and against a ToolNode of `gate_tools` tools.
 
 The last lines are the figures.
 """
@@ -120,28 +121,43 @@ def build_paths() -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], 
         ainvoke_sync_tool_gated=ainvoke_sync_tool_gated,
     )
 
-    turn = {"messages": [AIMessage("", tool_calls=[tool_call("get_order")])]}
-    plain = graph(ToolNode([get_order]))
-    mw_gate, mw_memory = audited_gate()
-    middleware = CallgateMiddleware([get_order], gate=mw_gate, agent="desk")
-    with_middleware = graph(
-        ToolNode([get_order], wrap_tool_call=middleware.wrap_tool_call, awrap_tool_call=middleware.awrap_tool_call)
-    )
-    tools_gate, tools_memory = audited_gate()
-    with_gated_tools = graph(ToolNode(gate_tools([get_order], gate=tools_gate, agent="desk")))
+    def node_graphs(original: BaseTool) -> tuple[Any, Any, Any, MemorySink, MemorySink]:
+        """Graphs of a ToolNode of `original`: ungated, with the middleware, of gate_tools tools."""
+        mw_gate, mw_memory = audited_gate()
+        middleware = CallgateMiddleware([original], gate=mw_gate, agent="desk")
+        with_middleware = graph(
+            ToolNode([original], wrap_tool_call=middleware.wrap_tool_call, awrap_tool_call=middleware.awrap_tool_call)
+        )
+        tools_gate, tools_memory = audited_gate()
+        with_gated_tools = graph(ToolNode(gate_tools([original], gate=tools_gate, agent="desk")))
+        return graph(ToolNode([original])), with_middleware, with_gated_tools, mw_memory, tools_memory
+
+    # The sync graph runs its calls on worker threads; the async one awaits an async tool's coroutine.
+    turn = {"messages": [AIMessage("", tool_calls=[call])]}
+    plain, with_middleware, with_gated_tools, mw_memory, tools_memory = node_graphs(get_order)
     sync["toolnode"] = lambda: plain.invoke(turn, CONFIG)
     sync["toolnode_middleware"] = lambda: (with_middleware.invoke(turn, CONFIG), mw_memory.clear())
     sync["toolnode_gate_tools"] = lambda: (with_gated_tools.invoke(turn, CONFIG), tools_memory.clear())
 
+    aturn = {"messages": [AIMessage("", tool_calls=[acall])]}
+    aplain, awith_middleware, awith_gated_tools, amw_memory, atools_memory = node_graphs(get_order_async)
+
     async def atoolnode() -> Any:
-        return await plain.ainvoke(turn, CONFIG)
+        return await aplain.ainvoke(aturn, CONFIG)
 
     async def atoolnode_middleware() -> Any:
-        out = await with_middleware.ainvoke(turn, CONFIG)
-        mw_memory.clear()
+        out = await awith_middleware.ainvoke(aturn, CONFIG)
+        amw_memory.clear()
         return out
 
-    async_.update(atoolnode=atoolnode, atoolnode_middleware=atoolnode_middleware)
+    async def atoolnode_gate_tools() -> Any:
+        out = await awith_gated_tools.ainvoke(aturn, CONFIG)
+        atools_memory.clear()
+        return out
+
+    async_.update(
+        atoolnode=atoolnode, atoolnode_middleware=atoolnode_middleware, atoolnode_gate_tools=atoolnode_gate_tools
+    )
     return sync, async_
 
 
@@ -152,11 +168,12 @@ ROWS = {
     "ainvoke_gated": ("gate_tools ainvoke(ToolCall), async tool", "ainvoke"),
     "ainvoke_sync_tool": ("@tool ainvoke(ToolCall), sync tool (thread)", "ainvoke_sync_tool"),
     "ainvoke_sync_tool_gated": ("gate_tools ainvoke(ToolCall), sync tool (thread)", "ainvoke_sync_tool"),
-    "toolnode": ("ToolNode graph, invoke", "toolnode"),
+    "toolnode": ("ToolNode graph, invoke, sync tool", "toolnode"),
     "toolnode_middleware": ("ToolNode graph + CallgateMiddleware, invoke", "toolnode"),
     "toolnode_gate_tools": ("ToolNode graph of gate_tools tools, invoke", "toolnode"),
-    "atoolnode": ("ToolNode graph, ainvoke", "atoolnode"),
+    "atoolnode": ("ToolNode graph, ainvoke, async tool", "atoolnode"),
     "atoolnode_middleware": ("ToolNode graph + CallgateMiddleware, ainvoke", "atoolnode"),
+    "atoolnode_gate_tools": ("ToolNode graph of gate_tools tools, ainvoke", "atoolnode"),
 }
 
 
@@ -186,6 +203,10 @@ def check(sync: dict[str, Callable[[], Any]], async_: dict[str, Callable[[], Awa
         raise SystemExit("bench setup is wrong: the gated ainvoke answered differently")
     for key in ("toolnode_middleware", "toolnode_gate_tools"):
         (reply,) = sync[key]()[0]["messages"][1:]
+        if not isinstance(reply, ToolMessage) or reply.status != "success":
+            raise SystemExit(f"bench setup is wrong: {key} answered {reply!r}")
+    for key in ("atoolnode_middleware", "atoolnode_gate_tools"):
+        (reply,) = loop.run_until_complete(async_[key]())["messages"][1:]
         if not isinstance(reply, ToolMessage) or reply.status != "success":
             raise SystemExit(f"bench setup is wrong: {key} answered {reply!r}")
 
