@@ -82,14 +82,17 @@ async def measure(fn: Path, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-async def _handle(toolset: Any, name: str) -> Path:
-    """One model call of `name` through Pydantic AI's ToolManager, over `toolset`."""
+async def _handle(toolset: Any, name: str, after: Callable[[], None] | None = None) -> Path:
+    """One model call of `name` through Pydantic AI's ToolManager, over `toolset`; then `after`."""
     ctx = AiRunContext(deps=None, model=TestModel(), usage=RunUsage())
     manager = await ToolManager(toolset).for_run_step(ctx)
     call = ToolCallPart(name, {"order_id": "o-1"}, tool_call_id="call-1")
 
     async def handle() -> Any:
-        return await manager.handle_call(call)
+        result = await manager.handle_call(call)
+        if after is not None:
+            after()
+        return result
 
     return handle
 
@@ -111,15 +114,12 @@ def _agent(toolset: Any, name: str, parallel: int) -> Path:
 
 async def build_paths(parallel: int) -> tuple[dict[str, Path], dict[str, Path]]:
     """(per-call paths, whole-run paths), each gated beside its ungated twin."""
+    memory = MemorySink()  # emptied after each call, so the events kept do not weigh on the others
+    audited = GatedToolset(FunctionToolset([get_order]), gate=Gate("bench", interceptors=[AllowAll()], sinks=[memory]))
     calls = {
         "call_async": await _handle(FunctionToolset([get_order]), "get_order"),
         "call_async_gated": await _handle(GatedToolset(FunctionToolset([get_order]), gate=Gate("bench")), "get_order"),
-        "call_async_audited": await _handle(
-            GatedToolset(
-                FunctionToolset([get_order]), gate=Gate("bench", interceptors=[AllowAll()], sinks=[MemorySink()])
-            ),
-            "get_order",
-        ),
+        "call_async_audited": await _handle(audited, "get_order", memory.clear),
         "call_sync": await _handle(FunctionToolset([get_order_sync]), "get_order_sync"),
         "call_sync_gated": await _handle(
             GatedToolset(FunctionToolset([get_order_sync]), gate=Gate("bench")), "get_order_sync"

@@ -63,14 +63,14 @@ from interceptor_core.approvals import Approval
 from interceptor_core.context import RunContext, ToolContext
 from interceptor_core.exceptions import ToolApprovalRequiredError
 from interceptor_core.gate import AgentScope, Gate, Workflow
-from interceptor_core.integrations._schema import schema_tool
+from interceptor_core.integrations._schema import SchemaArgs, schema_model
 from interceptor_core.results import ToolResult
 from interceptor_core.tools import Tool
 
 __all__ = ["GatedToolset", "ScopeToolset"]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """The framework's side of one call, handed to the gate tool's body through a context variable
     (the body runs in a copy of the caller's context)."""
@@ -115,7 +115,10 @@ def _approval(gate: Gate, ctx: AiRunContext[Any]) -> Approval | None:
 def _framework_result(result: ToolResult) -> Any:
     """What Pydantic AI gets back for the gate's result: the value, its `ToolDenied`, or the
     exception it turns into a failed or retried tool return."""
-    match result.kind:
+    kind = result.kind
+    if kind == "ok":
+        return result.value
+    match kind:
         case "ok" | "substituted":
             return result.value
         case "denied":
@@ -134,7 +137,12 @@ async def _gated_call(scope: AgentScope, name: str, args: Any, ctx: AiRunContext
     try:
         return await scope.call(name, args, run=run, call_id=ctx.tool_call_id, approval=_approval(scope.gate, ctx))
     except ToolApprovalRequiredError as exc:
-        raise ApprovalRequired({"reason": exc.reason, "requested_by": exc.interceptor}) from exc
+        raise _approval_required(exc) from exc
+
+
+def _approval_required(exc: ToolApprovalRequiredError) -> ApprovalRequired:
+    """Pydantic AI's request for approval of the call the gate could not get approved."""
+    return ApprovalRequired({"reason": exc.reason, "requested_by": exc.interceptor})
 
 
 @dataclass
@@ -165,26 +173,31 @@ class GatedToolset(WrapperToolset[Any]):
         return scope
 
     def _gate_tool(self, name: str, definition: Any) -> Tool[Any, Any]:
-        async def body(args: dict[str, Any], _ctx: ToolContext) -> Any:
+        """A gate tool for `name`, as `schema_tool` makes them (its input is the JSON Schema Pydantic
+        AI shows the model), written out here: its body reads the arguments the gate passes it
+        without copying them, one coroutine less on the path of every call."""
+        model = schema_model(name, definition.parameters_json_schema)
+
+        async def forward(args: SchemaArgs, _ctx: ToolContext) -> Any:
             pending = _pending.get()
             if pending is None:
                 raise RuntimeError(f"tool {name!r} of a GatedToolset was called outside the toolset")
             # Rewritten arguments are validated as the framework would; the others are passed as
             # the framework validated them, as an ungated call would get them.
-            validated = pending.tool_args if args == pending.sent else pending.tool.args_validator.validate_python(args)
+            if args.__pydantic_extra__ == pending.sent:
+                validated = pending.tool_args
+            else:
+                validated = pending.tool.args_validator.validate_python(args.model_dump())
             try:
                 return await pending.toolset.call_tool(name, validated, pending.ctx, pending.tool)
             except Exception as exc:
                 pending.raised = exc
                 raise
 
-        return schema_tool(
-            name,
-            definition.description or "",
-            definition.parameters_json_schema,
-            body,
-            timeout_s=self.timeout_s,
-        )
+        # Real classes rather than strings, so the signature resolves without this module's namespace.
+        forward.__annotations__ = {"args": model, "_ctx": ToolContext, "return": Any}
+        forward.__qualname__ = forward.__name__ = f"{name}_via_pydantic_ai"
+        return Tool(forward, name=name, description=definition.description or "", timeout_s=self.timeout_s)
 
     async def get_tools(self, ctx: AiRunContext[Any]) -> dict[str, ToolsetTool[Any]]:
         tools = await self.wrapped.get_tools(ctx)
@@ -207,17 +220,23 @@ class GatedToolset(WrapperToolset[Any]):
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: AiRunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
-        scope = self.scope
-        if scope is None or name not in self._state["names"]:
+        state = self._state
+        scope: AgentScope | None = state.get("scope")
+        if scope is None or name not in state["names"]:
             await self.get_tools(ctx)
-            scope = self.scope
+            scope = state.get("scope")
         if scope is None:
             raise RuntimeError(f"tool {name!r} was called before the toolset {self.label} listed its tools")
         sent = pydantic_core.to_jsonable_python(tool_args)
         pending = _Pending(self.wrapped, ctx, tool, tool_args, sent)
         token = _pending.set(pending)
+        # `_gated_call` written out: this is the path of every call.
         try:
-            result = await _gated_call(scope, name, sent, ctx, self._run_context(ctx))
+            result = await scope.call(
+                name, sent, run=self._run_context(ctx), call_id=ctx.tool_call_id, approval=_approval(scope.gate, ctx)
+            )
+        except ToolApprovalRequiredError as exc:
+            raise _approval_required(exc) from exc
         finally:
             _pending.reset(token)
         if pending.raised is not None:

@@ -161,6 +161,9 @@ class TestGatedToolset:
             ("ToolUse", "write_file", "call-write"),
         ]
         assert gate.coverage().registered == {"write_file", "delete_file"}
+        assert toolset.scope is not None
+        shown = {t["name"]: t["input_schema"] for t in toolset.scope.tool_definitions()}
+        assert shown == {name: t.function_schema.json_schema for name, t in toolset.wrapped.tools.items()}
         assert verify_chain(memory.events).ok
 
     async def test_substitute_is_the_tools_result(self, root: Path) -> None:
