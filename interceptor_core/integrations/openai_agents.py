@@ -369,6 +369,9 @@ class GatedMCPServer(MCPServer):
       result; an error the server reports is an `error` outcome. `Block` (or an approval nobody
       can give) ends the SDK's run with `ToolBlockedError` (`ToolApprovalRequiredError`) as the
       cause, whatever the agent's `failure_error_function`.
+    - Approvals (`sdk_approvals`, default True): when the gate has no `approval_handler`, a call
+      the chain requires approval for interrupts the SDK's run, as for `gate_function_tools`; the
+      wrapped server's own approval policy still comes first. False: such a call ends the run.
     - The `RunContext` of a call is the run's `context` when that is one, else `run`, else a
       default one; the call id is the SDK's tool call id.
 
@@ -386,6 +389,7 @@ class GatedMCPServer(MCPServer):
         run: RunContext | None = None,
         interceptors: Sequence[object] = (),
         timeout_s: float | None = None,
+        sdk_approvals: bool = True,
     ) -> None:
         super().__init__(
             use_structured_content=server.use_structured_content,
@@ -400,6 +404,7 @@ class GatedMCPServer(MCPServer):
         self.run = run
         self.interceptors = tuple(interceptors)
         self.timeout_s = timeout_s
+        self.sdk_approvals = sdk_approvals
         self._scope: AgentScope | None = None
         self._output_schemas: dict[str, dict[str, Any] | None] = {}
         self._default_run = RunContext()
@@ -457,6 +462,9 @@ class GatedMCPServer(MCPServer):
         server = self.server
 
         async def body(args: dict[str, Any], _ctx: ToolContext) -> Any:
+            flight = _in_flight.get()
+            if flight is not None and flight.ctx is None:
+                raise RuntimeError(f"tool {server_name!r} was called at the SDK's approval step")
             result = await server.call_tool(server_name, args, meta=_mcp_meta.get())
             if result.is_error:
                 raise McpToolError(error_text(result))
@@ -491,10 +499,15 @@ class GatedMCPServer(MCPServer):
             run = context
         else:
             run = self.run if self.run is not None else self._default_run
-        call_id = sdk_ctx.tool_call_id if isinstance(sdk_ctx, SdkToolContext) else None
+        call_id: str | None = None
+        approval: Approval | None = None
+        if isinstance(sdk_ctx, SdkToolContext):
+            call_id = sdk_ctx.tool_call_id
+            if scope.gate.approval_handler is None and sdk_ctx.is_tool_approved(sdk_ctx.tool_name, call_id):
+                approval = _SDK_APPROVED
         token = _mcp_meta.set(meta)
         try:
-            result = await scope.call(tool_name, dict(arguments or {}), run=run, call_id=call_id)
+            result = await scope.call(tool_name, dict(arguments or {}), run=run, call_id=call_id, approval=approval)
         finally:
             _mcp_meta.reset(token)
         return result_from_gate(result, self._output_schemas.get(tool_name))
@@ -505,7 +518,12 @@ class GatedMCPServer(MCPServer):
     def _get_needs_approval_for_tool(
         self, tool: types.Tool, agent: AgentBase | None
     ) -> bool | Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]:
-        return self.server._get_needs_approval_for_tool(tool, agent)
+        own = self.server._get_needs_approval_for_tool(tool, agent)
+        scope = self._scope
+        if not self.sdk_approvals or scope is None or tool.name not in scope.tools:
+            return own
+        default_run = self.run if self.run is not None else self._default_run
+        return _needs_approval(own, None, scope, tool.name, default_run)
 
     def _get_failure_error_function(
         self, agent_failure_error_function: ToolErrorFunction | None

@@ -461,6 +461,26 @@ class TestGatedMCPServer:
         assert gate.coverage().registered == {"write_file", "delete_file", "enable_archive"}
         assert_chain_whole(memory)
 
+    async def test_require_approval_interrupts_and_resumes(self, root: Path) -> None:
+        """`RequireApproval` with no handler is the SDK's interruption on the MCP route too: the
+        server never sees the call until it is approved on the run's state; resumed, the call
+        passes the chain again and reaches the server."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+        async with GatedMCPServer(mcp_server(root), gate=gate, agent="writer") as files:
+            agent = Agent(name="writer", mcp_servers=[files], model=script([("delete_file", {"path": "old.txt"})]))
+            paused = await Runner.run(agent, "tidy up", run_config=OFFLINE)
+            (pending,) = paused.interruptions
+            assert effects(root) == []
+            state = paused.to_state()
+            state.approve(pending)
+            resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert resumed.interruptions == []
+        assert effects(root) == ["delete old.txt"]
+        assert outcomes(memory) == [("Blocked", "delete_file", "c1-0"), ("ToolUse", "delete_file", "c1-0")]
+        assert next(e for e in memory.events if e.type == "ApprovalResolved").approved is True
+        assert_chain_whole(memory)
+
     async def test_block_ends_the_run(self, root: Path) -> None:
         """A Block ends the run even though the SDK turns MCP tool failures into text for the
         model; the server never sees the call."""
