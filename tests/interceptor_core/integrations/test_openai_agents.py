@@ -308,6 +308,25 @@ class TestApprovals:
         assert resolved.approved is True
         assert_chain_whole(memory)
 
+    async def test_streamed_run_interrupts_too(self, root: Path) -> None:
+        """`Runner.run_streamed` pauses on the same call, and resumes streamed."""
+        done: list[str] = []
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()])
+        tools = gate_function_tools(file_tools(root, done), gate=gate)
+        agent = Agent(name="writer", tools=tools, model=script([("delete_file", {"path": "old.txt"})]))
+        paused = Runner.run_streamed(agent, "tidy up", run_config=OFFLINE)
+        async for _ in paused.stream_events():
+            pass
+        (pending,) = paused.interruptions
+        assert done == []
+        state = paused.to_state()
+        state.approve(pending)
+        resumed = Runner.run_streamed(agent, state, run_config=OFFLINE)
+        async for _ in resumed.stream_events():
+            pass
+        assert done == ["delete old.txt"]
+        assert resumed.final_output == "deleted old.txt"
+
     async def test_rejected_never_runs(self, root: Path) -> None:
         """Rejected on the run's state, the call never reaches the gate again nor the tool: the
         model reads the SDK's rejection message."""
