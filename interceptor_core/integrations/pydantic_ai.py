@@ -128,7 +128,7 @@ def _framework_result(result: ToolResult) -> Any:
                 raise ModelRetry(result.message or "invalid arguments")
             raise ToolFailed(result.to_model_text())
         case _:
-            assert_never(result.kind)
+            assert_never(kind)
 
 
 async def _gated_call(scope: AgentScope, name: str, args: Any, ctx: AiRunContext[Any], run: RunContext) -> ToolResult:
