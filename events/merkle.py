@@ -144,8 +144,8 @@ class MerkleTree:
 
     def extend(self, entries: Iterable[bytes]) -> None:
         """`append` each of `entries` (32-byte entries: event hashes), in one tight loop: about
-        half the cost per entry of `append` for a batch of 1,000. Raises `ValueError` at an entry of another length
-        (the entries before it stay appended)."""
+        half the cost per entry of `append` for a batch of 1,000. Raises `ValueError` at an entry
+        of another length (the entries before it stay appended)."""
         items: Sequence[bytes] = entries if isinstance(entries, list | tuple) else list(entries)
         bad = None
         if set(map(len, items)) - {HASH_SIZE}:  # checked in C; the index only when one is wrong
