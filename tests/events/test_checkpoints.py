@@ -86,12 +86,14 @@ class TestCadence:
     async def test_checkpoint_s_after_the_first_uncovered_event(self) -> None:
         """One call and then nothing: a checkpoint comes checkpoint_s later, not at the count."""
         sink, key = MemorySink(), SigningKey.generate("shop")
-        gate, desk = signed_gate(sink, key, checkpoint_events=1000, checkpoint_s=0.2, heartbeat_s=60)
+        # The clock starts at the first uncovered event: the scope's ToolsRegistered, before the call.
         started = time.monotonic()
+        gate, desk = signed_gate(sink, key, checkpoint_events=1000, checkpoint_s=0.2, heartbeat_s=60)
         await desk.call("ping", {"n": 1}, run=RUN)
         await until(lambda: len(checkpoints(sink)) == 1)
         assert time.monotonic() - started >= 0.2
         (checkpoint,) = checkpoints(sink)
+        assert (checkpoint.time - sink.events[0].time).total_seconds() >= 0.2 - 0.01  # clocks apart by rounding
         assert checkpoint.tree_size == checkpoint.seq - 1
         assert_verifies(checkpoint, sink, key)
         await gate.close()
