@@ -34,6 +34,9 @@ SCRIPTS: dict[str, list[str]] = {
     "queries": [],
     "dashboard_queries": [],
     "replay": [],
+    "integrations_langchain": [],
+    "integrations_openai_agents": [],
+    "integrations_pydantic_ai": [],
 }
 QUICK: dict[str, list[str]] = {
     "gate_overhead": ["--calls", "300", "--rounds", "3"],
@@ -45,6 +48,9 @@ QUICK: dict[str, list[str]] = {
     "queries": ["--events", "20000", "--runs", "1", "--ingest", "1000"],
     "dashboard_queries": ["--events", "20000", "--runs", "1"],
     "replay": ["--events", "20000", "--runs", "1", "--api-events", "5000"],
+    "integrations_langchain": ["--calls", "200", "--rounds", "3"],
+    "integrations_openai_agents": ["--calls", "200", "--rounds", "3"],
+    "integrations_pydantic_ai": ["--calls", "300", "--rounds", "3", "--runs", "5"],
 }
 
 
