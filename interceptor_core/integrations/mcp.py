@@ -199,15 +199,17 @@ class McpToolset:
 
     async def follow(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Refresh on every tools list change until cancelled. On a 2026-07-28 connection it opens
-        the `subscriptions/listen` stream first (started once the server acknowledged it);
-        otherwise it waits for what `on_message` hears."""
+        the `subscriptions/listen` stream first (started once the server acknowledged it and the
+        tools were listed again); otherwise it waits for what `on_message` hears."""
         session = self.session
         raw = session.session if isinstance(session, Client) else session
         if raw.protocol_version in MODERN_PROTOCOL_VERSIONS:
             async with listen(raw, tools_list_changed=True) as subscription:
-                task_status.started()
                 # A change between the first listing and the acknowledgment had no stream to ride.
+                # Started only after this listing: whoever waits for `follow` to start then sees
+                # the tools as of the subscription, and no listing of it lands later.
                 await self.refresh()
+                task_status.started()
                 async for _event in subscription:
                     await self.refresh()
             return
