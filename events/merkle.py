@@ -218,6 +218,7 @@ def audit_ranges(index: int, size: int) -> list[tuple[int, int]]:
         raise ValueError(f"index {index} is not in a tree of size {size}")
     ranges: list[tuple[int, int]] = []
     start, end, m = 0, size, index
+    # Top-down, the RFC's recursion unrolled: the sibling found first is the last element.
     while end - start > 1:
         k = _split(end - start)
         if m < k:
@@ -244,20 +245,7 @@ def inclusion_proof(leaves: Sequence[bytes], index: int, size: int) -> list[byte
     if index >= size:
         raise ValueError(f"index {index} is not in a tree of size {size}")
     _check_leaves(leaves, 0, size)
-    proof: list[bytes] = []
-    start, end, m = 0, size, index
-    # Top-down, the RFC's recursion unrolled: the sibling found first is the last element.
-    while end - start > 1:
-        k = _split(end - start)
-        if m < k:
-            proof.append(_mth(leaves, start + k, end))
-            end = start + k
-        else:
-            proof.append(_mth(leaves, start, start + k))
-            start += k
-            m -= k
-    proof.reverse()
-    return proof
+    return [_mth(leaves, start, end) for start, end in audit_ranges(index, size)]
 
 
 def consistency_proof(leaves: Sequence[bytes], old_size: int, new_size: int) -> list[bytes]:

@@ -11,7 +11,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 
 from consumers import AuditStore, RawRecord
@@ -21,7 +20,6 @@ from consumers.metrics import MaterializerMetrics
 from consumers.queries import QueryResult, UnknownQueryError
 from consumers.reader import ApiReader
 from consumers.runner import StoreQueryRunner
-from consumers.store import MIGRATIONS
 from events import EventBase, MemorySink, encode_event
 from events.signing import SigningKey
 from interceptor_core import Gate, RunContext, tool
@@ -220,20 +218,10 @@ class TestOlderStores:
             run_checks(_OlderApi(inner), require_signed=True)
         assert raised.value.source == served
 
-    def test_a_file_before_signed_checkpoints_is_exit_2(self, tmp_path: Path) -> None:
+    def test_a_file_before_signed_checkpoints_is_exit_2(self, tmp_path: Path, older_store: Any) -> None:
         """A store file of schema 4 (no checkpoint tables) with --require-signed: exit 2, said in one line."""
         db = tmp_path / "old.duckdb"
-        con = duckdb.connect(str(db))
-        try:
-            con.execute(
-                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMPTZ)"
-            )
-            for migration in MIGRATIONS[:4]:
-                for statement in migration.statements:
-                    con.execute(statement)
-                con.execute("INSERT INTO schema_migrations VALUES (?, ?, now())", [migration.version, migration.name])
-        finally:
-            con.close()
+        older_store(db, 4)
         done = callgate("coverage", "--db", str(db), "--require-signed")
         assert done.returncode == 2, done.stdout + done.stderr
         assert done.stderr.strip().count("\n") == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,21 +195,13 @@ class TestProofs:
 
 
 class TestMigration:
-    def test_a_schema_5_store_gets_its_index(self, events: list[EventBase], tmp_path: Path) -> None:
+    def test_a_schema_5_store_gets_its_index(
+        self, events: list[EventBase], tmp_path: Path, older_store: Callable[[Path, int], None]
+    ) -> None:
         """A store written before the index (schema 5, checkpoints verified with the old frontier)
         is indexed when opened for writing, and proofs from it verify."""
         path = tmp_path / "old.duckdb"
-        con = duckdb.connect(str(path))
-        try:
-            con.execute(
-                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMPTZ)"
-            )
-            for migration in MIGRATIONS[:5]:
-                for statement in migration.statements:
-                    con.execute(statement)
-                con.execute("INSERT INTO schema_migrations VALUES (?, ?, now())", [migration.version, migration.name])
-        finally:
-            con.close()
+        older_store(path, 5)
         # Rows as schema 5 stored them, written through today's store minus its index.
         with AuditStore(tmp_path / "new.duckdb") as fresh:
             ingest(fresh, events)

@@ -275,7 +275,7 @@ class TestMalformedLines:
 
 
 NOT_MCP = "print('hello, I am no server')"
-SILENT = "import time; time.sleep(60)"
+SILENT = "import time; time.sleep(60)"  # sleep-ok: an upstream that never answers, not a wait
 
 
 class TestStartupFailures:
