@@ -325,6 +325,7 @@ async def _serve(
     stop = anyio.Event()
     started = anyio.Event()
     timed_out = False
+    lost: str | None = None
 
     def run_for(ctx: Any) -> RunContext:
         client = client_of(ctx)
@@ -339,6 +340,18 @@ async def _serve(
                 if not started.is_set():
                     tasks.cancel_scope.cancel()
                 return
+
+    async def follow_upstream(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        # An upstream that goes away ends the proxy as a signal does (requests in flight finish,
+        # sinks flushed), then exit 1 with one line; any other error keeps its traceback.
+        nonlocal lost
+        try:
+            await toolset.follow(task_status=task_status)
+        except Exception as exc:
+            lost = _upstream_lost(exc)
+            if lost is None:
+                raise
+            stop.set()
 
     async def give_up_after_timeout() -> None:
         nonlocal timed_out
@@ -360,7 +373,7 @@ async def _serve(
                 noise.starting = False
                 proxy = McpProxy(toolset, scope, name=f"callgate:{gate.name}", run=run_for if tokens else run)
                 async with anyio.create_task_group() as serving:
-                    await serving.start(toolset.follow)
+                    await serving.start(follow_upstream)
                     if http is not None:
                         await proxy.serve_http(
                             *http, stop=stop, sock=sock, authenticate=tokens.client if tokens else None
@@ -370,12 +383,19 @@ async def _serve(
                     serving.cancel_scope.cancel()
             tasks.cancel_scope.cancel()
     except Exception as exc:
-        if started.is_set():
+        if not started.is_set():
+            raise ProxyConfigError(_startup_failure(command, upstream[0], exc, noise.unparsed)) from None
+        lost = _upstream_lost(exc)
+        if lost is None:
             raise
-        raise ProxyConfigError(_startup_failure(command, upstream[0], exc, noise.unparsed)) from None
     finally:
         stdio_log.removeFilter(noise)
         await gate.close()
+    if lost is not None:
+        # The gate is closed and its sinks flushed: every call made so far is recorded.
+        print(f"error: upstream {command} stopped serving: {lost}", file=sys.stderr)
+        audit_loss_status(gate)
+        return 1
     if timed_out:
         more = "; it wrote lines that are not JSON-RPC" if noise.unparsed else ""
         raise ProxyConfigError(
@@ -388,6 +408,20 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]
+
+
+def _upstream_lost(exc: BaseException) -> str | None:
+    """What says the upstream went away while serving (its stream ended or broke), or None for any
+    other error (a fault of the proxy itself, which keeps its traceback)."""
+    from mcp.client.subscriptions import SubscriptionLost
+
+    gone = (SubscriptionLost, anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
+    leaves = [e for e in _leaves(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
+    if not leaves or not all(isinstance(e, gone) for e in leaves):
+        return None
+    leaf = leaves[0]
+    said = f": {leaf}" if str(leaf) else ""
+    return f"its stream ended ({type(leaf).__name__}{said})"
 
 
 def _startup_failure(command: str, program: str, exc: BaseException, unparsed: int) -> str:

@@ -497,3 +497,42 @@ class TestBearerTokens:
         registered = [(e.principal, e.tenant) for e in found if e.type == "ToolsRegistered"]
         assert set(registered) == {("gateway", "ops")}
         assert effects(root) == ["write A.txt", "write B.txt"]
+
+
+class TestUpstreamDeath:
+    def test_an_upstream_killed_while_serving_ends_the_proxy_in_one_line(self, stdio_proxy: Any, root: Path) -> None:
+        """The upstream SIGKILLed after a call: the proxy exits 1 with one `error:` line naming the
+        upstream (no traceback), and the events of the calls made are written and verify."""
+        proxy = stdio_proxy()
+        proxy.initialize()
+        assert proxy.call("write_file", {"path": "note.txt", "text": "hi"})["result"]["isError"] is False
+        upstream_pid = int((root / "upstream.pid").read_text())
+        os.kill(upstream_pid, signal.SIGKILL)
+        assert gone(upstream_pid)
+        code = proxy.wait()
+        stderr = proxy.stderr_path.read_text()
+        assert code == 1, stderr
+        assert "Traceback" not in stderr
+        (line,) = [x for x in stderr.splitlines() if x.startswith("error:")]
+        assert "stopped serving" in line
+        assert "mcp_upstream.py" in line
+        found = read_jsonl(proxy.events)
+        assert [e.type for e in found if e.type != "ToolsRegistered"] == ["ToolUse"]
+        assert verify_chain(found).ok
+
+    async def test_over_http_too(self, root: Path, tmp_path: Path) -> None:
+        """The same over streamable HTTP: the proxy stops listening and exits 1 in one line."""
+        proxy = HttpProxy(root, tmp_path)
+        try:
+            await proxy.wait_until_listening()
+            async with Client(proxy.url) as client:
+                assert not (await client.call_tool("write_file", {"path": "note.txt", "text": "hi"})).is_error
+            os.kill(int((root / "upstream.pid").read_text()), signal.SIGKILL)
+            proxy.process.wait(timeout=DEADLINE_S)
+        finally:
+            code = proxy.stop()
+        stderr = proxy.stderr.read_text()
+        assert code == 1, stderr
+        assert "Traceback" not in stderr
+        assert len([x for x in stderr.splitlines() if x.startswith("error: upstream")]) == 1
+        assert [e.type for e in read_jsonl(proxy.events)] == ["ToolsRegistered", "ToolUse"]
