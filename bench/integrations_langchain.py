@@ -29,28 +29,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from figures import report
+from gate_overhead import AllowTenantSync  # the same allowing interceptor as the gate bench
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import BaseTool, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
 from events import MemorySink
-from interceptor_core import Allow, Gate, RunContext, ToolCall
+from interceptor_core import Gate, RunContext
 from interceptor_core.integrations.langchain import RUN_CONFIG_KEY, CallgateMiddleware, gate_tools
 
 RUN = RunContext(tenant="acme", principal="u-1")
 CONFIG: Any = {"configurable": {RUN_CONFIG_KEY: RUN}}
-
-
-class AllowTenant:
-    """An allowing interceptor that reads the call, like a real policy would."""
-
-    name = "allow-tenant"
-
-    def before_tool_call(self, call: ToolCall) -> Allow:
-        if call.run.tenant is None:
-            raise RuntimeError("no tenant")
-        return Allow()
 
 
 @tool
@@ -71,7 +61,7 @@ def tool_call(name: str) -> dict[str, Any]:
 
 def audited_gate() -> tuple[Gate, MemorySink]:
     memory = MemorySink()
-    return Gate("bench", interceptors=[AllowTenant()], sinks=[memory]), memory
+    return Gate("bench", interceptors=[AllowTenantSync("allow-tenant")], sinks=[memory]), memory
 
 
 def graph(node: ToolNode) -> Any:
@@ -96,7 +86,8 @@ def build_paths() -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], 
     sync["invoke"] = lambda: get_order.invoke(call, CONFIG)
     wrapped, memory = gated(get_order)
     sync["invoke_gated"] = lambda: (wrapped.invoke(call, CONFIG), memory.clear())
-    (unaudited,) = gate_tools([get_order], gate=Gate("bench", interceptors=[AllowTenant()]), agent="desk")
+    bare = Gate("bench", interceptors=[AllowTenantSync("allow-tenant")])
+    (unaudited,) = gate_tools([get_order], gate=bare, agent="desk")
     sync["invoke_gated_no_sinks"] = lambda: unaudited.invoke(call, CONFIG)
 
     async def ainvoke() -> Any:

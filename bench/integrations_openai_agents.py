@@ -34,9 +34,10 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool import invoke_function_tool
 from agents.tool_context import ToolContext
 from figures import report
+from gate_overhead import AllowTenantSync  # the same allowing interceptor as the gate bench
 
 from events import MemorySink
-from interceptor_core import Allow, Gate, RunContext, ToolCall
+from interceptor_core import Gate, RunContext
 from interceptor_core.integrations import schema_tool
 from interceptor_core.integrations.openai_agents import gate_function_tools
 
@@ -44,17 +45,6 @@ RUN = RunContext(tenant="acme", principal="u-1")
 ARGUMENTS = '{"order_id": "ACME-42", "include_items": false}'
 OFFLINE = RunConfig(tracing_disabled=True)
 ANSWER = "order ACME-42: 4200 cents, shipped"
-
-
-class AllowTenant:
-    """An allowing interceptor that reads the call, like a real policy would."""
-
-    name = "allow-tenant"
-
-    def before_tool_call(self, call: ToolCall) -> Allow:
-        if call.run.tenant is None:
-            raise RuntimeError("no tenant")
-        return Allow()
 
 
 @function_tool
@@ -71,7 +61,7 @@ def get_order_sync(order_id: str, include_items: bool) -> str:
 
 def gated(original: FunctionTool, audited: bool = True) -> tuple[FunctionTool, MemorySink]:
     memory = MemorySink()
-    gate = Gate("bench", interceptors=[AllowTenant()], sinks=[memory] if audited else [])
+    gate = Gate("bench", interceptors=[AllowTenantSync("allow-tenant")], sinks=[memory] if audited else [])
     (wrapped,) = gate_function_tools([original], gate=gate, agent="desk")
     return wrapped, memory
 
@@ -83,7 +73,7 @@ def desk_call() -> Callable[[], Awaitable[Any]]:
         return ANSWER
 
     memory = MemorySink()
-    gate = Gate("bench", interceptors=[AllowTenant()], sinks=[memory])
+    gate = Gate("bench", interceptors=[AllowTenantSync("allow-tenant")], sinks=[memory])
     desk = gate.agent("desk", tools=[schema_tool("get_order", "", get_order.params_json_schema, noop)])
 
     async def call() -> Any:
