@@ -434,6 +434,49 @@ def mcp_toolset(root: Path, **options: Any) -> MCPToolset[Any]:
     return MCPToolset(transport, **options)
 
 
+async def archive_then_block(toolset: AbstractToolset[Any], run: RunContext) -> None:
+    """The tool the server added (archive_file) is offered to the next run and runs; a wildcard
+    delete then blocks the run."""
+    offered: list[str] = []
+
+    def archive(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        offered.extend(t.name for t in info.function_tools)
+        if any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[TextPart(" | ".join(returns(messages)))])
+        return ModelResponse(parts=[ToolCallPart("archive_file", {"path": "old.txt"}, tool_call_id="a1")])
+
+    result = await Agent(FunctionModel(archive), toolsets=[toolset]).run("archive", deps=run)
+    assert result.output == "archive_file: archived old.txt"
+    assert "archive_file" in offered
+
+    with pytest.raises(ToolBlockedError, match="wildcard"):
+        await Agent(scripted([ToolCallPart("delete_file", {"path": "*"}, tool_call_id="b1")]), toolsets=[toolset]).run(
+            "x"
+        )
+
+
+def assert_mcp_trail(root: Path, memory: MemorySink, *also: tuple[str, str, str]) -> None:
+    """After the MCP tests' runs: the protected file untouched, only the allowed effects, the added
+    tool registered before its call, one event per call under Pydantic AI's ids (and `also`), all
+    for the caller's tenant, and the chain verifies."""
+    assert (root / "precious.txt").read_text() == "keep me"
+    assert effects(root) == ["write note.txt", "enable_archive", "archive old.txt"]
+    order = [(e.type, [t.name for t in e.tools] if e.type == "ToolsRegistered" else e.tool) for e in memory.events]
+    assert order.index(("ToolsRegistered", ["archive_file"])) < order.index(("ToolUse", "archive_file"))
+    assert sorted(calls(memory.events)) == sorted(
+        [
+            ("Blocked", "delete_file", "b1"),
+            ("ToolDenied", "delete_file", "d1"),
+            ("ToolUse", "archive_file", "a1"),
+            ("ToolUse", "enable_archive", "e1"),
+            ("ToolUse", "write_file", "w1"),
+            *also,
+        ]
+    )
+    assert {e.tenant for e in memory.events if e.type == "ToolUse"} == {"acme"}
+    assert verify_chain(memory.events).ok
+
+
 class TestGatedMcpToolset:
     """`GatedToolset` around `pydantic_ai.mcp.MCPToolset` and a real MCP server process."""
 
@@ -467,36 +510,9 @@ class TestGatedMcpToolset:
             )
             assert outcomes(result.all_messages()) == {"w1": "success", "d1": "denied", "e1": "success"}
 
-            offered: list[str] = []
+            await archive_then_block(toolset, acme)
 
-            def archive(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-                offered.extend(t.name for t in info.function_tools)
-                if any(isinstance(m, ModelResponse) for m in messages):
-                    return ModelResponse(parts=[TextPart(" | ".join(returns(messages)))])
-                return ModelResponse(parts=[ToolCallPart("archive_file", {"path": "old.txt"}, tool_call_id="a1")])
-
-            result = await Agent(FunctionModel(archive), toolsets=[toolset]).run("archive", deps=acme)
-            assert result.output == "archive_file: archived old.txt"
-            assert "archive_file" in offered
-
-            with pytest.raises(ToolBlockedError, match="wildcard"):
-                await Agent(
-                    scripted([ToolCallPart("delete_file", {"path": "*"}, tool_call_id="b1")]), toolsets=[toolset]
-                ).run("x")
-
-        assert (root / "precious.txt").read_text() == "keep me"
-        assert effects(root) == ["write note.txt", "enable_archive", "archive old.txt"]
-        order = [(e.type, [t.name for t in e.tools] if e.type == "ToolsRegistered" else e.tool) for e in memory.events]
-        assert order.index(("ToolsRegistered", ["archive_file"])) < order.index(("ToolUse", "archive_file"))
-        assert sorted(calls(memory.events)) == [
-            ("Blocked", "delete_file", "b1"),
-            ("ToolDenied", "delete_file", "d1"),
-            ("ToolUse", "archive_file", "a1"),
-            ("ToolUse", "enable_archive", "e1"),
-            ("ToolUse", "write_file", "w1"),
-        ]
-        assert {e.tenant for e in memory.events if e.type == "ToolUse"} == {"acme"}
-        assert verify_chain(memory.events).ok
+        assert_mcp_trail(root, memory)
 
     async def test_a_server_error_keeps_the_toolsets_error_behaviour(self, root: Path) -> None:
         """A tool error from the server is what MCPToolset makes of it: a `retried` return by default,
@@ -583,37 +599,9 @@ class TestMcpThroughScopeToolset:
             with anyio.fail_after(20):
                 await added.wait()
 
-            offered: list[str] = []
+            await archive_then_block(toolset, acme)
 
-            def archive(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-                offered.extend(t.name for t in info.function_tools)
-                if any(isinstance(m, ModelResponse) for m in messages):
-                    return ModelResponse(parts=[TextPart(" | ".join(returns(messages)))])
-                return ModelResponse(parts=[ToolCallPart("archive_file", {"path": "old.txt"}, tool_call_id="a1")])
-
-            result = await Agent(FunctionModel(archive), toolsets=[toolset]).run("archive", deps=acme)
-            assert result.output == "archive_file: archived old.txt"
-            assert "archive_file" in offered
-
-            with pytest.raises(ToolBlockedError, match="wildcard"):
-                await Agent(
-                    scripted([ToolCallPart("delete_file", {"path": "*"}, tool_call_id="b1")]), toolsets=[toolset]
-                ).run("x")
-
-        assert (root / "precious.txt").read_text() == "keep me"
-        assert effects(root) == ["write note.txt", "enable_archive", "archive old.txt"]
-        order = [(e.type, [t.name for t in e.tools] if e.type == "ToolsRegistered" else e.tool) for e in memory.events]
-        assert order.index(("ToolsRegistered", ["archive_file"])) < order.index(("ToolUse", "archive_file"))
-        assert sorted(calls(memory.events)) == [
-            ("Blocked", "delete_file", "b1"),
-            ("ToolDenied", "delete_file", "d1"),
-            ("ToolUse", "archive_file", "a1"),
-            ("ToolUse", "delete_file", "m1"),
-            ("ToolUse", "enable_archive", "e1"),
-            ("ToolUse", "write_file", "w1"),
-        ]
-        assert {e.tenant for e in memory.events if e.type == "ToolUse"} == {"acme"}
-        assert verify_chain(memory.events).ok
+        assert_mcp_trail(root, memory, ("ToolUse", "delete_file", "m1"))
 
     async def test_invalid_arguments_ask_the_model_to_retry(self, root: Path, errlog: TextIO) -> None:
         """Arguments the tool's schema refuses are a `retried` return, as Pydantic AI's own
