@@ -29,11 +29,13 @@ __all__ = [
     "MAX_LIMIT",
     "MAX_REPLAY_LIMIT",
     "QUERIES",
+    "QUERY_SCOPES",
     "NamedQuery",
     "Param",
     "ParamValue",
     "QueryError",
     "QueryResult",
+    "QueryScope",
     "UnknownQueryError",
     "describe_queries",
     "run_query",
@@ -104,14 +106,38 @@ class Param:
         return spec
 
 
+QueryScope = Literal["tenant", "global", "admin"]
+"""Who may run a query, and how the read API keeps a tenant to its own rows (`consumers.auth.scope_params`):
+
+- "tenant": the query has a `tenant` parameter that filters every row it reads; a token limited to
+  tenants gets it bound to its tenant (a caller-given other tenant is refused).
+- "global": the query reads what belongs to no tenant or to all of them (chains, dead letters, the
+  pipeline, registrations, coverage): `admin` and `auditor` only.
+- "admin": `admin` only (the access log).
+"""
+
+QUERY_SCOPES: Final[tuple[QueryScope, ...]] = ("tenant", "global", "admin")
+
+
 @dataclass(frozen=True, slots=True)
 class NamedQuery:
-    """A query readers may run: fixed SQL whose `$name` parameters are exactly `params`."""
+    """A query readers may run: fixed SQL whose `$name` parameters are exactly `params`.
+
+    `scope` has no default on purpose: a query cannot be added without saying who may read it
+    (`QueryScope`); a "tenant" query without a `tenant` parameter raises `ValueError` here.
+    """
 
     name: str
     description: str
     sql: str
     params: Mapping[str, Param] = field(default_factory=dict)
+    scope: QueryScope = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.scope not in QUERY_SCOPES:
+            raise ValueError(f"query {self.name!r}: scope must be one of {', '.join(QUERY_SCOPES)}, got {self.scope!r}")
+        if self.scope == "tenant" and ("tenant" not in self.params or "$tenant" not in self.sql):
+            raise ValueError(f"query {self.name!r} is tenant-scoped but has no $tenant parameter filtering its rows")
 
     def bind(self, given: Mapping[str, ParamValue] | None) -> dict[str, Any]:
         """Every parameter's value: the given one checked and converted, or its default. Raises
@@ -150,6 +176,7 @@ class NamedQuery:
             "name": self.name,
             "description": self.description,
             "parameters": [spec.describe(name) for name, spec in self.params.items()],
+            "scope": self.scope,
         }
 
 
@@ -404,7 +431,7 @@ SELECT CASE WHEN call_id = $call_id THEN 'call' ELSE 'child' END AS relation,
        shadow_outcome, divergent, shadow_decided_by, shadow_rule,
        event_id
 FROM events
-WHERE call_id = $call_id OR parent_call_id = $call_id
+WHERE (call_id = $call_id OR parent_call_id = $call_id) AND ($tenant IS NULL OR tenant = $tenant)
 ORDER BY relation, time, producer_id, seq
 LIMIT $limit OFFSET $offset
 """
@@ -482,6 +509,7 @@ WITH exercised AS (
            max(time) AS last_seen
     FROM events
     WHERE type IN ({_OUTCOMES}) AND tool IS NOT NULL AND {_WINDOW} AND ($gate IS NULL OR gate = $gate)
+      AND ($tenant IS NULL OR tenant = $tenant)
     GROUP BY ALL
 ),
 registered AS (
@@ -632,6 +660,7 @@ reasons AS (
            decided_by, type, time, message, tool, tenant
     FROM blocked_attempts, bounds
     WHERE time < bounds.until_ AND ($decided_by IS NULL OR decided_by = $decided_by)
+      AND ($tenant IS NULL OR tenant = $tenant)
 )
 SELECT reason, decided_by, min(time) AS first_seen, max(time) AS last_seen, count(*) AS occurrences,
        count(DISTINCT tenant) AS tenants, arg_min(message, time) AS sample_message,
@@ -1082,8 +1111,10 @@ LIMIT $limit OFFSET $offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 
-def _query(name: str, description: str, sql: str, params: Mapping[str, Param]) -> tuple[str, NamedQuery]:
-    return name, NamedQuery(name, description, sql, dict(params))
+def _query(
+    name: str, description: str, sql: str, params: Mapping[str, Param], *, scope: QueryScope
+) -> tuple[str, NamedQuery]:
+    return name, NamedQuery(name, description, sql, dict(params), scope=scope)
 
 
 QUERIES: Final[dict[str, NamedQuery]] = dict(
@@ -1093,12 +1124,14 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "Denied and blocked calls, newest first, with who, what tool, which interceptor and the message.",
             _BLOCKED_ATTEMPTS,
             {**_BLOCKED_PARAMS, **PAGE},
+            scope="tenant",
         ),
         _query(
             "blocked_attempts_count",
             "How many calls the filters of blocked_attempts match: all, denied, blocked, first and last time.",
             _BLOCKED_ATTEMPTS_COUNT,
             _BLOCKED_PARAMS,
+            scope="tenant",
         ),
         _query(
             "decision_trends",
@@ -1111,6 +1144,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "tenant": TENANT,
                 **PAGE,
             },
+            scope="tenant",
         ),
         _query(
             "denial_rate",
@@ -1127,6 +1161,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "tenant": TENANT,
                 **PAGE,
             },
+            scope="tenant",
         ),
         _query(
             "top_denied",
@@ -1147,6 +1182,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "limit": Param("int", "How many rows at most.", default=10, minimum=1, maximum=MAX_LIMIT),
                 "offset": OFFSET,
             },
+            scope="tenant",
         ),
         _query(
             "call_detail",
@@ -1154,7 +1190,8 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "as an agent used as a tool: decision trail, redacted args, redacted paths, trace id, and what its "
             "shadow decisions would have done (outcome events).",
             _CALL_DETAIL,
-            {"call_id": Param("str", "The call's id.", required=True), **PAGE},
+            {"call_id": Param("str", "The call's id.", required=True), "tenant": TENANT, **PAGE},
+            scope="tenant",
         ),
         _query(
             "unmediated",
@@ -1167,6 +1204,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "tool": Param("str", "Only clients bound to this tool."),
                 **PAGE,
             },
+            scope="tenant",
         ),
         _query(
             "unmediated_count",
@@ -1178,6 +1216,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "tenant": TENANT,
                 "tool": Param("str", "Only clients bound to this tool."),
             },
+            scope="tenant",
         ),
         _query(
             "registered_tools",
@@ -1185,13 +1224,15 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "how often registered and with how many schemas.",
             _REGISTERED_TOOLS,
             {"gate": Param("str", "Only this gate."), "agent": Param("str", "Only this agent scope."), **PAGE},
+            scope="global",
         ),
         _query(
             "exercised_tools",
             "Tools seen in outcome events per scope: calls, ran, ok, denied, substituted, blocked, and whether "
             "the scope registered the tool.",
             _EXERCISED_TOOLS,
-            {"since": SINCE, "until": UNTIL, "gate": Param("str", "Only this gate."), **PAGE},
+            {"since": SINCE, "until": UNTIL, "gate": Param("str", "Only this gate."), "tenant": TENANT, **PAGE},
+            scope="tenant",
         ),
         _query(
             "chain_breaks",
@@ -1219,6 +1260,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "since": Param("datetime", "Only breaks recorded at or after this time."),
                 **PAGE,
             },
+            scope="global",
         ),
         _query(
             "chain_status",
@@ -1232,6 +1274,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "until": Param("datetime", "Only producers that wrote an event before this time."),
                 **PAGE,
             },
+            scope="global",
         ),
         _query(
             "dead_letters",
@@ -1243,6 +1286,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "topic": Param("str", "Only this Kafka topic."),
                 **PAGE,
             },
+            scope="global",
         ),
         _query(
             "dead_letter_records",
@@ -1271,6 +1315,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 ),
                 **PAGE,
             },
+            scope="global",
         ),
         _query(
             "event_counts",
@@ -1278,6 +1323,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "(defaults: the last hour and the hour before).",
             _EVENT_COUNTS,
             {"since": SINCE, "until": UNTIL, "tenant": TENANT},
+            scope="tenant",
         ),
         _query(
             "pipeline_health",
@@ -1289,6 +1335,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                     "int", "What 'recently' means, in minutes of ingest time.", default=15, minimum=1, maximum=1440
                 )
             },
+            scope="global",
         ),
         _query(
             "new_denial_reasons",
@@ -1299,8 +1346,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "since": SINCE,
                 "until": UNTIL,
                 "decided_by": _BLOCKED_PARAMS["decided_by"],
+                "tenant": TENANT,
                 **PAGE,
             },
+            scope="tenant",
         ),
         # -- coverage
         _query(
@@ -1309,6 +1358,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "seqs, tampering, conflicts, unmediated uses, tool uses and dead letters.",
             _COVERAGE_SUMMARY,
             {"since": SINCE, "until": UNTIL},
+            scope="global",
         ),
         _query(
             "tool_use_verification",
@@ -1316,6 +1366,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "broken, their scope never registered the tool, or their trail lacks a registered interceptor).",
             _TOOL_USE_VERIFICATION,
             {"since": SINCE, "until": UNTIL},
+            scope="global",
         ),
         _query(
             "unverified_tool_uses",
@@ -1331,6 +1382,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 ),
                 **PAGE,
             },
+            scope="global",
         ),
         _query(
             "tool_exercise",
@@ -1344,6 +1396,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "only_unexercised": Param("bool", "Only tools never called through the gate.", default=False),
                 **PAGE,
             },
+            scope="global",
         ),
         # -- dashboard
         _query(
@@ -1353,6 +1406,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "unmediated uses, chain breaks recorded; one row per metric.",
             _OVERVIEW_COUNTS,
             {"since": SINCE, "until": UNTIL, "tenant": TENANT},
+            scope="tenant",
         ),
         _query(
             "ingest_lag",
@@ -1364,6 +1418,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                     "int", "What 'recently' means, in minutes of ingest time.", default=15, minimum=1, maximum=10080
                 )
             },
+            scope="global",
         ),
         # -- shadow mode and replay
         _query(
@@ -1375,6 +1430,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "divergent first.",
             _SHADOW_IMPACT,
             {**_SHADOW_PARAMS, **PAGE},
+            scope="tenant",
         ),
         _query(
             "shadow_divergence",
@@ -1386,6 +1442,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "bucket_minutes": Param("int", "Bucket width in minutes.", default=60, minimum=1, maximum=10080),
                 **PAGE,
             },
+            scope="tenant",
         ),
         _query(
             "shadow_calls",
@@ -1403,6 +1460,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 ),
                 **PAGE,
             },
+            scope="tenant",
         ),
         _query(
             "replay_calls",
@@ -1427,6 +1485,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 ),
                 "limit": Param("int", "How many rows at most.", default=MAX_LIMIT, minimum=1, maximum=MAX_REPLAY_LIMIT),
             },
+            scope="tenant",
         ),
         _query(
             "inclusion_material",
@@ -1436,6 +1495,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "hash) of at most two blocks of 256 events. O(log n) rows.",
             _INCLUSION_MATERIAL,
             {"event_id": Param("str", "The event's id (no rows without it).")},
+            scope="global",
         ),
         _query(
             "producer_signatures",
@@ -1451,6 +1511,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "only_failing": Param("bool", "Only producers that are not ok.", default=False),
                 **PAGE,
             },
+            scope="global",
         ),
     ]
 )
