@@ -25,6 +25,7 @@ Needs `openai-agents` (the `openai-agents` extra); importing `interceptor_core` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import inspect
@@ -75,6 +76,10 @@ class _InFlight:
 
     ctx: SdkToolContext[Any] | None
     error: Exception | None = None
+    args: Any = None
+    """The arguments the gate was given, validated here from `input` (None when they could not be)."""
+    input: str = ""
+    """The model's arguments as it sent them: what the body passes on while no interceptor rewrote them."""
 
 
 _in_flight: contextvars.ContextVar[_InFlight | None] = contextvars.ContextVar(
@@ -105,8 +110,10 @@ def _gate_tool(original: FunctionTool, timeout_s: float | None) -> Tool[Any, Any
         flight = _in_flight.get()
         if flight is None or flight.ctx is None:
             raise RuntimeError(f"tool {name!r} was called outside the OpenAI Agents runner")
+        # Unchanged by the chain: the model's own text, as the SDK would parse it ungated.
+        payload = flight.input if args is flight.args else json.dumps(args.model_dump())
         try:
-            return await invoke(flight.ctx, json.dumps(args.model_dump()))
+            return await invoke(flight.ctx, payload)
         except Exception as exc:
             flight.error = exc  # the SDK's failure handling wants the exception, not its text
             raise
@@ -188,6 +195,7 @@ class _GatedInvocation:
         self.handles_failures = handles_failures
         self.on_handled_error = on_handled_error
         self.tool = tool
+        self.input_model = scope.tools[name].input_model
 
     def __agents_bind_function_tool__(self, tool: FunctionTool) -> _GatedInvocation:
         # The SDK binds an invoker to each FunctionTool (copies included) so that failures are
@@ -221,10 +229,16 @@ class _GatedInvocation:
         approval = None
         if scope.gate.approval_handler is None and ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
             approval = _SDK_APPROVED
-        flight = _InFlight(ctx)
+        text = input or "{}"
+        flight = _InFlight(ctx, input=text)
+        gate_args: Any = text
+        # Validated here, so the body can tell whether the chain changed them; bad input is left to
+        # the gate, which validates the text again and answers as it does for any.
+        with contextlib.suppress(ValidationError):
+            gate_args = flight.args = self.input_model.model_validate_json(text)
         token = _in_flight.set(flight)
         try:
-            result = await scope.call(self.name, input or "{}", run=run, call_id=ctx.tool_call_id, approval=approval)
+            result = await scope.call(self.name, gate_args, run=run, call_id=ctx.tool_call_id, approval=approval)
         finally:
             _in_flight.reset(token)
         match result.kind:
