@@ -224,6 +224,13 @@ def main() -> None:
         target="<= 1.3 (to ungated)",
     )
     report(
+        "Pydantic AI tool call (async tool), GatedToolset, audited (1 interceptor + MemorySink)",
+        med["call_async_audited"] * us,
+        "µs/call",
+        floor=med["call_async"] * us,
+        target="report (the event's own cost, see docs/performance.md)",
+    )
+    report(
         "Pydantic AI tool call (sync tool), GatedToolset",
         med["call_sync_gated"] * us,
         "µs/call",
