@@ -7,11 +7,20 @@ a small Starlette app (`build_app`) served by uvicorn in a background thread (`A
 Routes (GET only; HEAD is answered as GET without a body; any other method is 405):
 
 - `GET /healthz`: 200 `{"status": "ok", ...}` or 503 `{"status": "unavailable", ...}` (`HealthStatus`),
-  with one entry per partition the broker lists (`PartitionHealth`).
-- `GET /metrics`: the Prometheus text exposition of `MaterializerMetrics`.
-- `GET /v1/queries`: 200 `{"queries": [...]}`, what `QueryRunner.names()` lists.
+  with one entry per partition the broker lists (`PartitionHealth`). Never needs a token.
+- `GET /metrics`: the Prometheus text exposition of `MaterializerMetrics`; an `admin` token unless
+  `metrics_open`.
+- `GET /v1/queries`: 200 `{"queries": [...]}`, what `QueryRunner.names()` lists; any valid token.
 - `GET /v1/queries/{name}?param=value...`: 200 with the query's result; 404 for an unknown query,
-  400 for a bad parameter, 500 `{"error": "internal error"}` for anything else (traceback logged).
+  400 for a bad parameter, 403 for a query or tenant the token's roles do not allow, 500
+  `{"error": "internal error"}` for anything else (traceback logged).
+
+With an `Authenticator` (`consumers.auth`), every route but `/healthz` needs `Authorization: Bearer
+<token>`: missing or refused credentials are 401 with `WWW-Authenticate: Bearer`. The parameters of
+every named query pass `consumers.auth.scope_params` (a tenant token's tenant is bound there), and
+each query asked is appended to the `AccessLog` before the answer leaves; a record that cannot be
+written answers 500 instead of the rows. Without an authenticator every request reads as
+`consumers.auth.ANONYMOUS` (everything; loopback or `--insecure-no-auth` only).
 
 Every error body is `{"error": "<message>"}`.
 """
@@ -24,9 +33,10 @@ import logging
 import math
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -38,6 +48,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from consumers.access_log import AccessLog, AccessRecord
+from consumers.auth import ANONYMOUS, Authenticator, AuthError, Forbidden, Identity, scope_params
 from consumers.metrics import MaterializerMetrics
 
 __all__ = ["ApiServer", "HealthStatus", "PartitionHealth", "QueryRunner", "build_app"]
@@ -184,16 +196,55 @@ def _guarded(endpoint: Endpoint) -> Endpoint:
     return guarded
 
 
+_CHALLENGE = 'Bearer realm="callgate"'
+
+
+def _unauthorized(message: str, *, bad_token: bool) -> Response:
+    challenge = f'{_CHALLENGE}, error="invalid_token"' if bad_token else _CHALLENGE
+    return _error(401, message, {"WWW-Authenticate": challenge})
+
+
+def _bearer(request: Request) -> str:
+    """The request's bearer token; `AuthError` when it has none."""
+    header = request.headers.get("authorization")
+    if header is None:
+        raise AuthError("this read API needs a token: send Authorization: Bearer <token>")
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError("the Authorization header must be: Bearer <token>")
+    return token.strip()
+
+
 def build_app(
     runner: QueryRunner,
     metrics: MaterializerMetrics,
     health: Callable[[], HealthStatus],
+    *,
+    auth: Authenticator | None = None,
+    access_log: AccessLog | None = None,
+    metrics_open: bool = False,
 ) -> Starlette:
-    """The read API as a Starlette app (routes in the module docstring).
+    """The read API as a Starlette app (routes and authentication in the module docstring).
 
-    `runner` and `health` are called in worker threads, so a slow query or a health check waiting for
-    a lock never stalls other requests. `health` raising counts as unavailable (503, logged).
+    `runner`, `health`, `auth` and `access_log` are called in worker threads, so a slow query, a
+    health check waiting for a lock or a JWKS fetch never stalls other requests. `health` raising
+    counts as unavailable (503, logged). `auth` None serves without authentication; `access_log`
+    None records nothing; `metrics_open` serves `/metrics` to anybody.
     """
+
+    async def identify(request: Request) -> Identity | Response:
+        """The caller's identity, or the 401 to answer."""
+        if auth is None:
+            return ANONYMOUS
+        try:
+            token = _bearer(request)
+        except AuthError as exc:
+            return _unauthorized(str(exc), bad_token=False)
+        try:
+            return await run_in_threadpool(auth.authenticate, token)
+        except AuthError as exc:
+            log.warning("read API: %s %s refused a token: %s", request.method, request.url.path, exc)
+            return _unauthorized(f"the token was refused: {exc}", bad_token=True)
 
     async def healthz(request: Request) -> Response:
         try:
@@ -204,31 +255,82 @@ def build_app(
         return _JSONResponse(status.to_json(), status_code=200 if status.ok else 503)
 
     async def metrics_text(request: Request) -> Response:
+        if not metrics_open:
+            identity = await identify(request)
+            if isinstance(identity, Response):
+                return identity
+            if not identity.admin:
+                return _error(403, "/metrics needs the admin role")
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
     async def list_queries(request: Request) -> Response:
+        identity = await identify(request)
+        if isinstance(identity, Response):
+            return identity
         return _JSONResponse({"queries": await run_in_threadpool(runner.names)})
 
     async def run_query(request: Request) -> Response:
+        identity = await identify(request)
+        if isinstance(identity, Response):
+            return identity
+        started, at = time.perf_counter(), datetime.now(UTC)
         name: str = request.path_params["name"]
-        params: dict[str, str] = {}
+        params: dict[str, Any] = {}
+        repeated = None
         for key, value in request.query_params.multi_items():
             if key in params:
-                return _error(400, f"parameter {key!r} is given more than once")
+                repeated = key
             params[key] = value
+        response, rows = await answer(name, params, identity, repeated)
+        if access_log is not None:
+            record = AccessRecord(
+                time=at,
+                subject=identity.subject,
+                roles=tuple(sorted(identity.roles)),
+                query=name,
+                params=params,
+                status=response.status_code,
+                row_count=rows,
+                duration_ms=(time.perf_counter() - started) * 1000,
+            )
+            try:
+                await run_in_threadpool(access_log.record, record)
+            except Exception:
+                # An unrecorded read must not pass silently: the rows are withheld.
+                log.exception("read API: cannot record %s's query %r in the access log", identity.subject, name)
+                return _error(500, "the read could not be recorded in the access log; nothing was sent")
+        return response
+
+    async def answer(
+        name: str, params: dict[str, Any], identity: Identity, repeated: str | None
+    ) -> tuple[Response, int | None]:
+        """The response to query `name` and the rows it carries (None unless 200); `params` is
+        updated in place to what was run (a tenant bound), for the access log."""
+        if repeated is not None:
+            return _error(400, f"parameter {repeated!r} is given more than once"), None
+        if auth is not None:
+            try:
+                params.update(scope_params(name, params, identity))
+            except Forbidden as exc:
+                return _error(403, str(exc)), None
+            except KeyError:  # UnknownQueryError
+                return _error(404, f"unknown query {name!r}"), None
+            except ValueError as exc:  # QueryError
+                return _error(400, str(exc)), None
         try:
             result = await run_in_threadpool(runner.run, name, params)
         except KeyError:
             known = {query.get("name") for query in await run_in_threadpool(runner.names)}
             if name not in known:
-                return _error(404, f"unknown query {name!r}")
+                return _error(404, f"unknown query {name!r}"), None
             # A KeyError from inside a known query is a bug in it, not a wrong name.
             log.exception("read API: query %r raised KeyError", name)
-            return _error(500, _INTERNAL_ERROR)
+            return _error(500, _INTERNAL_ERROR), None
         except ValueError as exc:
-            return _error(400, str(exc) or f"bad parameters for query {name!r}")
-        return _JSONResponse(result)
+            return _error(400, str(exc) or f"bad parameters for query {name!r}"), None
+        rows = result.get("rows")
+        return _JSONResponse(result), len(rows) if isinstance(rows, list) else None
 
     async def http_error(request: Request, exc: Exception) -> Response:
         # Starlette raises HTTPException for unmatched paths (404) and methods (405, with Allow).
@@ -274,6 +376,9 @@ class ApiServer:
 
     uvicorn logs at `log_level` ("warning" by default) without an access log, and its logging
     configuration is left to the application (`log_config=None`).
+
+    `ssl_certfile` and `ssl_keyfile` (PEM, given together) serve HTTPS with uvicorn's own TLS;
+    `url` then starts with https. A certificate or key that cannot be loaded raises from `start()`.
     """
 
     def __init__(
@@ -286,7 +391,13 @@ class ApiServer:
         access_log: bool = False,
         start_timeout: float = 10.0,
         stop_timeout: float = 10.0,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
     ) -> None:
+        if (ssl_certfile is None) != (ssl_keyfile is None):
+            raise ValueError("give both ssl_certfile and ssl_keyfile, or neither")
+        self._ssl_certfile = ssl_certfile
+        self._ssl_keyfile = ssl_keyfile
         self._app = app
         self._host = host
         self._port = port
@@ -311,9 +422,11 @@ class ApiServer:
 
     @property
     def url(self) -> str:
-        """The base URL, e.g. "http://127.0.0.1:53121" (no trailing slash). Raises `RuntimeError` before `start()`."""
+        """The base URL, e.g. "http://127.0.0.1:53121" (https with TLS; no trailing slash). Raises
+        `RuntimeError` before `start()`."""
         host, port = self.address
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        scheme = "https" if self._ssl_certfile is not None else "http"
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
     def start(self) -> None:
         """Bind, start serving, and return once requests are answered.
@@ -338,7 +451,11 @@ class ApiServer:
                     lifespan="off",
                     # Requests still running after this many seconds of shutdown are cancelled.
                     timeout_graceful_shutdown=max(1, int(self._stop_timeout / 2)),
+                    ssl_certfile=self._ssl_certfile,
+                    ssl_keyfile=self._ssl_keyfile,
                 )
+                # Loaded here, so a bad certificate or key raises in the caller, not in the thread.
+                config.load()
                 server = _Server(config, self._ready)
                 thread = threading.Thread(
                     target=self._serve, args=(server, sock), name=f"callgate-api-{port}", daemon=True

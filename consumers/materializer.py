@@ -41,6 +41,7 @@ from consumers.store import AuditStore, IngestResult, RawRecord
 
 if TYPE_CHECKING:
     from consumers.api import HealthStatus
+    from consumers.auth import Authenticator
     from events.signing import VerifyingKey
 
 log = logging.getLogger("callgate.materializer")
@@ -129,7 +130,10 @@ class Materializer:
       say otherwise; as static member `instance_id` when one is given (see `default_instance_id`).
     - `partitions`: the count a continuous run creates the topic with when it is missing at the start
       (default `events.kafka.DEFAULT_PARTITIONS`); a drain never creates it.
-    - `api`: ("host", port) to serve `/healthz`, `/metrics` and `/v1/queries/...` while running.
+    - `api`: ("host", port) to serve `/healthz`, `/metrics` and `/v1/queries/...` while running;
+      `api_auth` (a `consumers.auth.Authenticator`) makes it ask for bearer tokens (None: none),
+      `metrics_open` serves `/metrics` without one, `api_tls` (certificate file, key file) serves
+      HTTPS. Every named query it answers is recorded in the store's `access_log`.
     - `gap_grace_s`: in a continuous run, a chain gap is recorded once it has stayed open this long.
     - `trusted_keys` (key id -> `events.signing.VerifyingKey`, as `load_trusted_keys` gives them):
       verify every stored checkpoint (`consumers.checkpoints`); `require_signed` also records the
@@ -159,6 +163,9 @@ class Materializer:
         instance_id: str | None = None,
         partitions: int | None = None,
         api: tuple[str, int] | None = None,
+        api_auth: Authenticator | None = None,
+        metrics_open: bool = False,
+        api_tls: tuple[str, str] | None = None,
         batch_max: int = 5000,
         poll_ms: int = 500,
         gap_grace_s: float = 60.0,
@@ -198,6 +205,9 @@ class Materializer:
         for any other partition started from the group's committed offsets, before that seek: its
         records are dropped, never counted, and read again from the seek position."""
         self._api_address = api
+        self._api_auth = api_auth
+        self._metrics_open = metrics_open
+        self._api_tls = api_tls
         self.api: Any = None
         self.metrics: Any = None
 
@@ -284,14 +294,23 @@ class Materializer:
         """Serve the read API at the `api` address given (idempotent); `self.api.url` says where."""
         if self.api is not None:
             return
+        from consumers.access_log import StoreAccessLog
         from consumers.api import ApiServer, build_app
         from consumers.metrics import MaterializerMetrics
         from consumers.runner import StoreQueryRunner
 
         self.metrics = MaterializerMetrics()
-        app = build_app(StoreQueryRunner(self.store), self.metrics, self.health)
+        app = build_app(
+            StoreQueryRunner(self.store),
+            self.metrics,
+            self.health,
+            auth=self._api_auth,
+            access_log=StoreAccessLog(self.store),
+            metrics_open=self._metrics_open,
+        )
         host, port = self._api_address or ("127.0.0.1", 0)
-        self.api = ApiServer(app, host=host, port=port)
+        cert, key = self._api_tls or (None, None)
+        self.api = ApiServer(app, host=host, port=port, ssl_certfile=cert, ssl_keyfile=key)
         self.api.start()
 
     # -- the loop --------------------------------------------------------------------------------

@@ -3,19 +3,23 @@
 Every reader (the coverage check, the dashboard) runs named queries through an `AuditReader`, so it
 never knows which way the data comes:
 
-- `ApiReader(url)`: `GET {url}/v1/queries/<name>?...` on a running materializer (`--api`). The
-  only way while the materializer holds the file: DuckDB lets no other process open it.
+- `ApiReader(url, token=...)`: `GET {url}/v1/queries/<name>?...` on a running materializer
+  (`--api`), with `Authorization: Bearer <token>` when a token is given. The only way while the
+  materializer holds the file: DuckDB lets no other process open it.
 - `FileReader(path)`: the named queries on the file opened read-only, for offline audits and CI
   after `callgate materialize --drain`.
 
-`open_reader(api=..., db=...)` picks one. Both raise `SourceUnavailableError` when they cannot read
-at all (API down, file missing or held by a writer, schema newer than this code): a caller that must
-not mistake "could not look" for "nothing found" treats it apart from every other answer.
+`open_reader(api=..., db=..., token=...)` picks one. Both raise `SourceUnavailableError` when they
+cannot read at all (API down, file missing or held by a writer, schema newer than this code): a
+caller that must not mistake "could not look" for "nothing found" treats it apart from every other
+answer. A read API that refuses the token (401) or the query (403) raises `AccessDeniedError`, a
+`SourceUnavailableError` whose message says which and what to do.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,7 +32,7 @@ import duckdb
 from consumers.queries import QueryError, QueryResult, UnknownQueryError, run_query
 from consumers.store import AuditStore, StoreError, StoreLockedError
 
-__all__ = ["ApiReader", "AuditReader", "FileReader", "SourceUnavailableError", "open_reader"]
+__all__ = ["AccessDeniedError", "ApiReader", "AuditReader", "FileReader", "SourceUnavailableError", "open_reader"]
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -41,6 +45,16 @@ class SourceUnavailableError(Exception):
     def __init__(self, source: str, message: str) -> None:
         super().__init__(message)
         self.source = source
+
+
+class AccessDeniedError(SourceUnavailableError):
+    """The read API refused the reader: `status` 401 (no token, or one it does not accept) or 403 (the
+    token's roles do not allow the query or the tenant asked). The message names the API, the query
+    and the server's reason."""
+
+    def __init__(self, source: str, message: str, *, status: int) -> None:
+        super().__init__(source, message)
+        self.status = status
 
 
 class AuditReader(Protocol):
@@ -63,14 +77,34 @@ class AuditReader(Protocol):
 
 class ApiReader:
     """Named queries through a materializer's read API. Safe from several threads (one request per
-    call, nothing shared)."""
+    call, nothing shared).
 
-    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    `token` is sent as `Authorization: Bearer <token>` on every request (None: no header). An https
+    URL is verified against the system's trusted certificates (or `SSL_CERT_FILE`), or against
+    `ssl_context` when one is given.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"the read API's URL must look like http://HOST:PORT, got {url!r}")
+        if token is not None and (not token.strip() or any(c in token for c in "\r\n")):
+            raise ValueError("the read API token must be a non-empty line of text")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self._token = None if token is None else token.strip()
+        self._ssl_context = ssl_context
+
+    def __repr__(self) -> str:
+        # Never the token.
+        return f"ApiReader({self.url!r}, token={'set' if self._token else None})"
 
     @property
     def source(self) -> str:
@@ -84,6 +118,23 @@ class ApiReader:
             raise UnknownQueryError(_message(body) or f"unknown query {name!r}", query=name)
         if status == 400:
             raise QueryError(_message(body) or f"bad parameters for query {name!r}", query=name)
+        if status == 401:
+            hint = (
+                "give a valid one with --token or CALLGATE_TOKEN"
+                if self._token
+                else "give one with --token or CALLGATE_TOKEN"
+            )
+            raise AccessDeniedError(
+                self.url,
+                f"the read API at {self.url} needs a token it accepts ({_message(body)}): {hint}",
+                status=401,
+            )
+        if status == 403:
+            raise AccessDeniedError(
+                self.url,
+                f"the read API at {self.url} refused query {name!r} for this token: {_message(body)}",
+                status=403,
+            )
         if status != 200:
             raise SourceUnavailableError(
                 self.url, f"the read API at {self.url} answered {status} to query {name!r}: {_message(body)}"
@@ -98,9 +149,12 @@ class ApiReader:
 
     def _get(self, path: str) -> tuple[int, bytes]:
         # The scheme was checked to be http(s) when the reader was built.
-        request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})  # noqa: S310
+        headers = {"Accept": "application/json"}
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(self.url + path, headers=headers)  # noqa: S310
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._ssl_context) as response:  # noqa: S310
                 return int(response.status), response.read()
         except urllib.error.HTTPError as exc:
             return int(exc.code), exc.read()
@@ -168,12 +222,15 @@ class FileReader:
         self.close()
 
 
-def open_reader(*, api: str | None = None, db: str | Path | None = None) -> ApiReader | FileReader:
-    """The reader for exactly one of `api` (a read API URL) or `db` (a store file); `ValueError`
-    for both or neither."""
+def open_reader(
+    *, api: str | None = None, db: str | Path | None = None, token: str | None = None
+) -> ApiReader | FileReader:
+    """The reader for exactly one of `api` (a read API URL, sent `token` as a bearer token) or `db`
+    (a store file; `token` is ignored there: the file's permissions are its access control);
+    `ValueError` for both or neither."""
     if (api is None) == (db is None):
         raise ValueError("give exactly one of api (the read API's URL) or db (an audit store file)")
-    return ApiReader(api) if api is not None else FileReader(db)  # type: ignore[arg-type]
+    return ApiReader(api, token=token) if api is not None else FileReader(db)  # type: ignore[arg-type]
 
 
 def _param_text(value: Any) -> str:

@@ -14,7 +14,8 @@ batch costs the same whether the table holds a thousand events or a million.
 Tables: `events` (one row per event, typed columns plus the whole event as JSON), `dead_letters`,
 `kafka_offsets`, `chain_breaks`, `checkpoint_pending` and `checkpoint_state` (signed checkpoints,
 `consumers.checkpoints`), `merkle_nodes` (the tree index proofs are answered from,
-`consumers.proofs`), `schema_migrations`; views for readers: `blocked_attempts`,
+`consumers.proofs`), `access_log` (reads through the read API, `consumers.access_log`),
+`schema_migrations`; views for readers: `blocked_attempts`,
 `decision_trends`, `calls`. Readers should go through `consumers.queries`, not these names.
 """
 
@@ -473,6 +474,23 @@ _ADD_TREE_INDEX = (
     "UPDATE checkpoint_state SET leaves = 0, frontier = CAST([] AS VARCHAR[])",
 )
 
+# Who read what through the read API (consumers.access_log): one row per named query asked by an
+# authenticated caller, written by the materializer's process (it holds the writer).
+_ADD_ACCESS_LOG = (
+    """
+    CREATE TABLE access_log (
+        time TIMESTAMPTZ NOT NULL,
+        subject VARCHAR NOT NULL,
+        roles VARCHAR[] NOT NULL,
+        query VARCHAR NOT NULL,
+        params JSON NOT NULL,  -- as run: a tenant token's tenant bound
+        status INTEGER NOT NULL,  -- the HTTP status answered: 200, 400, 403, 404
+        row_count BIGINT,  -- rows returned (NULL unless 200)
+        duration_ms DOUBLE NOT NULL
+    )
+    """,
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
@@ -480,6 +498,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(4, "shadow mode columns", _ADD_SHADOW),
     Migration(5, "signed checkpoints", _ADD_CHECKPOINTS),
     Migration(6, "Merkle tree index", _ADD_TREE_INDEX, after=fold_all),
+    Migration(7, "read access log", _ADD_ACCESS_LOG),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
