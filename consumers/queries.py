@@ -1125,6 +1125,103 @@ LIMIT $limit OFFSET $offset
 """
 
 
+# -- runs: one agent run's story (the dashboard's Run page) -------------------------------------
+
+# The calls of a run, and those of agents nested under them that run under a run id of their own
+# (an agent used as a tool shares its caller's run; one started anew inside a tool does not): each
+# nested event names its enclosing call as parent_call_id. The depth bounds a cycle forged events
+# could make.
+_RUN_CALLS = """
+WITH RECURSIVE run_calls(call_id, depth) AS (
+    SELECT DISTINCT call_id, 0 FROM events
+    WHERE run_id = $run_id AND call_id IS NOT NULL AND ($tenant IS NULL OR tenant = $tenant)
+    UNION
+    SELECT DISTINCT e.call_id, c.depth + 1
+    FROM events e JOIN run_calls c ON e.parent_call_id = c.call_id
+    WHERE e.call_id IS NOT NULL AND e.run_id IS DISTINCT FROM $run_id AND c.depth < 16
+      AND ($tenant IS NULL OR e.tenant = $tenant)
+)
+"""
+
+_RUN_EVENTS = f"""
+{_RUN_CALLS}
+SELECT e.time, e.type, e.seq, e.producer_id, e.gate, e.workflow, e.agent, e.tool, e.call_id, e.parent_call_id,
+       e.run_id, e.thread_id, e.tenant, e.principal,
+       coalesce(e.decided_by, json_extract_string(e.event, '$.decided_by')) AS decided_by,
+       e.outcome,
+       coalesce(e.message, json_extract_string(e.event, '$.reason')) AS message,
+       e.duration_ms,
+       CASE WHEN e.type = 'TurnDecision' THEN CAST(json_extract(e.event, '$.turn') AS INTEGER) END AS turn,
+       CASE WHEN e.type = 'TurnDecision' THEN json_extract_string(e.event, '$.decision') END AS turn_decision,
+       CASE WHEN e.type = 'TurnDecision' THEN CAST(json_extract(e.event, '$.message_count') AS INTEGER) END
+           AS message_count,
+       CASE WHEN e.type = 'ApprovalResolved' THEN json_extract_string(e.event, '$.by') END AS approved_by,
+       CASE WHEN e.type = 'ApprovalResolved' THEN json_extract_string(e.event, '$.note') END AS note,
+       json_extract(e.event, '$.decisions') AS decisions,
+       json_extract(e.event, '$.args') AS args,
+       e.shadow_outcome, e.divergent, e.trace_id, e.event_id
+FROM events e
+WHERE (e.run_id = $run_id OR e.parent_call_id IN (SELECT call_id FROM run_calls))
+  AND ($tenant IS NULL OR e.tenant = $tenant)
+ORDER BY e.time, e.producer_id, e.seq
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# The page of runs first (on the narrow columns, newest last event first), then only their events
+# are read whole for the counts, the turn decisions' JSON included.
+_RUNS = f"""
+WITH page AS (
+    SELECT run_id, max(time) AS last_time
+    FROM events
+    WHERE run_id IS NOT NULL AND {_WINDOW}
+      AND ($run_id IS NULL OR starts_with(run_id, $run_id))
+      AND ($principal IS NULL OR principal = $principal)
+      AND ($thread_id IS NULL OR thread_id = $thread_id)
+      AND ($tenant IS NULL OR tenant = $tenant)
+    GROUP BY run_id
+    ORDER BY last_time DESC, run_id
+    LIMIT $limit OFFSET $offset
+),
+run_rows AS (
+    SELECT e.run_id, e.time, e.type, e.gate, e.agent, e.tenant, e.principal, e.thread_id,
+           CASE WHEN e.type = 'TurnDecision' THEN json_extract_string(e.event, '$.decision') END AS turn_decision
+    FROM events e JOIN page p USING (run_id)
+    WHERE ($tenant IS NULL OR e.tenant = $tenant)
+),
+counted AS (
+    SELECT run_id,
+           arg_min(tenant, time) AS tenant,
+           arg_min(principal, time) AS principal,
+           arg_min(thread_id, time) AS thread_id,
+           arg_min(gate, time) AS gate,
+           list(DISTINCT agent ORDER BY agent) FILTER (WHERE agent IS NOT NULL) AS agents,
+           min(time) AS started_at,
+           max(time) AS last_time,
+           count(*) AS events,
+           count(*) FILTER (WHERE type = 'TurnDecision') AS turns,
+           count(*) FILTER (WHERE type IN ({_OUTCOMES})) AS calls,
+           count(*) FILTER (WHERE type = 'ToolUse') AS allowed,
+           count(*) FILTER (WHERE type = 'ToolDenied') AS denied,
+           count(*) FILTER (WHERE type = 'Substitute') AS substituted,
+           count(*) FILTER (WHERE type = 'Blocked') AS blocked,
+           count(*) FILTER (WHERE type = 'ApprovalRequested') AS approvals_asked,
+           count(*) FILTER (WHERE turn_decision IN ('deny', 'error')) AS turns_denied,
+           count(*) FILTER (WHERE turn_decision = 'substitute') AS turns_substituted
+    FROM run_rows
+    GROUP BY run_id
+)
+SELECT run_id, tenant, principal, thread_id, gate, agents, started_at, last_time, events, turns, calls,
+       allowed, denied, substituted, blocked, approvals_asked,
+       CASE WHEN blocked > 0 THEN 'blocked'
+            WHEN turns_denied > 0 THEN 'turn_denied'
+            WHEN turns_substituted > 0 THEN 'turn_substituted'
+            WHEN denied > 0 THEN 'had_denials'
+            ELSE 'clean' END AS outcome
+FROM counted
+ORDER BY last_time DESC, run_id
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+
 def _query(
     name: str, description: str, sql: str, params: Mapping[str, Param], *, scope: QueryScope
 ) -> tuple[str, NamedQuery]:
@@ -1542,6 +1639,41 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="admin",
+        ),
+        # -- runs (the dashboard's Run page)
+        _query(
+            "run_events",
+            "Every event of one agent run in order (time, producer, seq): its turn decisions (turn, turn_decision, "
+            "decided_by, message: the reason, message_count), its calls' approvals (approved_by, note) and outcomes "
+            "with their decision trails and redacted args, and the events of agents nested under its calls that "
+            "run under a run id of their own (their parent_call_id is a call of this run, at any depth). No rows "
+            "without run_id.",
+            _RUN_EVENTS,
+            {
+                "run_id": Param("str", "The run's id (no rows without it)."),
+                "tenant": TENANT,
+                **PAGE,
+            },
+            scope="tenant",
+        ),
+        _query(
+            "runs",
+            "Agent runs with an event in [since, until), newest last event first: tenant, principal, thread_id, "
+            "gate, agents, started_at, last_time, events, turns, calls, allowed, denied, substituted, blocked, "
+            "approvals_asked (over all the run's events) and outcome: blocked (a call was blocked, which stops "
+            "the run), turn_denied (a before-turn interceptor denied or failed), turn_substituted, had_denials "
+            "(calls were denied, the run went on) or clean.",
+            _RUNS,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "run_id": Param("str", "Only runs whose id starts with this text."),
+                "principal": _BLOCKED_PARAMS["principal"],
+                "thread_id": Param("str", "Only runs of this conversation thread."),
+                "tenant": TENANT,
+                **PAGE,
+            },
+            scope="tenant",
         ),
     ]
 )
