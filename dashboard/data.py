@@ -33,8 +33,11 @@ __all__ = [
     "IMPACT_COLUMNS",
     "METRICS",
     "PROOF_STEPS",
+    "RUN_COLUMNS",
+    "RUN_OUTCOMES",
     "SHADOW_CALL_COLUMNS",
     "SIGNED_COLUMNS",
+    "STORY_COLUMNS",
     "TOP_DENIED",
     "WINDOWS",
     "BlockedFilters",
@@ -46,6 +49,9 @@ __all__ = [
     "Pipeline",
     "ProofView",
     "Query",
+    "RunFilters",
+    "RunStory",
+    "RunsPage",
     "ShadowCalls",
     "Signatures",
     "Trends",
@@ -60,10 +66,13 @@ __all__ = [
     "load_overview",
     "load_pipeline",
     "load_proof",
+    "load_run",
+    "load_runs",
     "load_shadow_calls",
     "load_trends",
     "replay_command",
     "store_is_empty",
+    "trail_text",
 ]
 
 Query = Callable[[str, Mapping[str, Any]], list[dict[str, Any]]]
@@ -366,6 +375,291 @@ def load_call(query: Query, call_id: str) -> CallDetail:
         )
         start += duration
     return CallDetail(call_id, events, trail)
+
+
+# -- Runs ---------------------------------------------------------------------------------------
+
+RUN_COLUMNS: Final = (
+    "last_time",
+    "run_id",
+    "outcome",
+    "tenant",
+    "principal",
+    "thread_id",
+    "agents",
+    "turns",
+    "calls",
+    "allowed",
+    "denied",
+    "substituted",
+    "blocked",
+    "approvals_asked",
+    "events",
+    "started_at",
+    "gate",
+)
+"""The run search table's columns (`runs` rows), in order."""
+
+STORY_COLUMNS: Final = (
+    "time",
+    "step",
+    "decision",
+    "decided_by",
+    "detail",
+    "trail",
+    "agent",
+    "call_id",
+    "run_id",
+)
+"""The Run page's story table: one row per turn, call, approval or unmediated use, in order."""
+
+RUN_OUTCOMES: Final[dict[str, str]] = {
+    "blocked": "Blocked: a call was blocked, which stopped the run",
+    "turn_denied": "Stopped: a before-turn interceptor denied (or failed on) a model turn",
+    "turn_substituted": "Ended: a before-turn interceptor gave the final output in place of the model",
+    "had_denials": "Ran on after denied calls: no block and no denied turn recorded",
+    "clean": "Every call allowed: no block and no denied turn recorded",
+    "empty": "No event of this run is stored",
+}
+"""What each run outcome (the `runs` query's `outcome`) means, in the dashboard's own words."""
+
+_CALL_OUTCOMES: Final = ("ToolUse", "ToolDenied", "Substitute", "Blocked")
+_MAX_DEPTH: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilters:
+    """The run search: a run id prefix, a principal, a thread, a tenant; empty text means no filter."""
+
+    run_id: str | None = None
+    principal: str | None = None
+    thread_id: str | None = None
+    tenant: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The filters as `runs` parameters (blank ones left out)."""
+        values = {
+            "run_id": self.run_id,
+            "principal": self.principal,
+            "thread_id": self.thread_id,
+            "tenant": self.tenant,
+        }
+        return {key: value.strip() for key, value in values.items() if value is not None and value.strip()}
+
+
+@dataclass(frozen=True, slots=True)
+class RunsPage:
+    """One page of runs, newest last event first; `more` says whether a next page has any."""
+
+    rows: list[dict[str, Any]]
+    page: int
+    page_size: int
+    more: bool
+
+
+def load_runs(query: Query, window: Window, filters: RunFilters, *, page: int = 1, page_size: int = 100) -> RunsPage:
+    """Page `page` (from 1) of the runs with an event in the window that the filters match. One
+    query (a row more than the page, to know whether another page follows)."""
+    if not 1 <= page_size < MAX_LIMIT:
+        raise ValueError(f"page_size must be from 1 to {MAX_LIMIT - 1}, got {page_size}")
+    if page < 1:
+        raise ValueError(f"page must be 1 or more, got {page}")
+    params = {**window.params(), **filters.params(), "limit": page_size + 1, "offset": (page - 1) * page_size}
+    rows = query("runs", params)
+    return RunsPage(rows[:page_size], page, page_size, more=len(rows) > page_size)
+
+
+@dataclass(frozen=True, slots=True)
+class RunStory:
+    """One run told in order: its events (`run_events` rows), the story rows (`STORY_COLUMNS` and
+    `depth`: 0 for the run's own turns and calls, one more under each enclosing call), and the final
+    outcome (a `RUN_OUTCOMES` key) with the event that decided it, if any."""
+
+    run_id: str
+    events: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    outcome: str
+    deciding: dict[str, Any] | None
+
+    @property
+    def who(self) -> dict[str, Any]:
+        """Tenant, principal, thread and gate of the run (from its first event that names them)."""
+        own = [e for e in self.events if e.get("run_id") == self.run_id] or self.events
+        return {
+            key: next((e[key] for e in own if e.get(key) is not None), None)
+            for key in ("tenant", "principal", "thread_id", "gate")
+        }
+
+    @property
+    def nested_runs(self) -> list[str]:
+        """Run ids of agents nested under this run's calls that ran under a run id of their own."""
+        return sorted({str(e["run_id"]) for e in self.events if e.get("run_id") and e["run_id"] != self.run_id})
+
+    def count(self, kind: str) -> int:
+        """How many story rows are of `kind` (turn, call, approval asked, approval, unmediated)."""
+        return sum(1 for step in self.steps if step["kind"] == kind)
+
+
+def trail_text(decisions: Any) -> str:
+    """A decision trail as one line: `interceptor: kind` per step, in order, shadow steps marked."""
+    if not isinstance(decisions, list):
+        return ""
+    parts = []
+    for step in decisions:
+        if not isinstance(step, dict):
+            continue
+        shadow = " (shadow)" if step.get("enforced") is False else ""
+        parts.append(f"{step.get('interceptor')}: {step.get('kind')}{shadow}")
+    return " -> ".join(parts)
+
+
+def _call_decision(event: Mapping[str, Any] | None) -> str:
+    if event is None:
+        return "no outcome stored"
+    kind = {"ToolUse": "allowed", "ToolDenied": "denied", "Substitute": "substituted", "Blocked": "blocked"}
+    text = kind.get(str(event["type"]), str(event["type"]))
+    return f"{text} ({event['outcome']})" if event.get("outcome") else text
+
+
+def load_run(query: Query, run_id: str, tenant: str | None = None) -> RunStory:
+    """Run `run_id`'s story from its `run_events` rows (paged; nested runs included), `tenant` bound
+    when given.
+
+    The story is a tree: each call sits under the call its events name as `parent_call_id` (when
+    that call is part of the story), and so do the turn decisions of a nested agent; approvals and
+    unmediated uses sit under their call. Siblings are in time order, a call placed at its earliest
+    event or its nested ones' (an enclosing call's outcome is stored after everything it made).
+    The outcome: a block (the first), else a denied or failed turn, else a substituted turn, else
+    had_denials or clean."""
+    params: dict[str, Any] = {"run_id": run_id, **_tenant(tenant)}
+    events = fetch_all(query, "run_events", params)
+    if not events:
+        return RunStory(run_id, [], [], "empty", None)
+    calls: dict[str, dict[str, Any]] = {}
+    for order, event in enumerate(events):
+        call_id = event.get("call_id")
+        if call_id is None:
+            continue
+        entry = calls.setdefault(str(call_id), {"events": [], "order": order, "parent": None})
+        entry["events"].append(event)
+        entry["parent"] = entry["parent"] or event.get("parent_call_id")
+
+    # Items: ("call", call_id) or ("event", index); children by the item they sit under.
+    children: dict[str | None, list[tuple[str, Any]]] = {}
+    for call_id, entry in calls.items():
+        parent = entry["parent"] if entry["parent"] in calls and entry["parent"] != call_id else None
+        children.setdefault(parent, []).append(("call", call_id))
+    for index, event in enumerate(events):
+        if event["type"] in ("ToolsRegistered", "Checkpoint"):
+            continue
+        call_id = event.get("call_id")
+        if call_id is not None and event["type"] not in _CALL_OUTCOMES:
+            children.setdefault(str(call_id), []).append(("event", index))
+        elif call_id is None:
+            parent = event.get("parent_call_id")
+            children.setdefault(str(parent) if parent in calls else None, []).append(("event", index))
+
+    starts: dict[str, tuple[str, int]] = {}
+
+    def start(item: tuple[str, Any], depth: int = 0) -> tuple[str, int]:
+        kind, key = item
+        if kind == "event":
+            return (str(events[key]["time"]), key)
+        if key in starts:
+            return starts[key]
+        own = min((str(e["time"]), calls[key]["order"]) for e in calls[key]["events"])
+        nested = [start(child, depth + 1) for child in children.get(key, [])] if depth < _MAX_DEPTH else []
+        starts[key] = min([own, *nested])
+        return starts[key]
+
+    steps: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def emit(parent: str | None, depth: int) -> None:
+        for kind, key in sorted(children.get(parent, []), key=start):
+            if kind == "event":
+                steps.append(_event_step(events[key], depth))
+                continue
+            if key in seen or depth > _MAX_DEPTH:
+                continue
+            seen.add(key)
+            own = calls[key]["events"]
+            outcome = next((e for e in own if e["type"] in _CALL_OUTCOMES), None)
+            head = outcome or own[0]
+            steps.append(
+                {
+                    "kind": "call",
+                    "depth": depth,
+                    "time": start(("call", key))[0],
+                    "step": f"{head.get('tool')}",
+                    "decision": _call_decision(outcome),
+                    "decided_by": head.get("decided_by"),
+                    "detail": head.get("message"),
+                    "trail": trail_text(head.get("decisions")),
+                    "agent": head.get("agent"),
+                    "call_id": key,
+                    "run_id": head.get("run_id"),
+                    "event_id": head.get("event_id"),
+                }
+            )
+            emit(key, depth + 1)
+
+    emit(None, 0)
+    for number, step in enumerate(steps, start=1):
+        step["number"] = number
+    outcome, deciding = _run_outcome(events)
+    return RunStory(run_id, events, steps, outcome, deciding)
+
+
+def _event_step(event: Mapping[str, Any], depth: int) -> dict[str, Any]:
+    kind = str(event["type"])
+    step: dict[str, Any] = {
+        "depth": depth,
+        "time": event["time"],
+        "decided_by": event.get("decided_by"),
+        "detail": event.get("message"),
+        "trail": trail_text(event.get("decisions")),
+        "agent": event.get("agent"),
+        "call_id": event.get("call_id"),
+        "run_id": event.get("run_id"),
+        "event_id": event.get("event_id"),
+    }
+    if kind == "TurnDecision":
+        count = event.get("message_count")
+        step.update(
+            kind="turn", step=f"turn {event.get('turn')} ({count} messages)", decision=event.get("turn_decision")
+        )
+    elif kind == "ApprovalRequested":
+        step.update(kind="approval asked", step="approval asked", decision="asked")
+    elif kind == "ApprovalResolved":
+        by = event.get("approved_by")
+        step.update(
+            kind="approval",
+            step="approval",
+            decision=str(event.get("outcome") or "answered"),
+            decided_by=f"by {by}" if by else "no answer",
+            detail=event.get("note") or event.get("message"),
+        )
+    elif kind == "Unmediated":
+        step.update(kind="unmediated", step="unmediated use", decision="unmediated")
+    else:
+        step.update(kind=kind, step=kind, decision=None)
+    return step
+
+
+def _run_outcome(events: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
+    blocked = next((e for e in events if e["type"] == "Blocked"), None)
+    if blocked is not None:
+        return "blocked", blocked
+    turns = [e for e in events if e["type"] == "TurnDecision"]
+    stopped = next((e for e in turns if e.get("turn_decision") in ("deny", "error")), None)
+    if stopped is not None:
+        return "turn_denied", stopped
+    substituted = next((e for e in turns if e.get("turn_decision") == "substitute"), None)
+    if substituted is not None:
+        return "turn_substituted", substituted
+    denied = next((e for e in events if e["type"] == "ToolDenied"), None)
+    return ("had_denials", denied) if denied is not None else ("clean", None)
 
 
 # -- Trends -------------------------------------------------------------------------------------

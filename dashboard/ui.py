@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -30,6 +30,7 @@ __all__ = [
     "config",
     "coverage_report",
     "filters_tenant",
+    "from_url",
     "problems",
     "proof",
     "query",
@@ -37,8 +38,11 @@ __all__ = [
     "ready",
     "run_every",
     "table",
+    "to_url",
     "trusted_keys",
     "window",
+    "window_code",
+    "window_label",
 ]
 
 
@@ -156,6 +160,44 @@ def filters_tenant() -> str | None:
 def run_every() -> float | None:
     """How often live parts rerun: the refresh period, or never when Live is switched off."""
     return config().refresh_s if st.session_state.get("live", True) else None
+
+
+# -- the URL: what a shared link restores ---------------------------------------------------------
+
+
+def from_url(key: str, param: str | None = None, *, parse: Callable[[str], Any] = str) -> None:
+    """Seed widget `key` from the URL's query parameter `param` (default: the key), once: only while
+    the widget has no state of its own in this session, so a link opened restores what its sender
+    saw and what the user changes afterwards wins. A value `parse` refuses (`ValueError`) is ignored."""
+    name = param or key
+    if key in st.session_state or name not in st.query_params:
+        return
+    with contextlib.suppress(ValueError):
+        st.session_state[key] = parse(st.query_params[name])
+
+
+def to_url(param: str, value: Any, default: Any = None) -> None:
+    """Keep `value` in the URL as `param` (left out when it is the default or blank), so the
+    address bar is always a link to what the page shows."""
+    text = "" if value is None else str(value).strip()
+    if value == default or not text:
+        if param in st.query_params:
+            del st.query_params[param]
+    elif st.query_params.get(param) != text:
+        st.query_params[param] = text
+
+
+def window_code(label: str) -> str:
+    """The URL form of a window (`15m`, `1h`, `24h`, `7d`, `all`)."""
+    return Window.named(label).duration() or "all"
+
+
+def window_label(code: str) -> str:
+    """The window a URL's `window` names; `ValueError` for one that is not offered."""
+    for label in WINDOWS:
+        if window_code(label) == code:
+            return label
+    raise ValueError(f"unknown window {code!r}")
 
 
 # -- states and errors --------------------------------------------------------------------------

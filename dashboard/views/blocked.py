@@ -72,9 +72,15 @@ def live() -> None:
         target = selected or choice
         if selected:
             st.text(f"Selected call: {selected}")
-        if st.button("Open call detail", disabled=target is None):
+        runs = {row["call_id"]: row.get("run_id") for row in result.rows if row.get("call_id")}
+        run_of_target = runs.get(target) if target is not None else None
+        buttons = st.columns([1, 1, 4])
+        if buttons[0].button("Open call detail", disabled=target is None):
             st.session_state["open_call_id"] = target
             st.switch_page("views/call.py")
+        if buttons[1].button("Open its run", disabled=not run_of_target, key="blocked_open_run"):
+            st.session_state["open_run_id"] = run_of_target
+            st.switch_page("views/run.py")
 
 
 live()

@@ -46,6 +46,10 @@ def show(detail_call_id: str) -> None:
         ["type", "outcome", "decided_by", "tool", "agent", "workflow", "gate", "tenant", "principal", "time"],
         key="call_outcome",
     )
+    run_of_call = head.get("run_id")
+    if run_of_call and st.button("Open its run", key="call_open_run", help="The whole run this call was made in."):
+        st.session_state["open_run_id"] = str(run_of_call)
+        st.switch_page("views/run.py")
     if head.get("message"):
         st.caption("Message the model got, or the block reason (as stored, shown as text)")
         st.code(head["message"], language=None, wrap_lines=True)

@@ -379,3 +379,106 @@ def signed_store(tmp_path_factory: pytest.TempPathFactory) -> SignedStore:
         wrong_keys=base / "wrong",
         unsigned_producer=plain[0].producer_id,
     )
+
+
+# -- agent runs: the Run page's store --------------------------------------------------------------
+
+DESK_RUN = RunContext(tenant="acme", principal="u-1", thread_id="t-1", run_id="run-desk")
+HELPER_RUN = "run-helper"
+GLOBEX_RUN = RunContext(tenant="globex", principal="u-2", thread_id="t-2", run_id="run-globex")
+
+
+class DeskRules:
+    """Orders of other tenants are denied, refunds over 1.00 need a person, SQL is blocked."""
+
+    name = "desk-rules"
+
+    def before_tool_call(self, call: ToolCall) -> Any:
+        order = call.args.get("order_id")
+        if order is not None and not order.startswith((call.run.tenant or "").upper() + "-"):
+            return Deny(f"Order {order} does not belong to tenant {call.run.tenant}.")
+        if call.tool_name == "refund" and call.args["amount_cents"] > 100:
+            return RequireApproval("refund over 1.00")
+        if call.tool_name == "run_sql":
+            return Block("SQL is never run from chat")
+        return None
+
+
+class TurnGuard:
+    name = "turn-guard"
+
+    def before_turn(self, messages: list[Any]) -> None:
+        return None
+
+
+async def lead(request: ApprovalRequest) -> Approval:
+    return Approval(approved=True, by="lead", note="known customer")
+
+
+def agent_run_events() -> list[EventBase]:
+    """The desk's run (run-desk): an order and an approved refund; the research agent used as a tool
+    (same run, nested under its call); the helper agent started by a tool in a run of its own
+    (run-helper, nested under that call), denied an order; blocked SQL, which stops the run. And
+    globex's run (run-globex): one denied order."""
+    from interceptor_core import Agent, ModelTurn, ScriptedModel, ToolCallRequest, ToolContext
+
+    def ask(name: str, **args: Any) -> ToolCallRequest:
+        return ToolCallRequest(f"m-{name}", name, args)
+
+    sink = MemorySink()
+    gate = Gate("shop", interceptors=[DeskRules()], sinks=[sink], approval_handler=lead)
+    research = Agent(
+        gate.agent("research", tools=[get_order]),
+        ScriptedModel([ModelTurn(tool_calls=[ask("get_order", order_id="ACME-2")]), ModelTurn("found")]),
+        before_turn=[TurnGuard()],
+    )
+    helper = Agent(
+        gate.agent("helper", tools=[get_order]),
+        ScriptedModel([ModelTurn(tool_calls=[ask("get_order", order_id="GLOBEX-3")]), ModelTurn("no")]),
+        before_turn=[TurnGuard()],
+    )
+
+    @tool
+    async def delegate(task: str, ctx: ToolContext) -> str:
+        """Hands a task to the helper agent, in a run of its own."""
+        nested = RunContext(tenant=ctx.run.tenant, principal=ctx.run.principal, run_id=HELPER_RUN)
+        return (await helper.run(task, run=nested)).output or ""
+
+    ask_research = research.as_tool("ask_research", "Asks the research agent.")
+    desk = Agent(
+        gate.agent("desk", tools=[get_order, refund, run_sql, ask_research, delegate]),
+        ScriptedModel(
+            [
+                ModelTurn(tool_calls=[ask("get_order", order_id="ACME-1")]),
+                ModelTurn(tool_calls=[ask("refund", order_id="ACME-1", amount_cents=500)]),
+                ModelTurn(tool_calls=[ask("ask_research", prompt="look up ACME-2")]),
+                ModelTurn(tool_calls=[ask("delegate", task="check GLOBEX-3")]),
+                ModelTurn(tool_calls=[ask("run_sql", query="DROP TABLE orders")]),
+                ModelTurn("never reached"),
+            ]
+        ),
+        before_turn=[TurnGuard()],
+    )
+    other = Agent(
+        gate.agent("desk-globex", tools=[get_order]),
+        ScriptedModel([ModelTurn(tool_calls=[ask("get_order", order_id="ACME-9")]), ModelTurn("sorry")]),
+    )
+
+    async def day() -> None:
+        with pytest.raises(ToolBlockedError):
+            await desk.run("refund my order", run=DESK_RUN)
+        await other.run("where is ACME-9?", run=GLOBEX_RUN)
+
+    asyncio.run(day())
+    return list(sink.events)
+
+
+@pytest.fixture(scope="session")
+def run_store(tmp_path_factory: pytest.TempPathFactory) -> SeededStore:
+    """The agent runs, stored once per session (closed: readers may open it)."""
+    path = tmp_path_factory.mktemp("dashboard-runs") / "audit.duckdb"
+    events = agent_run_events()
+    batch = [RawRecord(TOPIC, 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(events)]
+    with AuditStore(path) as store:
+        store.ingest(batch, {(TOPIC, 0): len(batch)})
+    return SeededStore(path, events)

@@ -229,6 +229,80 @@ class TestCallDetail:
         assert seeded_store.trace_ids[1] in all_text(hostile)
 
 
+class TestRun:
+    @pytest.fixture
+    def runs_env(self, run_store: Any) -> dict[str, str]:
+        return {"CALLGATE_DB": str(run_store.path)}
+
+    def test_the_story_in_order_with_nested_agents_indented(
+        self, runs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A run's story lists its turns and calls in order, the research and helper agents' turns and
+        calls indented under the call that ran them, the approval with who decided, and the block last."""
+        at = open_app(runs_env, monkeypatch, "run", run_id="run-desk")
+        (story,) = [c.value for c in at.code if "ask_research" in c.value]
+        lines = story.splitlines()
+        assert lines[0] == "turn 1 (1 messages): allow"
+        assert "approval: approved [by lead]" in [line.strip() for line in lines]
+        at_research = lines.index("ask_research: allowed (ok)")
+        assert lines[at_research + 1].startswith("    turn 1")
+        assert lines[at_research + 2] == "    get_order: allowed (ok)"
+        at_delegate = lines.index("delegate: allowed (ok)")
+        assert lines[at_delegate + 2] == "    get_order: denied (deny) [desk-rules]"
+        assert lines[-1] == "run_sql: blocked (block) [desk-rules]"
+        assert any("a call was blocked" in e.value for e in at.error)
+        assert metrics(at) == {
+            "Turns": "9",
+            "Calls": "7",
+            "Approvals": "1",
+            "Nested runs": "1",
+            "Events": metrics(at)["Events"],
+        }
+        assert "run-helper" in all_text(at)
+
+    def test_events_equal_the_store(
+        self, run_store: Any, runs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The Events figure is the store's count of the run's events and its nested run's."""
+        at = open_app(runs_env, monkeypatch, "run", run_id="run-desk")
+        expected = run_store.scalar("select count(*) from events where run_id in ('run-desk', 'run-helper')")
+        assert metrics(at)["Events"] == str(expected)
+
+    def test_search_by_principal_and_open(self, runs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """The search lists every run of the window; a principal narrows it to that principal's runs."""
+        at = open_app(runs_env, monkeypatch, "run")
+        (table,) = [df.value for df in at.dataframe]
+        assert set(table["run_id"]) == {"run-desk", "run-helper", "run-globex"}
+        at.text_input(key="r_principal").input("u-2").run()
+        (table,) = [df.value for df in at.dataframe]
+        assert list(table["run_id"]) == ["run-globex"]
+        assert list(table["outcome"]) == ["had_denials"]
+
+    def test_reached_from_a_call(
+        self, run_store: Any, runs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The Call detail page's "Open its run" opens the run the call was made in."""
+        call_id = next(e.call_id for e in run_store.events if getattr(e, "tool", None) == "run_sql")
+        at = open_app(runs_env, monkeypatch, "call", call_id=call_id)
+        next(b for b in at.button if b.label == "Open its run").click().run()
+        assert at.text_input(key="run_id").value == "run-desk"
+        assert any("a call was blocked" in e.value for e in at.error)
+
+    def test_a_blocked_attempt_opens_its_run(self, runs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """A blocked attempt picked on its page opens its run."""
+        at = open_app(runs_env, monkeypatch, "blocked")
+        (table,) = [df.value for df in at.dataframe]
+        call_id = table[table["tool"] == "run_sql"]["call_id"].iloc[0]
+        at.selectbox(key="blocked_call").set_value(call_id).run()
+        next(b for b in at.button if b.label == "Open its run").click().run()
+        assert at.text_input(key="run_id").value == "run-desk"
+
+    def test_unknown_run(self, runs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """A run id nothing carries says so."""
+        at = open_app(runs_env, monkeypatch, "run", run_id="run-nope")
+        assert any("No stored event has this run id" in w.value for w in at.warning)
+
+
 class TestTrends:
     def test_rates_and_new_reasons(self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
         """Per-tool totals are the store's calls and denials; the hostile reason is listed as text."""
@@ -525,13 +599,13 @@ class TestPolicyImpact:
 
 
 class TestStates:
-    @pytest.mark.parametrize("page", ["overview", "blocked", "trends", "impact", "coverage"])
+    @pytest.mark.parametrize("page", ["overview", "blocked", "run", "trends", "impact", "coverage"])
     def test_empty_store_says_so(self, empty_store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> None:
         """A store without events shows a message on every page, no traceback."""
         at = open_app({"CALLGATE_DB": str(empty_store)}, monkeypatch, page)
         assert any("holds no events yet" in i.value for i in at.info)
 
-    @pytest.mark.parametrize("page", ["overview", "blocked", "call", "trends", "impact", "coverage", "pipeline"])
+    @pytest.mark.parametrize("page", ["overview", "blocked", "call", "run", "trends", "impact", "coverage", "pipeline"])
     def test_api_down_says_so(self, monkeypatch: pytest.MonkeyPatch, page: str) -> None:
         """A read API nobody serves shows that the store cannot be read, naming the URL, no traceback."""
         url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
