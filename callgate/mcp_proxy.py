@@ -35,6 +35,10 @@ STARTUP_TIMEOUT_S = 30.0
 MIN_TOKEN_CHARS = 16
 """The shortest bearer token a tokens file may hold (a guessable token is no authentication)."""
 
+STDIO_GRACE_S = 30.0
+"""Over stdio, how long requests in flight at SIGINT/SIGTERM (or the end of stdin) have to finish
+before they are cancelled; a second signal cancels them at once."""
+
 
 class ProxyConfigError(Exception):
     """The command line cannot be turned into a running proxy; the message says why."""
@@ -242,12 +246,16 @@ async def run_proxy(
     principal: str = DEFAULT_PRINCIPAL,
     tokens: TokenTable | None = None,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    grace_s: float = STDIO_GRACE_S,
 ) -> int:
     """Start `upstream` (a command and its arguments, speaking MCP on stdio), register its tools
     in `gate.agent(agent)` and serve them through the gate until the client side closes (stdio)
-    or SIGINT/SIGTERM (either mode). Calls are made for `tenant` and `principal` (one `RunContext`
-    for the life of the process, also on the scope's `ToolsRegistered` events), or, over HTTP
-    with `tokens`, for the client whose bearer token the request carries.
+    or SIGINT/SIGTERM (either mode). Stopping is graceful in both modes: no new request is taken,
+    requests in flight finish and are answered (over stdio for up to `grace_s` seconds, then they
+    are cancelled; a second signal cancels them at once), then the upstream is stopped. Calls are
+    made for `tenant` and `principal` (one `RunContext` for the life of the process, also on the
+    scope's `ToolsRegistered` events), or, over HTTP with `tokens`, for the client whose bearer
+    token the request carries.
 
     `ProxyConfigError` (nothing served, the upstream stopped) for: an HTTP address that does not
     parse, cannot be bound or is not loopback while there are no `tokens`; an upstream command
@@ -272,7 +280,7 @@ async def run_proxy(
                 )
         try:
             identity = RunContext(tenant=tenant, principal=principal)
-            return await _serve(gate, upstream, http, sock, agent, prefix, identity, tokens, startup_timeout_s)
+            return await _serve(gate, upstream, http, sock, agent, prefix, identity, tokens, startup_timeout_s, grace_s)
         finally:
             if sock is not None:
                 sock.close()
@@ -309,6 +317,7 @@ async def _serve(
     run: RunContext,
     tokens: TokenTable | None,
     startup_timeout_s: float,
+    grace_s: float,
 ) -> int:
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
@@ -332,14 +341,24 @@ async def _serve(
         return client.run if isinstance(client, ProxyClient) else run
 
     async def stop_on_signals() -> None:
-        # SIGINT or SIGTERM end the proxy the way a closed stdin ends a stdio one: requests in
-        # flight finish, the upstream is shut down and the gate's sinks are flushed before exit 0.
+        # SIGINT or SIGTERM end the proxy the way a closed stdin ends a stdio one: no new request
+        # is read, requests in flight finish (over stdio within `grace_s`), the upstream is shut
+        # down and the gate's sinks are flushed before exit 0. A second signal cancels what runs.
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
-                stop.set()
-                if not started.is_set():
+                if stop.is_set() or not started.is_set():
                     tasks.cancel_scope.cancel()
-                return
+                    return
+                stop.set()
+
+    def draining(count: int) -> None:
+        plural = "request" if count == 1 else "requests"
+        print(
+            f"callgate mcp-proxy: stopping; {count} {plural} in flight get up to {grace_s:g} s to finish "
+            "(a second signal cancels them)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async def follow_upstream(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # An upstream that goes away ends the proxy as a signal does (requests in flight finish,
@@ -379,7 +398,7 @@ async def _serve(
                             *http, stop=stop, sock=sock, authenticate=tokens.client if tokens else None
                         )
                     else:
-                        await proxy.serve_stdio(stop=stop)
+                        await proxy.serve_stdio(stop=stop, grace_s=grace_s, draining=draining)
                     serving.cancel_scope.cancel()
             tasks.cancel_scope.cancel()
     except Exception as exc:

@@ -44,7 +44,7 @@ from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from interceptor_core.context import RunContext, ToolContext
@@ -69,6 +69,12 @@ MAX_ARGS_BYTES = 1_048_576
 
 MAX_LINE_BYTES = 4 * 1_048_576
 """The longest JSON-RPC message line `McpProxy.serve_stdio` reads by default."""
+
+STDIO_GRACE_S = 30.0
+"""How long `McpProxy.serve_stdio`, once stopped, lets requests in flight finish by default."""
+
+_TEARDOWN_S = 5.0
+"""Past the grace, how long the server has to answer what it cancelled and return."""
 
 _SHOWN_NAME_CHARS = 64
 """How much of a refused tool name the audit keeps."""
@@ -486,24 +492,46 @@ class McpProxy:
         definition = self.toolset.definition(params.name)
         return result_from_gate(result, definition.output_schema if definition is not None else None)
 
-    async def serve_stdio(self, *, stop: anyio.Event | None = None, max_line_bytes: int = MAX_LINE_BYTES) -> None:
-        """Serve one MCP client on this process's stdin/stdout until stdin closes or `stop` is set
-        (then it returns at once: a blocked read of stdin does not hold it). While serving, fd 0
-        reads the null device and fd 1 writes to stderr, so stray output misses the wire.
+    async def serve_stdio(
+        self,
+        *,
+        stop: anyio.Event | None = None,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        grace_s: float = STDIO_GRACE_S,
+        draining: Callable[[int], object] | None = None,
+    ) -> None:
+        """Serve one MCP client on this process's stdin/stdout until stdin closes or `stop` is set.
+        While serving, fd 0 reads the null device and fd 1 writes to stderr, so stray output misses
+        the wire.
+
+        Stopping (`stop` set, or end of stdin) is graceful, as `serve_http`'s is: no line is read
+        after it (a blocked read of stdin does not hold it up), the requests in flight run to their
+        end and their responses are written, for up to `grace_s` seconds; a request still running
+        then is cancelled (its outcome is recorded as cancelled). `draining(n)` is
+        called once, when serving stops with `n` > 0 requests in flight. A `subscriptions/listen`
+        stream is not waited for (it never ends of its own accord).
 
         Unlike the MCP SDK's stdio transport, which drops such lines unanswered, every line that is
         not a JSON-RPC message gets an error response: -32700 (parse error, id null) for text that
         is not JSON, -32600 (invalid request) for JSON that is not a message, for JSON nested deeper
         than the parser's limit (with the request's id when it can be read) and for a line longer
         than `max_line_bytes` (its content is skipped, never buffered whole)."""
-        async with _stdio_transport(max_line_bytes) as (read, write), anyio.create_task_group() as tasks:
+        if grace_s < 0:
+            raise ConfigurationError(f"grace_s must not be negative, got {grace_s}")
+        async with (
+            _stdio_transport(max_line_bytes, stop, grace_s, draining) as (read, write),
+            anyio.create_task_group() as tasks,
+        ):
             if stop is not None:
 
-                async def stop_when_asked() -> None:
+                async def give_up_after_grace(stop: anyio.Event) -> None:
+                    # The transport ends the read side once the requests in flight are answered
+                    # (or the grace is over), and the server then returns; this bounds its teardown.
                     await stop.wait()
+                    await anyio.sleep(grace_s + _TEARDOWN_S)
                     tasks.cancel_scope.cancel()
 
-                tasks.start_soon(stop_when_asked)
+                tasks.start_soon(give_up_after_grace, stop)
             await self.server.run(read, write, self._init_options())
             tasks.cancel_scope.cancel()
 
@@ -605,6 +633,31 @@ class _BearerAuth:
 
 _EOF = object()
 _TOO_LONG = object()
+_STOP = object()
+
+_LONG_LIVED = frozenset({"subscriptions/listen"})
+"""Requests that stay open for the life of the connection: stopping does not wait for them."""
+
+
+class _Unanswered:
+    """The requests of one stdio connection that wait for their response (ids as the client sent
+    them). Used from the transport's tasks on one event loop."""
+
+    __slots__ = ("_changed", "ids")
+
+    def __init__(self) -> None:
+        self.ids: set[Any] = set()
+        self._changed = anyio.Event()
+
+    def settle(self, request_id: Any) -> None:
+        self.ids.discard(request_id)
+        self._changed.set()
+
+    async def wait_all(self) -> None:
+        """Return once no request waits for its response."""
+        while self.ids:
+            changed = self._changed = anyio.Event()
+            await changed.wait()
 
 
 def _error_line(code: int, message: str, request_id: Any = None) -> SessionMessage:
@@ -654,11 +707,30 @@ def _read_lines(fd: int, max_line_bytes: int, deliver: Callable[[object], bool])
                 return
 
 
+def _settled_by(unanswered: _Unanswered, request_id: Any) -> ServerMessageMetadata:
+    """Metadata that takes a request off `unanswered` when the server settles it without a
+    response (the client cancelled it)."""
+
+    async def settled() -> None:
+        unanswered.settle(request_id)
+
+    return ServerMessageMetadata(on_request_unanswered=settled)
+
+
 @contextlib.asynccontextmanager
-async def _stdio_transport(max_line_bytes: int) -> AsyncIterator[tuple[Any, Any]]:
+async def _stdio_transport(
+    max_line_bytes: int,
+    stop: anyio.Event | None,
+    grace_s: float,
+    draining: Callable[[int], object] | None,
+) -> AsyncIterator[tuple[Any, Any]]:
     """MCP over fds 0 and 1, read and written by daemon threads of its own: a read blocked on
     stdin never holds up the process's exit (the SDK's transport reads in a worker thread that a
-    stop must wait for). Lines that are not messages are answered here (see `serve_stdio`)."""
+    stop must wait for). Lines that are not messages are answered here (see `serve_stdio`).
+
+    At the end of stdin or when `stop` is set, no further line reaches the server; the read side
+    stays open until every request forwarded has its response written (or `grace_s` is over),
+    because the SDK's dispatcher cancels the handlers in flight when its read side ends."""
     wire_in, wire_out = os.dup(0), os.dup(1)
     quiet = os.open(os.devnull, os.O_RDONLY)
     os.dup2(quiet, 0)
@@ -688,11 +760,13 @@ async def _stdio_transport(max_line_bytes: int) -> AsyncIterator[tuple[Any, Any]
                     break  # the client closed its end; what it would have read is lost with it
         drained.set()
 
+    unanswered = _Unanswered()
+
     async def route_lines() -> None:
         async with read_writer, lines:
             async for item in lines:
-                if item is _EOF:
-                    return
+                if item is _EOF or item is _STOP:
+                    break
                 if not isinstance(item, bytes):  # _TOO_LONG
                     too_long = f"Invalid request: longer than {max_line_bytes} bytes"
                     await write_stream.send(_error_line(types.INVALID_REQUEST, too_long))
@@ -704,13 +778,30 @@ async def _stdio_transport(max_line_bytes: int) -> AsyncIterator[tuple[Any, Any]
                 except pydantic.ValidationError as exc:
                     await write_stream.send(_answer_unreadable(item, exc))
                     continue
-                await read_writer.send(SessionMessage(message))
+                if isinstance(message, types.JSONRPCRequest) and message.method not in _LONG_LIVED:
+                    unanswered.ids.add(message.id)
+                    await read_writer.send(SessionMessage(message, metadata=_settled_by(unanswered, message.id)))
+                else:
+                    await read_writer.send(SessionMessage(message))
+            # Stopped: nothing more is read; the requests in flight finish before the read side ends.
+            if unanswered.ids and draining is not None:
+                draining(len(unanswered.ids))
+            with anyio.move_on_after(grace_s):
+                await unanswered.wait_all()
 
     async def send_lines() -> None:
         async with write_reader:
             async for message in write_reader:
-                text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                sent = message.message
+                text = sent.model_dump_json(by_alias=True, exclude_unset=True)
                 outgoing.put((text + "\n").encode())
+                if isinstance(sent, types.JSONRPCResponse | types.JSONRPCError) and sent.id in unanswered.ids:
+                    unanswered.settle(sent.id)
+
+    async def stop_reading(stop: anyio.Event) -> None:
+        await stop.wait()
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await lines_in.send(_STOP)
 
     threading.Thread(target=_read_lines, args=(wire_in, max_line_bytes, deliver), daemon=True).start()
     threading.Thread(target=write_lines, daemon=True).start()
@@ -718,6 +809,8 @@ async def _stdio_transport(max_line_bytes: int) -> AsyncIterator[tuple[Any, Any]
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(route_lines)
             tasks.start_soon(send_lines)
+            if stop is not None:
+                tasks.start_soon(stop_reading, stop)
             try:
                 yield read_stream, write_stream
             finally:

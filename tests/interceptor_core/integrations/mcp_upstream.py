@@ -8,12 +8,17 @@ makes is a line of lists.log, and the process writes its pid to upstream.pid whe
 With UPSTREAM_FILE_TOOLS=1 it also has the path-carrying tools of the official filesystem server
 (`read_file`, `read_multiple_files`, `move_file`), which resolve paths as it does: relative to the
 root, or absolute.
+
+With UPSTREAM_SLOW_TOOL=1 it also has `slow_write`, which writes slow.started, then waits until
+a writer opens the FIFO $UPSTREAM_ROOT/release.fifo (the test makes it) and writes one line,
+before it writes its file: a call a test holds in flight for as long as it needs.
 """
 
 import os
 from pathlib import Path
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 
 root = Path(os.environ["UPSTREAM_ROOT"])
@@ -87,6 +92,21 @@ if os.environ.get("UPSTREAM_FILE_TOOLS") == "1":
         (root / source).rename(root / destination)
         record(f"move {source} {destination}")
         return f"moved {source} to {destination}"
+
+
+if os.environ.get("UPSTREAM_SLOW_TOOL") == "1":
+
+    def wait_for_release() -> str:
+        with (root / "release.fifo").open() as fifo:  # blocks until the test opens it to write
+            return fifo.readline().strip()
+
+    @server.tool(description="Writes text to a file under the root once the test releases it")
+    async def slow_write(path: str, text: str) -> str:
+        (root / "slow.started").write_text(path)
+        said = await anyio.to_thread.run_sync(wait_for_release)
+        (root / path).write_text(text)
+        record(f"slow_write {path} {said}")
+        return f"wrote {len(text)} chars to {path}"
 
 
 if __name__ == "__main__":

@@ -47,7 +47,9 @@ class StdioProxy:
     """`callgate mcp-proxy` over stdio as a process, spoken to line by line (a raw client can send
     what no SDK client would)."""
 
-    def __init__(self, root: Path, tmp_path: Path, *extra: str, file_tools: bool = False) -> None:
+    def __init__(
+        self, root: Path, tmp_path: Path, *extra: str, file_tools: bool = False, slow_tool: bool = False
+    ) -> None:
         self.root = root
         self.events = tmp_path / "events.jsonl"
         self.stderr_path = tmp_path / "proxy.stderr"
@@ -55,6 +57,7 @@ class StdioProxy:
         env = {
             **(params.env or {}),
             "UPSTREAM_FILE_TOOLS": "1" if file_tools else "0",
+            "UPSTREAM_SLOW_TOOL": "1" if slow_tool else "0",
             "PYTHONPATH": os.pathsep.join([str(HERE), str(tmp_path)]),
         }
         with self.stderr_path.open("wb") as err:
@@ -88,9 +91,21 @@ class StdioProxy:
                 return message
 
     def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return self.answer_to(self.send_request(method, params))
+
+    def send_request(self, method: str, params: dict[str, Any]) -> int:
+        """Send a request without waiting for its answer; its id."""
         self._next_id += 1
         self.send(json.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}).encode())
-        return self.answer_to(self._next_id)
+        return self._next_id
+
+    def wait_for_stderr(self, text: str) -> None:
+        """Return once the proxy's stderr holds `text`; fail at the deadline or if it exits first."""
+        deadline = time.monotonic() + DEADLINE_S
+        while text not in self.stderr_path.read_text():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the proxy's stderr never said {text!r}:\n{self.stderr_path.read_text()}")
+            time.sleep(0.02)  # sleep-ok: polling another process's output, with a deadline
 
     def initialize(self) -> None:
         assert "result" in self.request("initialize", INITIALIZE)
@@ -125,14 +140,38 @@ class StdioProxy:
 def stdio_proxy(root: Path, tmp_path: Path) -> Any:
     proxies: list[StdioProxy] = []
 
-    def start(*extra: str, file_tools: bool = False) -> StdioProxy:
-        proxy = StdioProxy(root, tmp_path, *extra, file_tools=file_tools)
+    def start(*extra: str, file_tools: bool = False, slow_tool: bool = False) -> StdioProxy:
+        proxy = StdioProxy(root, tmp_path, *extra, file_tools=file_tools, slow_tool=slow_tool)
         proxies.append(proxy)
         return proxy
 
     yield start
+    release(root)  # a slow call a failed test left waiting must not hold its upstream forever
     for proxy in proxies:
         proxy.stop()
+
+
+def wait_for_file(path: Path) -> None:
+    """Return once `path` exists; fail at the deadline."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path} did not appear within {DEADLINE_S} s")
+        time.sleep(0.02)  # sleep-ok: polling another process's effect, with a deadline
+
+
+def release(root: Path, line: str = "released") -> bool:
+    """Let the upstream's waiting `slow_write` go on (False when none waits)."""
+    fifo = root / "release.fifo"
+    if not fifo.exists():
+        return False
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO when no reader has it open
+    except OSError:
+        return False
+    with os.fdopen(fd, "w") as writer:
+        writer.write(line + "\n")
+    return True
 
 
 def gone(pid: int) -> bool:
@@ -164,6 +203,79 @@ class TestSignalsOverStdio:
         assert [e.type for e in found if e.type != "ToolsRegistered"] == ["ToolUse", "ToolDenied"]
         assert verify_chain(found).ok
         assert gone(upstream_pid)
+
+
+class TestSignalsWithACallInFlightOverStdio:
+    """A signal stops a stdio proxy as it stops an HTTP one: requests in flight finish first."""
+
+    def start_slow_call(self, stdio_proxy: Any, root: Path) -> tuple[StdioProxy, int]:
+        os.mkfifo(root / "release.fifo")
+        proxy: StdioProxy = stdio_proxy(slow_tool=True)
+        proxy.initialize()
+        request_id = proxy.send_request(
+            "tools/call", {"name": "slow_write", "arguments": {"path": "late.txt", "text": "hi"}}
+        )
+        wait_for_file(root / "slow.started")  # the call has reached the upstream and waits there
+        return proxy, request_id
+
+    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+    def test_the_call_in_flight_is_answered_recorded_and_the_proxy_exits_0(
+        self, stdio_proxy: Any, root: Path, signum: int
+    ) -> None:
+        """A real signal while a tools/call waits in the upstream: the proxy says it is draining,
+        the call (released only then) completes, its response reaches the client, its `ToolUse`
+        is in the events file, the upstream is stopped and the proxy exits 0."""
+        proxy, request_id = self.start_slow_call(stdio_proxy, root)
+        upstream_pid = int((root / "upstream.pid").read_text())
+        proxy.process.send_signal(signum)
+        proxy.wait_for_stderr("1 request in flight get up to 30 s to finish")
+        assert proxy.process.poll() is None
+        assert release(root)
+        answer = proxy.answer_to(request_id)
+        assert answer["result"]["isError"] is False
+        assert answer["result"]["content"][0]["text"] == "wrote 2 chars to late.txt"
+        assert proxy.wait() == 0, proxy.stderr_path.read_text()
+        assert "Traceback" not in proxy.stderr_path.read_text()
+        assert effects(root) == ["slow_write late.txt released"]
+        found = read_jsonl(proxy.events)
+        outcomes = [(e.type, e.tool, e.outcome) for e in found if e.type != "ToolsRegistered"]
+        assert outcomes == [("ToolUse", "slow_write", "ok")]
+        assert verify_chain(found).ok
+        assert gone(upstream_pid)
+
+    def test_no_request_is_read_after_the_signal(self, stdio_proxy: Any, root: Path) -> None:
+        """A request sent while the proxy drains is never read: the upstream never sees it, no
+        event records it, and the only answer on the wire is the call that was in flight."""
+        proxy, request_id = self.start_slow_call(stdio_proxy, root)
+        proxy.process.send_signal(signal.SIGTERM)
+        proxy.wait_for_stderr("in flight get up to")
+        late_id = proxy.send_request("tools/call", {"name": "write_file", "arguments": {"path": "n.txt", "text": "x"}})
+        assert release(root)
+        assert proxy.answer_to(request_id)["result"]["isError"] is False
+        assert proxy.wait() == 0, proxy.stderr_path.read_text()
+        assert proxy.process.stdout is not None
+        rest = [json.loads(line) for line in proxy.process.stdout.read().splitlines()]
+        assert [m for m in rest if m.get("id") == late_id] == []
+        assert effects(root) == ["slow_write late.txt released"]
+        assert not (root / "n.txt").exists()
+        found = read_jsonl(proxy.events)
+        assert [(e.type, e.tool) for e in found if e.type != "ToolsRegistered"] == [("ToolUse", "slow_write")]
+
+    def test_a_second_signal_cancels_the_call_and_still_exits_0(self, stdio_proxy: Any, root: Path) -> None:
+        """A second SIGTERM while draining cancels the call in flight: the proxy exits 0 at once,
+        the call never completes, and it still leaves its one outcome event (a cancelled `ToolUse`)."""
+        proxy, _ = self.start_slow_call(stdio_proxy, root)
+        proxy.process.send_signal(signal.SIGTERM)
+        proxy.wait_for_stderr("in flight get up to")
+        proxy.process.send_signal(signal.SIGTERM)
+        assert proxy.wait() == 0, proxy.stderr_path.read_text()
+        assert "Traceback" not in proxy.stderr_path.read_text()
+        found = read_jsonl(proxy.events)
+        (outcome,) = [e for e in found if e.type != "ToolsRegistered"]
+        assert (outcome.type, outcome.tool, outcome.outcome) == ("ToolUse", "slow_write", "cancelled")
+        assert verify_chain(found).ok
+        release(root)
+        assert effects(root) == []
 
 
 class TestSignalsOverHttp:
