@@ -230,6 +230,16 @@ def broker(
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="CALLGATE_TOKEN",
+        show_envvar=True,
+        help="With --api: the read API's bearer token (default: the CALLGATE_TOKEN environment variable).",
+    ),
+]
+
+
 def _host_port(spec: str) -> tuple[str, int]:
     host, _, port = spec.rpartition(":")
     if not host or not port.isdigit():
@@ -244,10 +254,33 @@ def materialize(
     topic: Annotated[str, typer.Option(help="The events topic.")] = "callgate.events",
     group: Annotated[str, typer.Option(help="The consumer group.")] = "callgate-materializer",
     api: Annotated[
-        str | None, typer.Option(help="Serve the read API on HOST:PORT (loopback unless --allow-remote).")
+        str | None,
+        typer.Option(
+            help="Serve the read API on HOST:PORT (off loopback only with --auth, --jwt-* or --insecure-no-auth)."
+        ),
     ] = None,
-    allow_remote: Annotated[
-        bool, typer.Option(help="Allow a non-loopback --api host (no authentication: private network or proxy).")
+    auth: Annotated[
+        Path | None,
+        typer.Option(help="The read API's token file (callgate token new): bearer tokens, stored as SHA-256 hashes."),
+    ] = None,
+    jwt_jwks: Annotated[
+        str | None,
+        typer.Option(help="Accept OIDC bearer tokens (JWTs) signed by a key of this JWKS file or http(s) URL."),
+    ] = None,
+    jwt_audience: Annotated[str | None, typer.Option(help="With --jwt-jwks: the audience tokens must name.")] = None,
+    jwt_issuer: Annotated[str | None, typer.Option(help="With --jwt-jwks: the issuer tokens must come from.")] = None,
+    jwt_roles_claim: Annotated[
+        str, typer.Option(help="With --jwt-jwks: the claim holding the roles (a dotted path reaches nested ones).")
+    ] = "roles",
+    tls_cert: Annotated[Path | None, typer.Option(help="Serve the read API over HTTPS: the certificate (PEM).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="With --tls-cert: its private key (PEM).")] = None,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(help="Allow a non-loopback --api without authentication (anyone reaching it reads everything)."),
+    ] = False,
+    allow_remote: Annotated[bool, typer.Option(hidden=True, help="Old name of --insecure-no-auth.")] = False,
+    metrics_open: Annotated[
+        bool, typer.Option(help="Serve /metrics without a token (else it needs an admin token when auth is on).")
     ] = False,
     drain: Annotated[bool, typer.Option(help="Read to the end offsets as of the start, commit and exit.")] = False,
     gap_grace: Annotated[
@@ -315,22 +348,43 @@ def materialize(
             typer.echo(f"error: --trusted-keys: {exc}", err=True)
             raise typer.Exit(2) from None
     api_address = _host_port(api) if api else None
-    # Checked before the store is opened or Kafka is reached: a refused bind leaves nothing behind.
+    if allow_remote:
+        typer.echo("warning: --allow-remote is the old name of --insecure-no-auth; use that", err=True)
+        insecure_no_auth = True
+    # Checked before the store is opened or Kafka is reached: a refused start leaves nothing behind.
+    authenticator = _api_authenticator(
+        api=api,
+        auth=auth,
+        jwt_jwks=jwt_jwks,
+        jwt_audience=jwt_audience,
+        jwt_issuer=jwt_issuer,
+        jwt_roles_claim=jwt_roles_claim,
+        insecure_no_auth=insecure_no_auth,
+        metrics_open=metrics_open,
+    )
+    tls = _api_tls(api, tls_cert, tls_key)
     if api_address is not None and not is_loopback(api_address[0]):
         host = api_address[0]
-        if not allow_remote:
+        if authenticator is None and not insecure_no_auth:
             typer.echo(
-                f"error: --api {api} binds {host}, which is not a loopback address, and the read API has no "
-                "authentication. Add --allow-remote to bind it anyway, on a private network or behind an "
-                "authenticating proxy (docs/operating.md).",
+                f"error: --api {api} binds {host}, which is not a loopback address: give --auth FILE or "
+                "--jwt-jwks/--jwt-audience/--jwt-issuer, or --insecure-no-auth to serve it without "
+                "authentication (docs/security.md)",
                 err=True,
             )
             raise typer.Exit(2)
-        typer.echo(
-            f"warning: serving the read API on {host}, reachable from other machines, without authentication; "
-            "keep it on a private network or behind an authenticating proxy (docs/operating.md).",
-            err=True,
-        )
+        if authenticator is None:
+            typer.echo(
+                f"warning: serving the read API on {host}, reachable from other machines, without "
+                "authentication (--insecure-no-auth): anyone who reaches it reads every tenant's events",
+                err=True,
+            )
+        elif tls is None:
+            typer.echo(
+                f"warning: serving the read API on {host} without TLS: bearer tokens cross the network in "
+                "clear; give --tls-cert/--tls-key or terminate TLS in front of it",
+                err=True,
+            )
 
     try:
         materializer = Materializer(
@@ -342,6 +396,9 @@ def materialize(
             instance_id=instance_id,
             partitions=partitions,
             api=api_address,
+            api_auth=authenticator,
+            metrics_open=metrics_open,
+            api_tls=tls,
             gap_grace_s=gap_grace,
             unread_grace_s=unread_grace,
             trusted_keys=keys,
@@ -376,6 +433,66 @@ def materialize(
     )
 
 
+def _api_authenticator(
+    *,
+    api: str | None,
+    auth: Path | None,
+    jwt_jwks: str | None,
+    jwt_audience: str | None,
+    jwt_issuer: str | None,
+    jwt_roles_claim: str,
+    insecure_no_auth: bool,
+    metrics_open: bool,
+) -> Any:
+    """The read API's `Authenticator` from `materialize`'s options (None: no authentication); exits 2
+    with one line for options that do not fit together or a file that cannot be used."""
+    from consumers.auth import Authenticator, AuthenticatorChain, ConfigError, JwtAuthenticator, TokenFile
+
+    def fail(message: str) -> typer.Exit:
+        typer.echo(f"error: {message}", err=True)
+        return typer.Exit(2)
+
+    jwt_given = [name for name, value in (("--jwt-jwks", jwt_jwks), ("--jwt-audience", jwt_audience),
+                                          ("--jwt-issuer", jwt_issuer)) if value is not None]  # fmt: skip
+    if api is None and (auth is not None or jwt_given or insecure_no_auth or metrics_open):
+        raise fail("--auth, --jwt-*, --insecure-no-auth and --metrics-open configure the read API: give --api too")
+    if jwt_given and len(jwt_given) < 3:
+        raise fail("--jwt-jwks, --jwt-audience and --jwt-issuer go together; missing: " + ", ".join(
+            name for name in ("--jwt-jwks", "--jwt-audience", "--jwt-issuer") if name not in jwt_given))  # fmt: skip
+    if insecure_no_auth and (auth is not None or jwt_given):
+        raise fail("--insecure-no-auth contradicts --auth / --jwt-*: give one or the other")
+    authenticators: list[Authenticator] = []
+    try:
+        if auth is not None:
+            authenticators.append(TokenFile(auth))
+        if jwt_jwks is not None and jwt_audience is not None and jwt_issuer is not None:
+            authenticators.append(
+                JwtAuthenticator(jwt_jwks, audience=jwt_audience, issuer=jwt_issuer, roles_claim=jwt_roles_claim)
+            )
+    except ConfigError as exc:
+        raise fail(f"{'--auth' if auth is not None and not authenticators else '--jwt-jwks'}: {exc}") from None
+    if not authenticators:
+        return None
+    return authenticators[0] if len(authenticators) == 1 else AuthenticatorChain(*authenticators)
+
+
+def _api_tls(api: str | None, cert: Path | None, key: Path | None) -> tuple[str, str] | None:
+    """(certificate, key) for the read API's HTTPS, checked to load; exits 2 with one line otherwise."""
+    import ssl
+
+    if cert is None and key is None:
+        return None
+    if api is None or cert is None or key is None:
+        typer.echo("error: --tls-cert and --tls-key go together, with --api", err=True)
+        raise typer.Exit(2)
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        typer.echo(f"error: --tls-cert {cert} / --tls-key {key}: cannot load them ({exc})", err=True)
+        raise typer.Exit(2) from None
+    return str(cert), str(key)
+
+
 @app.command()
 def coverage(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
@@ -392,6 +509,7 @@ def coverage(
     ] = None,
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here.")] = None,
     json_report: Annotated[Path | None, typer.Option("--json", help="Write a JSON report here.")] = None,
+    token: TokenOption = None,
 ) -> None:
     """Prove that no tool ran unmediated: exit 0 clean, 1 on a violation, 2 when it cannot check."""
     from callgate.coverage import EXIT_CANNOT_CHECK, parse_since, run_coverage
@@ -405,6 +523,7 @@ def coverage(
     code = run_coverage(
         api=api,
         db=db,
+        token=token,
         require_exercised=require_exercised,
         require_signed=require_signed,
         since=start,
@@ -424,6 +543,7 @@ def verify(
     out: Annotated[Path | None, typer.Option(help="Write the proof here instead of printing it.")] = None,
     proof: Annotated[Path | None, typer.Option(help="Check this proof offline (with --key; no store).")] = None,
     key: Annotated[Path | None, typer.Option(help="The gate's verifier key file (NAME.pub), with --proof.")] = None,
+    token: TokenOption = None,
 ) -> None:
     """Prove an event is in its producer's signed checkpoint (--db | --api, --event), or check such a proof
     offline (--proof, --key): exit 0 valid, 1 invalid or not covered, 2 cannot read."""
@@ -435,7 +555,7 @@ def verify(
     if proof is not None and key is not None and db is None and api is None and event is None and out is None:
         raise typer.Exit(run_check(proof=proof, key=key, echo=typer.echo, err=err))
     if event is not None and proof is None and key is None:
-        raise typer.Exit(run_build(db=db, api=api, event_id=event, out=out, echo=typer.echo, err=err))
+        raise typer.Exit(run_build(db=db, api=api, event_id=event, out=out, echo=typer.echo, err=err, token=token))
     err("error: give --db FILE or --api URL with --event ID [--out P], or --proof P with --key K")
     raise typer.Exit(EXIT_CANNOT_READ)
 
@@ -463,6 +583,7 @@ def replay(
     ] = False,
     json_report: Annotated[Path | None, typer.Option("--json", help="Write the whole report as JSON here.")] = None,
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here (a test case per rule).")] = None,
+    token: TokenOption = None,
 ) -> None:
     """Try a candidate policy on the stored calls, running no tool: exit 0 within limits, 1 past them, 2 when it
     cannot check."""
@@ -472,7 +593,7 @@ def replay(
         policy=policy, interceptor=interceptor, db=db, api=api, since=since, until=until, gate=gate,
         workflow=workflow, agent=agent, tool=tool, tenant=tenant, max_new_blocks=max_new_blocks,
         fail_on_new_allows=fail_on_new_allows, json_path=json_report, junit=junit, console=console,
-        err=Console(stderr=True),
+        err=Console(stderr=True), token=token,
     )  # fmt: skip
     raise typer.Exit(code)
 
@@ -586,7 +707,14 @@ def _policy_commands() -> None:
     app.add_typer(policy_app, name="policy")
 
 
+def _token_commands() -> None:
+    from callgate.tokens import app as tokens_app
+
+    app.add_typer(tokens_app, name="token")
+
+
 _policy_commands()
+_token_commands()
 
 
 def main() -> None:

@@ -52,9 +52,11 @@ def run_coverage(
     console: Console,
     err: Console,
     require_signed: bool = False,
+    token: str | None = None,
 ) -> int:
-    """Run the checks against the read API or the file, print the table, write the reports; the
-    exit code. With `require_signed`, a store without the signed checkpoint tables is exit 2."""
+    """Run the checks against the read API (sending `token` as its bearer token) or the file, print
+    the table, write the reports; the exit code. With `require_signed`, a store without the signed
+    checkpoint tables is exit 2; a token the API refuses is exit 2 too (it could not check)."""
     # Imported here: `callgate --help` must not load DuckDB.
     from consumers.coverage import SignaturesUnavailableError, run_checks
     from consumers.queries import QueryError
@@ -64,7 +66,7 @@ def run_coverage(
         err.print("error: give exactly one of --api URL (a running materializer) or --db FILE (an audit store)")
         return EXIT_CANNOT_CHECK
     try:
-        reader = open_reader(api=api, db=db)
+        reader = open_reader(api=api, db=db, token=token)
     except ValueError as exc:
         err.print(f"error: {exc}")
         return EXIT_CANNOT_CHECK

@@ -93,16 +93,17 @@ def run_replay(
     console: Console,
     err: Console,
     progress: bool | None = None,
+    token: str | None = None,
 ) -> int:
     """Load the candidate, replay the window, print the tables, write the reports; the exit code.
 
     `progress` None shows a bar on a terminal for runs of `PROGRESS_MIN_CALLS` or more (or of
-    unknown length, through the API); True or False force it.
+    unknown length, through the API); True or False force it. `token` is the read API's bearer token.
     """
     # Imported here: `callgate --help` must not load DuckDB or the policy engine.
-    from callgate.replay_engine import Window, open_source, replay
+    from callgate.replay_engine import ApiCalls, Window, open_source, replay
     from consumers.queries import QueryError
-    from consumers.reader import SourceUnavailableError
+    from consumers.reader import ApiReader, SourceUnavailableError
 
     def cannot(message: str) -> int:
         err.print(message, markup=False)
@@ -135,6 +136,8 @@ def run_replay(
     try:
         try:
             source = open_source(api=api, db=db, window=window)
+            if api is not None and token is not None and isinstance(source, ApiCalls):
+                source.reader = ApiReader(api, token=token)
         except (ValueError, SourceUnavailableError) as exc:
             return cannot(f"cannot check: {exc}")
         try:

@@ -31,7 +31,16 @@ Echo = Callable[[str], None]
 # -- the commands ------------------------------------------------------------------------------
 
 
-def run_build(*, db: Path | None, api: str | None, event_id: str, out: Path | None, echo: Echo, err: Echo) -> int:
+def run_build(
+    *,
+    db: Path | None,
+    api: str | None,
+    event_id: str,
+    out: Path | None,
+    echo: Echo,
+    err: Echo,
+    token: str | None = None,
+) -> int:
     """`callgate verify --db F | --api U --event ID [--out P]`: build, check and print (or write) the
     proof; the exit code."""
     # Imported here: `callgate --help` must not load DuckDB.
@@ -43,7 +52,7 @@ def run_build(*, db: Path | None, api: str | None, event_id: str, out: Path | No
         err("error: give exactly one of --api URL (a running materializer) or --db FILE (an audit store)")
         return EXIT_CANNOT_READ
     try:
-        reader = open_reader(api=api, db=db)
+        reader = open_reader(api=api, db=db, token=token)
     except ValueError as exc:
         err(f"error: {exc}")
         return EXIT_CANNOT_READ

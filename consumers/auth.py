@@ -353,7 +353,8 @@ class JwtAuthenticator:
     """An `Authenticator` for OIDC bearer tokens (JWTs), checked with pyjwt.
 
     `jwks` is a JWKS file (read again when it changes) or an http(s) URL (fetched with pyjwt's
-    `PyJWKClient`, cached for `jwks_cache_s` and fetched again for an unknown key id). A token is
+    `PyJWKClient`, cached for `jwks_cache_s` and fetched again for an unknown key id, at most once
+    per `jwks_refetch_s`, so tokens with made-up key ids cannot make it hammer the URL). A token is
     accepted when its signature verifies with the JWKS key its header names (`kid`; without one, the
     only key), by an algorithm of `ASYMMETRIC_ALGORITHMS`, and it carries `exp` (not past, give or
     take `leeway_s`), `aud` containing `audience`, `iss` equal to `issuer` and `sub` (the subject).
@@ -371,6 +372,7 @@ class JwtAuthenticator:
         roles_claim: str = "roles",
         leeway_s: float = 30.0,
         jwks_cache_s: float = 300.0,
+        jwks_refetch_s: float = 30.0,
         timeout_s: float = 10.0,
     ) -> None:
         import jwt
@@ -390,7 +392,9 @@ class JwtAuthenticator:
         self._keys: list[jwt.PyJWK] = []
         self._signature: tuple[int, int, int] | None = None
         if jwks.startswith(("http://", "https://")):
-            self._client = jwt.PyJWKClient(jwks, lifespan=jwks_cache_s, timeout=timeout_s)
+            self._client = jwt.PyJWKClient(
+                jwks, lifespan=jwks_cache_s, timeout=timeout_s, cooldown_duration=jwks_refetch_s
+            )
         else:
             self._file = Path(jwks)
             try:
