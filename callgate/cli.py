@@ -676,6 +676,9 @@ def dashboard(
     require_signed: Annotated[
         bool, typer.Option(help="Always list the Coverage page's signed check (else: when producers sign).")
     ] = False,
+    timezone: Annotated[
+        str | None, typer.Option(help="IANA time zone times are shown in (default: each browser's own, else UTC).")
+    ] = None,
 ) -> None:
     """Serve the audit dashboard (Streamlit) until Ctrl-C: blocked attempts, trends, coverage, pipeline."""
     from callgate.dashboard import DashboardError, run_dashboard
@@ -691,6 +694,7 @@ def dashboard(
             trace_url=trace_url,
             trusted_keys=trusted_keys,
             require_signed=require_signed,
+            timezone=timezone,
             echo=lambda line: typer.echo(line),
             warn=lambda line: typer.echo(line, err=True),
         )

@@ -23,8 +23,10 @@ from dashboard.config import (
     ENV_DB,
     ENV_REFRESH,
     ENV_REQUIRE_SIGNED,
+    ENV_TIMEZONE,
     ENV_TRACE_URL,
     ENV_TRUSTED_KEYS,
+    ConfigurationError,
     DashboardConfig,
 )
 
@@ -82,6 +84,7 @@ def run_dashboard(
     trace_url: str | None = None,
     trusted_keys: Path | None = None,
     require_signed: bool = False,
+    timezone: str | None = None,
     echo: Callable[[str], None] = print,
     warn: Callable[[str], None] = print,
 ) -> int:
@@ -89,7 +92,8 @@ def run_dashboard(
 
     `trusted_keys` (a file of verifier keys or a directory of `*.pub` files) lets the Call detail
     page's proofs check the checkpoint's signature; `require_signed` lists the Coverage page's
-    `signed` check always.
+    `signed` check always; `timezone` (an IANA name) is the zone times are shown in (default: each
+    browser's own, else UTC).
 
     Raises `DashboardError` for bad options (both or neither of api and db, a non-loopback host
     without `allow_remote`, trusted keys that cannot be read or hold no key) and when Streamlit
@@ -113,9 +117,12 @@ def run_dashboard(
             raise DashboardError(f"--trusted-keys: {exc}") from None
         env[ENV_TRUSTED_KEYS] = str(trusted_keys)
     env[ENV_REQUIRE_SIGNED] = "1" if require_signed else ""
+    env[ENV_TIMEZONE] = timezone or ""
     try:
         DashboardConfig.from_env(env)
-    except ValueError as exc:
+    except ConfigurationError as exc:
+        if exc.variable == ENV_TIMEZONE:
+            raise DashboardError(f"--timezone: {exc}") from None
         raise DashboardError(f"{exc} (give --api URL or --db FILE)") from None
     if not is_loopback(host):
         if not allow_remote:

@@ -317,11 +317,16 @@ LIMIT = Param("int", "How many rows at most.", default=100, minimum=1, maximum=M
 OFFSET = Param("int", "How many rows to skip (paging).", default=0, minimum=0)
 TENANT = Param("str", "Only this tenant.")
 PAGE = {"limit": LIMIT, "offset": OFFSET}
+BUCKET_SECONDS = Param(
+    "int", "Bucket width in seconds; when given, instead of bucket_minutes.", minimum=1, maximum=604800
+)
 
 _OUTCOMES = ", ".join(f"'{t}'" for t in sorted(OUTCOME_TYPES))
 _ALL_TYPES = ", ".join(f"('{t}')" for t in sorted(EVENT_TYPES))
 
 _WINDOW = "($since IS NULL OR time >= $since) AND ($until IS NULL OR time < $until)"
+# A bucket of $bucket_seconds when given (the dashboard's short windows), else of $bucket_minutes.
+_BUCKET = "time_bucket(coalesce(to_seconds($bucket_seconds), to_minutes($bucket_minutes)), time)"
 
 _BLOCKED_FILTERS = f"""
     {_WINDOW}
@@ -368,7 +373,7 @@ WHERE {_BLOCKED_FILTERS}
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 _DECISION_TRENDS = f"""
-SELECT time_bucket(to_minutes($bucket_minutes), time) AS bucket, type, count(*) AS events
+SELECT {_BUCKET} AS bucket, type, count(*) AS events
 FROM events
 WHERE {_WINDOW} AND ($tenant IS NULL OR tenant = $tenant)
 GROUP BY ALL
@@ -381,7 +386,7 @@ LIMIT $limit OFFSET $offset
 # need every call's trail unnested, a hundred times the cost for the same ranking).
 _DENIAL_RATE = f"""
 WITH outcomes AS (
-    SELECT time_bucket(to_minutes($bucket_minutes), time) AS bucket, type, tool, decided_by
+    SELECT {_BUCKET} AS bucket, type, tool, decided_by
     FROM events
     WHERE type IN ({_OUTCOMES}) AND {_WINDOW} AND ($tenant IS NULL OR tenant = $tenant)
 ),
@@ -936,7 +941,7 @@ LIMIT $limit OFFSET $offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 _SHADOW_DIVERGENCE = f"""
-SELECT time_bucket(to_minutes($bucket_minutes), time) AS bucket, shadow_decided_by, shadow_rule,
+SELECT {_BUCKET} AS bucket, shadow_decided_by, shadow_rule,
        count(*) AS calls,
        count(*) FILTER (WHERE divergent) AS divergent
 FROM events
@@ -1252,6 +1257,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "since": SINCE,
                 "until": UNTIL,
                 "bucket_minutes": Param("int", "Bucket width in minutes.", default=1, minimum=1, maximum=10080),
+                "bucket_seconds": BUCKET_SECONDS,
                 "tenant": TENANT,
                 **PAGE,
             },
@@ -1266,6 +1272,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "since": SINCE,
                 "until": UNTIL,
                 "bucket_minutes": Param("int", "Bucket width in minutes.", default=60, minimum=1, maximum=10080),
+                "bucket_seconds": BUCKET_SECONDS,
                 "by": Param(
                     "str", "Rate per tool or per interceptor.", default="tool", choices=("tool", "interceptor")
                 ),
@@ -1551,6 +1558,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             {
                 **_SHADOW_PARAMS,
                 "bucket_minutes": Param("int", "Bucket width in minutes.", default=60, minimum=1, maximum=10080),
+                "bucket_seconds": BUCKET_SECONDS,
                 **PAGE,
             },
             scope="tenant",

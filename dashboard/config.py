@@ -13,7 +13,9 @@ dashboard/app.py` reads the same ones:
   signature too (without it they say the signature was not checked);
 - `CALLGATE_REQUIRE_SIGNED`: `1` to show the Coverage page's `signed` check always (by default it
   shows when the window holds a sign of signing: a checkpoint, a signed producer or a checkpoint
-  break).
+  break);
+- `CALLGATE_TIMEZONE`: the IANA time zone times are shown in (`Europe/Berlin`); unset, each
+  browser's own zone, as the browser reports it, else UTC.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
+import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -32,10 +35,12 @@ __all__ = [
     "ENV_DB",
     "ENV_REFRESH",
     "ENV_REQUIRE_SIGNED",
+    "ENV_TIMEZONE",
     "ENV_TRACE_URL",
     "ENV_TRUSTED_KEYS",
     "ConfigurationError",
     "DashboardConfig",
+    "valid_zone",
 ]
 
 ENV_API: Final = "CALLGATE_API"
@@ -44,6 +49,7 @@ ENV_REFRESH: Final = "CALLGATE_DASHBOARD_REFRESH_S"
 ENV_TRACE_URL: Final = "CALLGATE_TRACE_URL"
 ENV_TRUSTED_KEYS: Final = "CALLGATE_TRUSTED_KEYS"
 ENV_REQUIRE_SIGNED: Final = "CALLGATE_REQUIRE_SIGNED"
+ENV_TIMEZONE: Final = "CALLGATE_TIMEZONE"
 
 DEFAULT_REFRESH_S: Final = 5.0
 DEFAULT_TRACE_URL: Final = "http://localhost:16686/trace/{trace_id}"
@@ -53,6 +59,15 @@ DEFAULT_TRACE_URL: Final = "http://localhost:16686/trace/{trace_id}"
 _TRACE_ID: Final = re.compile(r"[0-9a-f]{16}|[0-9a-f]{32}")
 
 _FLAGS: Final = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
+
+
+def valid_zone(name: str) -> bool:
+    """Whether `name` is an IANA time zone this machine knows (`UTC`, `Europe/Berlin`)."""
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
 
 
 class ConfigurationError(ValueError):
@@ -76,6 +91,8 @@ class DashboardConfig:
     trusted_keys: str | None = None
     """The path `events.signing.load_trusted_keys` reads (None: signatures are not checked)."""
     require_signed: bool = False
+    timezone: str | None = None
+    """The IANA zone times are shown in (None: each browser's own, else UTC)."""
 
     def __post_init__(self) -> None:
         if (self.api is None) == (self.db is None):
@@ -89,6 +106,10 @@ class DashboardConfig:
                 raise ConfigurationError(ENV_API, f"must look like http://HOST:PORT, got {self.api!r}")
         if not 0.5 <= self.refresh_s <= 3600:
             raise ConfigurationError(ENV_REFRESH, f"must be from 0.5 to 3600 seconds, got {self.refresh_s}")
+        if self.timezone is not None and not valid_zone(self.timezone):
+            raise ConfigurationError(
+                ENV_TIMEZONE, f"must be an IANA time zone such as Europe/Berlin, got {self.timezone!r}"
+            )
         scheme = urllib.parse.urlsplit(self.trace_url).scheme
         if scheme not in ("http", "https") or "{trace_id}" not in self.trace_url:
             raise ConfigurationError(
@@ -115,6 +136,7 @@ class DashboardConfig:
             trace_url=env.get(ENV_TRACE_URL) or DEFAULT_TRACE_URL,
             trusted_keys=env.get(ENV_TRUSTED_KEYS) or None,
             require_signed=_FLAGS[raw_signed],
+            timezone=env.get(ENV_TIMEZONE) or None,
         )
 
     @property

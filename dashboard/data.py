@@ -29,6 +29,7 @@ from events.signing import VerifyingKey
 
 __all__ = [
     "BLOCKED_COLUMNS",
+    "DECISION_LABELS",
     "DEFAULT_WINDOW",
     "IMPACT_COLUMNS",
     "METRICS",
@@ -42,6 +43,7 @@ __all__ = [
     "WINDOWS",
     "BlockedFilters",
     "BlockedPage",
+    "Bucketed",
     "CallDetail",
     "Decider",
     "Impact",
@@ -57,6 +59,9 @@ __all__ = [
     "Trends",
     "Window",
     "blocked_csv",
+    "bucket_label",
+    "bucket_width",
+    "bucketed",
     "check_proof_steps",
     "fetch_all",
     "load_blocked",
@@ -203,6 +208,75 @@ def fetch_all(
     return rows
 
 
+_BUCKET_SECONDS: Final = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+_REFINEMENTS: Final = 6
+
+
+def bucket_width(span_s: float, buckets: int) -> int:
+    """The round bucket width in seconds (1 s to a day) that cuts `span_s` seconds into at most
+    about `buckets` buckets."""
+    wanted = span_s / max(buckets, 1)
+    return next((b for b in _BUCKET_SECONDS if b >= wanted), _BUCKET_SECONDS[-1])
+
+
+def bucket_label(seconds: int) -> str:
+    """A bucket width in words: `10-second`, `5-minute`, `6-hour`, `1-day`."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}-{unit}"
+    return f"{seconds}-second"
+
+
+@dataclass(frozen=True, slots=True)
+class Bucketed:
+    """Rows of a chart query and the bucket width they were counted in (seconds)."""
+
+    rows: list[dict[str, Any]]
+    seconds: int
+
+    @property
+    def label(self) -> str:
+        """The width in words (`bucket_label`)."""
+        return bucket_label(self.seconds)
+
+
+def bucketed(
+    query: Query,
+    name: str,
+    params: Mapping[str, Any],
+    window: Window,
+    *,
+    buckets: int,
+    now: datetime | None = None,
+) -> Bucketed:
+    """Rows of chart query `name` (one that takes `bucket_seconds`), in buckets fitted to the window
+    and to the data's span: first about `buckets` buckets over the window (a day each for all
+    time); when the data fills only a few of them, again over just the buckets it fills, finer,
+    until the width settles (at most six passes). So a minute of events shows in seconds whatever
+    the window, and thirty days of them in days. Each pass is one paged query over a narrower range."""
+    now = now or datetime.now(UTC)
+    since: datetime | None = window.since
+    until: datetime | None = None
+    width = bucket_width((now - since).total_seconds(), buckets) if since is not None else 86400
+    rows: list[dict[str, Any]] = []
+    for attempt in range(_REFINEMENTS):
+        ranged = {**params, "bucket_seconds": width}
+        if since is not None:
+            ranged["since"] = since.isoformat()
+        if until is not None:
+            ranged["until"] = until.isoformat()
+        rows = fetch_all(query, name, ranged)
+        if not rows or attempt == _REFINEMENTS - 1:
+            break
+        starts = [datetime.fromisoformat(str(row["bucket"])) for row in rows]
+        first, last = min(starts), max(starts) + timedelta(seconds=width)
+        finer = bucket_width((last - first).total_seconds(), buckets)
+        if finer >= width:
+            break
+        since, until, width = first, last, finer
+    return Bucketed(rows, width)
+
+
 def store_is_empty(query: Query) -> bool:
     """Whether the store holds no event at all."""
     rows = query("pipeline_health", {})
@@ -223,21 +297,42 @@ class Overview:
 
     metrics: list[dict[str, Any]]
     trends: list[dict[str, Any]]
-    bucket_minutes: int
+    bucket_seconds: int
     top: dict[str, list[dict[str, Any]]]
 
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The tool decisions over time: `trends` rows of the outcome types, each with its
+        `decision` label (allowed, denied, substituted, blocked)."""
+        return [
+            {**row, "decision": DECISION_LABELS[row["type"]]} for row in self.trends if row["type"] in DECISION_LABELS
+        ]
 
-def load_overview(query: Query, window: Window, tenant: str | None = None) -> Overview:
-    """Run the Overview's queries: 1 + 1 (paged) + 4."""
+    @property
+    def turns(self) -> list[dict[str, Any]]:
+        """The model turns the before-turn chain decided on, over time (`TurnDecision` rows)."""
+        return [row for row in self.trends if row["type"] == "TurnDecision"]
+
+
+DECISION_LABELS: Final = {
+    "ToolUse": "allowed",
+    "ToolDenied": "denied",
+    "Substitute": "substituted",
+    "Blocked": "blocked",
+}
+"""The tool decisions the Overview charts: outcome event type -> label."""
+
+
+def load_overview(query: Query, window: Window, tenant: str | None = None, *, now: datetime | None = None) -> Overview:
+    """Run the Overview's queries: 1 + 1 to 3 (paged, `bucketed`) + 4."""
     since = window.since if window.since is not None else _EPOCH
     counts = {row["metric"]: row for row in query("overview_counts", {"since": since.isoformat(), **_tenant(tenant)})}
     metrics = [{**counts[key], "label": label} for key, label in METRICS if key in counts]
-    bucket = window.bucket_minutes()
-    trends = fetch_all(query, "decision_trends", {**window.params(), "bucket_minutes": bucket, **_tenant(tenant)})
+    trends = bucketed(query, "decision_trends", _tenant(tenant), window, buckets=48, now=now)
     top = {
         by: query("top_denied", {**window.params(), "by": by, "limit": 10, **_tenant(tenant)}) for by, _ in TOP_DENIED
     }
-    return Overview(metrics, trends, bucket, top)
+    return Overview(metrics, trends.rows, trends.seconds, top)
 
 
 # -- Blocked attempts ---------------------------------------------------------------------------
@@ -673,18 +768,22 @@ class Trends:
     by_tool: list[dict[str, Any]]
     by_interceptor: list[dict[str, Any]]
     new_reasons: list[dict[str, Any]]
-    bucket_minutes: int
+    bucket_seconds: int
 
 
-def load_trends(query: Query, window: Window, tenant: str | None = None) -> Trends:
-    """Run the Trends page's queries (denial rate twice, paged; new reasons once)."""
-    bucket = window.bucket_minutes(buckets=24)
-    common = {**window.params(), "bucket_minutes": bucket, **_tenant(tenant)}
-    by_tool = fetch_all(query, "denial_rate", {**common, "by": "tool"})
-    by_interceptor = fetch_all(query, "denial_rate", {**common, "by": "interceptor"})
+def load_trends(query: Query, window: Window, tenant: str | None = None, *, now: datetime | None = None) -> Trends:
+    """Run the Trends page's queries: the denial rate per tool in buckets fitted to the data
+    (`bucketed`), per interceptor in the same buckets over the same range, new reasons once."""
+    by_tool = bucketed(query, "denial_rate", {"by": "tool", **_tenant(tenant)}, window, buckets=24, now=now)
+    params: dict[str, Any] = {**window.params(), "by": "interceptor", "bucket_seconds": by_tool.seconds}
+    if by_tool.rows:
+        starts = sorted(str(row["bucket"]) for row in by_tool.rows)
+        end = datetime.fromisoformat(starts[-1]) + timedelta(seconds=by_tool.seconds)
+        params.update(since=starts[0], until=end.isoformat())
+    by_interceptor = fetch_all(query, "denial_rate", {**params, **_tenant(tenant)})
     since = window.since if window.since is not None else _EPOCH
-    new_reasons = query("new_denial_reasons", {"since": since.isoformat(), "limit": 200})
-    return Trends(by_tool, by_interceptor, new_reasons, bucket)
+    new_reasons = query("new_denial_reasons", {"since": since.isoformat(), "limit": 200, **_tenant(tenant)})
+    return Trends(by_tool.rows, by_interceptor, new_reasons, by_tool.seconds)
 
 
 # -- Pipeline health ----------------------------------------------------------------------------
@@ -814,7 +913,7 @@ class Impact:
     rows: list[dict[str, Any]]
     deciders: list[Decider]
     divergence: list[dict[str, Any]]
-    bucket_minutes: int
+    bucket_seconds: int
 
     def total(self, column: str) -> int:
         """A column of `shadow_impact` summed over every row."""
@@ -836,9 +935,8 @@ def _decider_label(name: str | None, rule: str | None) -> str:
     return f"{name} / {rule}" if rule is not None else name
 
 
-def load_impact(query: Query, window: Window, tenant: str | None = None) -> Impact:
+def load_impact(query: Query, window: Window, tenant: str | None = None, *, now: datetime | None = None) -> Impact:
     """Run the Policy impact page's figures: `shadow_impact` and `shadow_divergence`, both paged."""
-    bucket = window.bucket_minutes(buckets=48)
     common = {**window.params(), **_tenant(tenant)}
     rows = [
         {**row, "decider": ENFORCED_PATH if row["shadow_decided_by"] is None else row["shadow_decided_by"]}
@@ -855,12 +953,13 @@ def load_impact(query: Query, window: Window, tenant: str | None = None) -> Impa
         (Decider(name, rule, calls, divergent) for (name, rule), (calls, divergent) in summed.items()),
         key=lambda d: (-d.divergent, -d.calls, d.name, d.rule or ""),
     )
+    divergent = bucketed(query, "shadow_divergence", _tenant(tenant), window, buckets=48, now=now)
     divergence = [
         {**row, "key": _decider_label(row["shadow_decided_by"], row["shadow_rule"])}
-        for row in fetch_all(query, "shadow_divergence", {**common, "bucket_minutes": bucket})
+        for row in divergent.rows
         if row["shadow_decided_by"] is not None
     ]
-    return Impact(rows, deciders, divergence, bucket)
+    return Impact(rows, deciders, divergence, divergent.seconds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,15 +14,16 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
+from zoneinfo import ZoneInfo
 
 import pandas as pd
 import streamlit as st
 
 from consumers.queries import QueryError
 from consumers.reader import ApiReader, AuditReader, FileReader, SourceUnavailableError
-from dashboard.config import DEFAULT_REFRESH_S, ENV_REFRESH, ConfigurationError, DashboardConfig
+from dashboard.config import DEFAULT_REFRESH_S, ENV_REFRESH, ConfigurationError, DashboardConfig, valid_zone
 from dashboard.data import DEFAULT_WINDOW, WINDOWS, ProofView, Window, load_coverage, load_proof, store_is_empty
 from events.signing import SigningError, VerifyingKey, load_trusted_keys
 
@@ -31,6 +32,7 @@ __all__ = [
     "coverage_report",
     "filters_tenant",
     "from_url",
+    "local_time",
     "problems",
     "proof",
     "query",
@@ -38,11 +40,14 @@ __all__ = [
     "ready",
     "run_every",
     "table",
+    "time_chart",
     "to_url",
     "trusted_keys",
+    "utc_time",
     "window",
     "window_code",
     "window_label",
+    "zone",
 ]
 
 
@@ -233,6 +238,126 @@ def ready(*, allow_empty: bool = False) -> bool:
     return True
 
 
+# -- times --------------------------------------------------------------------------------------
+
+TIME_COLUMNS: Final = frozenset(
+    {
+        "time",
+        "bucket",
+        "started_at",
+        "last_time",
+        "first_time",
+        "first_seen",
+        "last_seen",
+        "checkpoint_time",
+        "received_at",
+        "first_received",
+        "last_received",
+        "last_event_time",
+        "last_ingested_at",
+        "offset_updated_at",
+        "recorded_at",
+        "kafka_time",
+    }
+)
+"""Table columns that hold times (ISO 8601 text, UTC): shown in the dashboard's zone."""
+
+TIME_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
+
+
+def zone() -> tuple[ZoneInfo, str]:
+    """The zone times are shown in and its name: `--timezone` (CALLGATE_TIMEZONE) if set, else the
+    browser's own zone as it reports it (`st.context.timezone`), else UTC."""
+    name = config().timezone or _browser_zone() or "UTC"
+    return ZoneInfo(name), name
+
+
+def _browser_zone() -> str | None:
+    try:
+        name = st.context.timezone
+    except Exception:  # no browser behind this run (a bare script)
+        return None
+    return name if isinstance(name, str) and valid_zone(name) else None
+
+
+def local_time(value: Any, tz: ZoneInfo | None = None) -> Any:
+    """An ISO 8601 time as `YYYY-MM-DD HH:MM:SS` in the dashboard's zone (other values as they are)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(tz or zone()[0]).strftime(TIME_FORMAT)
+
+
+def utc_time(value: str) -> str:
+    """An ISO 8601 time as `YYYY-MM-DD HH:MM:SS UTC`."""
+    moment = datetime.fromisoformat(value)
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return moment.strftime(TIME_FORMAT) + " UTC"
+
+
+def time_chart(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    value: str,
+    color: str,
+    seconds: int,
+    title: str,
+    rate: bool = False,
+) -> None:
+    """Draw `value` per time bucket (`bucket` rows, `seconds` wide) by `color`: stacked bars as wide
+    as their buckets, or, with `rate`, a point per bucket joined by lines (one bucket still shows).
+    The axis is in the dashboard's zone (named in its title); each tooltip gives the bucket's start
+    there and in UTC."""
+    import altair as alt
+
+    tz, name = zone()
+    data = []
+    for row in rows:
+        start = datetime.fromisoformat(str(row["bucket"]))
+        start = start.replace(tzinfo=UTC) if start.tzinfo is None else start
+        end = start + timedelta(seconds=seconds)
+        # Wall-clock times of the zone, written as UTC and drawn on a UTC scale: the browser then
+        # shows them as they are, whatever its own zone.
+        data.append(
+            {
+                value: row[value],
+                color: str(row[color]),
+                "start": start.astimezone(tz).replace(tzinfo=None).isoformat() + "Z",
+                "end": end.astimezone(tz).replace(tzinfo=None).isoformat() + "Z",
+                "middle": (start + (end - start) / 2).astimezone(tz).replace(tzinfo=None).isoformat() + "Z",
+                f"from ({name})": start.astimezone(tz).strftime(TIME_FORMAT),
+                "from (UTC)": start.astimezone(UTC).strftime(TIME_FORMAT),
+            }
+        )
+    frame = pd.DataFrame(data)
+    axis_title = f"time ({name})"
+    tooltip = [f"from ({name}):N", "from (UTC):N", f"{color}:N", f"{value}:Q"]
+    base = alt.Chart(frame)
+    chart: Any
+    if rate:
+        encode = {
+            "x": alt.X("middle:T", title=axis_title, scale=alt.Scale(type="utc")),
+            "y": alt.Y(f"{value}:Q", title=title),
+            "color": alt.Color(f"{color}:N", title=color),
+            "tooltip": tooltip,
+        }
+        chart = alt.layer(base.mark_line(), base.mark_point(filled=True, size=60)).encode(**encode)
+    else:
+        chart = base.mark_bar().encode(
+            x=alt.X("start:T", title=axis_title, scale=alt.Scale(type="utc")),
+            x2="end:T",
+            y=alt.Y(f"sum({value}):Q", title=title, stack=True),
+            color=alt.Color(f"{color}:N", title=color),
+            tooltip=tooltip,
+        )
+    st.altair_chart(chart, width="stretch")
+
+
 # -- rendering ----------------------------------------------------------------------------------
 
 
@@ -262,8 +387,22 @@ def table(
         st.caption(empty)
         return None
     data = frame(rows, columns)
+    tz, name = zone()
+    labels: dict[str, Any] = {}
+    for column in data.columns:
+        if column in TIME_COLUMNS:
+            data[column] = [local_time(v, tz) for v in data[column]]
+            labels[column] = st.column_config.TextColumn(
+                f"{column} ({name})", help=f"Local time in {name}; the store keeps UTC (see the Call detail page)."
+            )
     if selectable:
         return st.dataframe(
-            data, hide_index=True, key=key, on_select="rerun", selection_mode="single-row", width="stretch"
+            data,
+            hide_index=True,
+            key=key,
+            on_select="rerun",
+            selection_mode="single-row",
+            width="stretch",
+            column_config=labels,
         )
-    return st.dataframe(data, hide_index=True, key=key, width="stretch")
+    return st.dataframe(data, hide_index=True, key=key, width="stretch", column_config=labels)

@@ -11,6 +11,7 @@ from dashboard.data import (
     Decider,
     Impact,
     Window,
+    bucket_label,
     load_impact,
     load_shadow_calls,
     replay_command,
@@ -40,9 +41,11 @@ def divergence_chart(impact: Impact) -> None:
     shown = [d.label for d in impact.deciders[:TOP_DECIDERS]]
     frame = ui.frame(impact.divergence, ["bucket", "key", "calls", "divergent"])
     frame = frame[frame["key"].isin(shown)]
-    st.bar_chart(frame, x="bucket", y="divergent", color="key", x_label="", y_label="divergent calls")
+    ui.time_chart(
+        frame.to_dict("records"), value="divergent", color="key", seconds=impact.bucket_seconds, title="divergent calls"
+    )
     st.caption(
-        f"Calls whose shadow outcome differs from what happened, per {impact.bucket_minutes}-minute bucket, "
+        f"Calls whose shadow outcome differs from what happened, per {bucket_label(impact.bucket_seconds)} bucket, "
         f"for the {len(shown)} most divergent rules and interceptors."
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import ui
-from dashboard.data import TOP_DENIED, load_overview
+from dashboard.data import TOP_DENIED, bucket_label, load_overview
 
 st.title("Overview")
 
@@ -26,13 +26,17 @@ def live() -> None:
                 color = "off" if metric["metric"] in ("calls", "allowed") else "inverse"
                 column.metric(metric["label"], f"{int(metric['value']):,}", delta=delta, delta_color=color)
 
-        st.subheader("Decisions over time")
-        if data.trends:
-            frame = ui.frame(data.trends, ["bucket", "type", "events"])
-            st.bar_chart(frame, x="bucket", y="events", color="type", stack=True, x_label="", y_label="events")
-            st.caption(f"Events per {data.bucket_minutes}-minute bucket, by type.")
+        st.subheader("Tool decisions over time")
+        label = bucket_label(data.bucket_seconds)
+        if data.decisions:
+            ui.time_chart(data.decisions, value="events", color="decision", seconds=data.bucket_seconds, title="calls")
+            st.caption(f"Calls per {label} bucket, by decision (the bucket fits the window and the span of its data).")
         else:
-            st.caption("No events in this window.")
+            st.caption("No tool calls in this window.")
+        if data.turns:
+            st.subheader("Model turns checked")
+            ui.time_chart(data.turns, value="events", color="type", seconds=data.bucket_seconds, title="turns")
+            st.caption(f"Before-turn decisions on model calls per {label} bucket (the Run page shows each one).")
 
         st.subheader("Top denied")
         for start in range(0, len(TOP_DENIED), 2):

@@ -7,14 +7,14 @@ from typing import Any
 import streamlit as st
 
 from dashboard import ui
-from dashboard.data import load_trends
+from dashboard.data import bucket_label, load_trends
 
 st.title("Trends")
 
 TOP_KEYS = 10
 
 
-def rate_chart(rows: list[dict[str, Any]], what: str) -> None:
+def rate_chart(rows: list[dict[str, Any]], what: str, seconds: int) -> None:
     if not rows:
         st.caption("No calls in this window.")
         return
@@ -23,7 +23,8 @@ def rate_chart(rows: list[dict[str, Any]], what: str) -> None:
     totals["rate"] = (totals["denied"] / totals["calls"].where(totals["calls"] > 0)).round(4)
     totals = totals.sort_values(["denied", "key"], ascending=[False, True])
     shown = totals.head(TOP_KEYS)["key"].tolist()
-    st.line_chart(frame[frame["key"].isin(shown)], x="bucket", y="rate", color="key", x_label="", y_label="rate")
+    picked = frame[frame["key"].isin(shown)]
+    ui.time_chart(picked.to_dict("records"), value="rate", color="key", seconds=seconds, title="rate", rate=True)
     st.caption(f"The {min(TOP_KEYS, len(totals))} {what} with the most denials; totals over the window below.")
     ui.table(totals.to_dict("records"), ["key", "calls", "denied", "rate"])
 
@@ -35,15 +36,15 @@ def live() -> None:
             return
         win = ui.window()
         data = load_trends(ui.query, win, ui.filters_tenant())
-        st.caption(f"{win.label}, {data.bucket_minutes}-minute buckets.")
+        st.caption(f"{win.label}, {bucket_label(data.bucket_seconds)} buckets fitted to the span of the data.")
         left, right = st.columns(2)
         with left:
             st.subheader("Denial rate per tool")
-            rate_chart(data.by_tool, "tools")
+            rate_chart(data.by_tool, "tools", data.bucket_seconds)
         with right:
             st.subheader("Denial rate per interceptor")
             st.caption("Share of all calls in a bucket that the interceptor denied or blocked.")
-            rate_chart(data.by_interceptor, "interceptors")
+            rate_chart(data.by_interceptor, "interceptors", data.bucket_seconds)
         st.subheader("Denial reasons new in this window")
         st.caption("Reasons with ids and numbers masked, first seen inside the window, newest first.")
         ui.table(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +284,22 @@ class TestRuns:
         for name in ("runs", "run_events"):
             assert QUERIES[name].scope == "tenant"
             assert "tenant" in QUERIES[name].params
+
+
+class TestBucketSeconds:
+    """The chart queries take `bucket_seconds` (the dashboard's short windows): a run of a second or
+    two falls into second-wide buckets, where minute buckets hold it in one."""
+
+    @pytest.mark.parametrize("name", ["decision_trends", "denial_rate", "shadow_divergence"])
+    def test_seconds_instead_of_minutes(self, run: Any, name: str) -> None:
+        """Every bucket starts on a whole multiple of the width asked for, in seconds when given."""
+        for params, width in (({"bucket_seconds": 1}, 1), ({"bucket_minutes": 1}, 60)):
+            for row in run(name, {**params, "limit": 1000}):
+                bucket = datetime.fromisoformat(row["bucket"])
+                assert bucket.timestamp() % width == 0
+
+    def test_seconds_buckets_sum_to_the_minute_buckets(self, run: Any) -> None:
+        """Counts per second-wide bucket add up to the counts per minute-wide bucket."""
+        seconds = run("decision_trends", {"bucket_seconds": 1, "limit": 1000})
+        minutes = run("decision_trends", {"bucket_minutes": 1, "limit": 1000})
+        assert sum(r["events"] for r in seconds) == sum(r["events"] for r in minutes) > 0

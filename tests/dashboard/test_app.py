@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -26,7 +29,13 @@ APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 
 def open_app(source: dict[str, str], monkeypatch: pytest.MonkeyPatch, page: str | None = None, **state: Any) -> AppTest:
     """The app reading `source` (CALLGATE_DB or CALLGATE_API), run once, then on `page` if given."""
-    for name in ("CALLGATE_API", "CALLGATE_DB", "CALLGATE_TRUSTED_KEYS", "CALLGATE_REQUIRE_SIGNED"):
+    for name in (
+        "CALLGATE_API",
+        "CALLGATE_DB",
+        "CALLGATE_TRUSTED_KEYS",
+        "CALLGATE_REQUIRE_SIGNED",
+        "CALLGATE_TIMEZONE",
+    ):
         monkeypatch.delenv(name, raising=False)
     for name, value in source.items():
         monkeypatch.setenv(name, value)
@@ -624,3 +633,55 @@ class TestStates:
         at = open_app({}, monkeypatch)
         assert [e.value for e in at.error] == ["The dashboard is not configured."]
         assert "CALLGATE_API" in at.text[0].value
+
+
+def chart_frames(at: AppTest) -> list[Any]:
+    """The data of each chart on the page, as DataFrames, in page order."""
+    import pyarrow as pa
+
+    return [pa.ipc.open_stream(c.proto.datasets[0].data.data).read_all().to_pandas() for c in at.get("vega_lite_chart")]
+
+
+class TestChartsAndTimes:
+    def test_tool_decisions_apart_from_model_turns(self, run_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The Overview's first chart counts tool decisions only (the store's outcome events, by
+        label); the model turns are a chart of their own."""
+        at = open_app({"CALLGATE_DB": str(run_store.path)}, monkeypatch)
+        decisions, turns = chart_frames(at)[:2]
+        assert set(decisions["decision"]) <= {"allowed", "denied", "substituted", "blocked"}
+        outcomes = run_store.scalar(
+            "select count(*) from events where type in ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')"
+        )
+        assert int(decisions["events"].sum()) == outcomes
+        assert int(turns["events"].sum()) == run_store.scalar("select count(*) from events where type = 'TurnDecision'")
+        assert set(turns["type"]) == {"TurnDecision"}
+
+    def test_a_short_burst_is_drawn_in_seconds(self, run_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Events of one second in a 30-day window are drawn in one-second buckets, and the caption says so."""
+        at = open_app({"CALLGATE_DB": str(run_store.path)}, monkeypatch, window="Last 30 days")
+        assert any("per 1-second bucket" in c.value for c in at.caption)
+
+    def test_trend_rates_are_points(self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """The denial rates are drawn as points joined by lines, so one bucket is still a mark."""
+        at = open_app(store_env, monkeypatch, "trends")
+        specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+        assert specs
+        assert all([layer["mark"]["type"] for layer in spec["layer"]] == ["line", "point"] for spec in specs)
+
+    def test_times_in_the_configured_zone_with_utc_in_tooltips(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With CALLGATE_TIMEZONE, table times read YYYY-MM-DD HH:MM:SS in that zone, its header
+        names the zone, and chart tooltips carry the bucket's start in the zone and in UTC."""
+        at = open_app({**store_env, "CALLGATE_TIMEZONE": "Asia/Tokyo"}, monkeypatch, "blocked")
+        (table,) = [df.value for df in at.dataframe]
+        newest = seeded_store.scalar("select max(time) from blocked_attempts")
+        assert table["time"].iloc[0] == newest.astimezone(ZoneInfo("Asia/Tokyo")).strftime("%Y-%m-%d %H:%M:%S")
+        home = open_app({**store_env, "CALLGATE_TIMEZONE": "Asia/Tokyo"}, monkeypatch)
+        frame = chart_frames(home)[0]
+        assert {"from (Asia/Tokyo)", "from (UTC)"} <= set(frame.columns)
+        tokyo = datetime.strptime(frame["from (Asia/Tokyo)"].iloc[0], "%Y-%m-%d %H:%M:%S")
+        utc = datetime.strptime(frame["from (UTC)"].iloc[0], "%Y-%m-%d %H:%M:%S")
+        assert tokyo - utc == timedelta(hours=9)
+        spec = json.loads(home.get("vega_lite_chart")[0].proto.spec)
+        assert spec["encoding"]["x"]["title"] == "time (Asia/Tokyo)"

@@ -42,6 +42,12 @@ class TestCommand:
             assert result.exit_code == 2
             assert "--trusted-keys" in result.output
 
+    def test_an_unknown_timezone_is_refused_before_starting(self, tmp_path: Path) -> None:
+        """--timezone naming no IANA zone: exit 2 naming the option."""
+        result = CliRunner().invoke(app, ["dashboard", "--db", str(tmp_path / "a.duckdb"), "--timezone", "Mars/Base"])
+        assert result.exit_code == 2
+        assert "--timezone" in result.output
+
     def test_streamlit_runs_headless_on_loopback_without_usage_statistics(self) -> None:
         """The child command is headless, bound where asked, statistics off."""
         command = streamlit_command("127.0.0.1", 8600)
@@ -70,6 +76,7 @@ class TestConfig:
             ({"CALLGATE_DB": "a.duckdb", "CALLGATE_TRACE_URL": "javascript:{trace_id}"}, "CALLGATE_TRACE_URL"),
             ({"CALLGATE_DB": "a.duckdb", "CALLGATE_TRACE_URL": "https://jaeger/trace/"}, "CALLGATE_TRACE_URL"),
             ({"CALLGATE_DB": "a.duckdb", "CALLGATE_REQUIRE_SIGNED": "maybe"}, "CALLGATE_REQUIRE_SIGNED"),
+            ({"CALLGATE_DB": "a.duckdb", "CALLGATE_TIMEZONE": "../../etc/passwd"}, "CALLGATE_TIMEZONE"),
         ],
     )
     def test_bad_settings_name_the_variable(self, env: dict[str, str], culprit: str) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import shlex
+import uuid
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,8 @@ from dashboard.data import (
     Decider,
     Query,
     Window,
+    bucket_width,
+    bucketed,
     check_proof_steps,
     load_coverage,
     load_proof,
@@ -215,3 +219,71 @@ class TestLoadProof:
         tampered = check_proof_steps(event_id, doc, {key.key_id: key})
         assert [s["result"] for s in tampered.steps] == ["pass", "pass", "FAIL", "not reached", "not reached"]
         assert tampered.verdict.step == "inclusion"
+
+
+def timed_store(path: Path, ages_s: list[float]) -> int:
+    """A store of one ToolUse per age (seconds before now) from one producer; how many."""
+    from datetime import UTC, datetime, timedelta
+
+    from consumers.store import AuditStore, RawRecord
+    from events import Producer, ToolUseEvent, encode_event
+
+    now = datetime.now(UTC)
+    producer = Producer()
+    events = [
+        producer.seal(
+            ToolUseEvent,
+            {
+                "event_id": uuid.uuid4().hex,
+                "time": now - timedelta(seconds=age),
+                "gate": "shop",
+                "agent": "desk",
+                "tool": "quote",
+                "call_id": f"c-{i}",
+                "tenant": "acme",
+                "outcome": "ok",
+                "duration_ms": 1.0,
+            },
+        )
+        for i, age in enumerate(sorted(ages_s, reverse=True))
+    ]
+    batch = [RawRecord("t", 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(events)]
+    with AuditStore(path) as store:
+        store.ingest(batch, {("t", 0): len(batch)})
+    return len(events)
+
+
+class TestBuckets:
+    @pytest.mark.parametrize(
+        ("span_s", "width"),
+        [(0.001, 1), (60, 2), (15 * 60, 30), (3600, 120), (86400, 1800), (7 * 86400, 21600), (30 * 86400, 86400)],
+    )
+    def test_width_cuts_the_span_into_about_48(self, span_s: float, width: int) -> None:
+        """The round width that cuts a span into at most about 48 buckets: seconds to days."""
+        assert bucket_width(span_s, 48) == width
+
+    @pytest.mark.parametrize("label", ["Last 15 minutes", "Last 24 hours", "Last 30 days", "All time"])
+    def test_a_minute_of_events_shows_in_seconds_in_any_window(self, tmp_path: Path, label: str) -> None:
+        """A one-minute demo (an event every 5 s) is drawn in 2-second buckets whatever the window,
+        every event counted once."""
+        made = timed_store(tmp_path / "minute.duckdb", [float(s) for s in range(0, 60, 5)])
+        with FileReader(tmp_path / "minute.duckdb") as reader:
+            result = bucketed(_query(reader), "decision_trends", {}, Window.named(label), buckets=48)
+        assert result.seconds == 2
+        assert sum(int(r["events"]) for r in result.rows) == made
+        assert len(result.rows) == made
+
+    def test_thirty_days_show_days(self, tmp_path: Path) -> None:
+        """Events spread over thirty days are drawn in one-day buckets."""
+        day = 86400.0
+        made = timed_store(tmp_path / "month.duckdb", [29 * day, 20 * day, 10 * day, 60.0])
+        with FileReader(tmp_path / "month.duckdb") as reader:
+            result = bucketed(_query(reader), "decision_trends", {}, Window.named("Last 30 days"), buckets=48)
+        assert (result.seconds, result.label) == (86400, "1-day")
+        assert sum(int(r["events"]) for r in result.rows) == made
+
+    def test_no_events_no_rows(self, empty_store: Path) -> None:
+        """An empty window gives no rows, in the window's own width."""
+        with FileReader(empty_store) as reader:
+            result = bucketed(_query(reader), "decision_trends", {}, Window.named("Last hour"), buckets=48)
+        assert (result.rows, result.seconds) == ([], 120)
