@@ -21,6 +21,7 @@ from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations.langchain import (
     _PENDING,
     PendingCall,
+    call_through_gate,
     gate_tool,
     outside_loop,
     run_of,
@@ -145,7 +146,9 @@ class CallgateMiddleware(AgentMiddleware):
         token = _PENDING.set(call)
         try:
             result = run_sync(
-                lambda: self.scope.call(tool_call["name"], tool_call["args"], run=run, call_id=tool_call["id"])
+                lambda: call_through_gate(
+                    self.scope, tool_call["name"], tool_call["args"], run=run, call_id=tool_call["id"]
+                )
             )
         finally:
             _PENDING.reset(token)
@@ -160,8 +163,8 @@ class CallgateMiddleware(AgentMiddleware):
         tool_call = request.tool_call
         token = _PENDING.set(call)
         try:
-            result = await self.scope.call(
-                tool_call["name"], tool_call["args"], run=self._run_of(request), call_id=tool_call["id"]
+            result = await call_through_gate(
+                self.scope, tool_call["name"], tool_call["args"], run=self._run_of(request), call_id=tool_call["id"]
             )
         finally:
             _PENDING.reset(token)

@@ -35,21 +35,26 @@ from asyncio import events as _loops
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast, get_type_hints
 
+import pydantic_core
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tools import BaseTool, StructuredTool
 
 # LangChain's own test for a RunnableConfig parameter: the original gets its config exactly when
 # LangChain would pass it.
 from langchain_core.tools.base import _get_runnable_config_param
-from pydantic import BaseModel, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, StrictBool, ValidationError
 from pydantic.v1 import ValidationError as ValidationErrorV1
 
+from interceptor_core.approvals import Approval
 from interceptor_core.context import RunContext, ToolContext
+from interceptor_core.exceptions import ToolApprovalRequiredError
 from interceptor_core.gate import AgentScope, Gate, Workflow
+from interceptor_core.integrations._approval_probe import AskedApproval, approval_asked
 from interceptor_core.integrations._schema import schema_model, schema_tool
 from interceptor_core.results import ToolResult
 from interceptor_core.tools import Tool
@@ -57,7 +62,7 @@ from interceptor_core.tools import Tool
 if TYPE_CHECKING:
     from interceptor_core.integrations._langchain_agents import CallgateMiddleware
 
-__all__ = ["RUN_CONFIG_KEY", "CallgateMiddleware", "GatedTool", "gate_tools"]
+__all__ = ["APPROVAL_INTERRUPT", "RUN_CONFIG_KEY", "ApprovalResume", "CallgateMiddleware", "GatedTool", "gate_tools"]
 
 RUN_CONFIG_KEY = "callgate_run"
 """Where an invocation's `config["configurable"]` may carry the `RunContext` of its calls."""
@@ -179,6 +184,139 @@ def run_of(config: Mapping[str, Any] | None, default: RunContext, context: objec
     if isinstance(given, RunContext):
         return given
     return context if isinstance(context, RunContext) else default
+
+
+# -- RequireApproval as LangGraph's interrupt() ----------------------------------------------------
+
+APPROVAL_INTERRUPT = "callgate.approval"
+"""The `kind` of the payload of an interrupt that asks for a call's approval."""
+
+_RESUMED = "approved through LangGraph's interrupt (Command(resume=...))"
+
+
+class ApprovalResume(BaseModel):
+    """The answer to a call paused for approval, as `Command(resume=...)` gives it: a JSON object
+    `{"approved": true | false, "by": "who decided", "note": "..."}` (`by` and `note` optional;
+    the note of a refusal is what the model reads), or a bare `true` / `false`. Anything else is
+    refused by LangGraph (a `ValidationError`; the run fails and the interrupt stays open)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="CallgateApprovalResume")
+
+    approved: bool
+    """Whether the call may run."""
+    by: str | None = None
+    """Who decided (the `ApprovalResolved` event records it)."""
+    note: str | None = None
+    """Recorded with the decision; on a refusal, also what the model reads after the refusal."""
+
+
+# A union rather than a class: LangGraph takes any type a pydantic TypeAdapter does.
+_RESUME_SCHEMA = cast("type[bool | ApprovalResume]", StrictBool | ApprovalResume)
+
+
+class _GraphTask(NamedTuple):
+    """The LangGraph task a call runs in: whether an answer to an interrupt waits for it (it is
+    being resumed), and whether the graph has a checkpointer (without one it cannot resume)."""
+
+    resume_waiting: bool
+    checkpointer: bool
+
+
+def _graph_task() -> _GraphTask | None:
+    """The running LangGraph task of this call, or None outside a graph (no interrupt possible)."""
+    if "langgraph.types" not in sys.modules:  # a graph run has loaded it
+        return None
+    configurable = (var_child_runnable_config.get() or {}).get("configurable")
+    if not configurable:
+        return None
+    scratchpad_key, checkpointer_key = _graph_keys()
+    scratchpad = configurable.get(scratchpad_key)
+    if scratchpad is None:
+        return None
+    waiting = bool(getattr(scratchpad, "resume", None)) or scratchpad.get_null_resume(False) is not None
+    return _GraphTask(waiting, configurable.get(checkpointer_key) is not None)
+
+
+@functools.cache
+def _graph_keys() -> tuple[str, str]:
+    # LangGraph's task state is private API: read defensively, and only where a graph runs.
+    from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER, CONFIG_KEY_SCRATCHPAD
+
+    return CONFIG_KEY_SCRATCHPAD, CONFIG_KEY_CHECKPOINTER
+
+
+def approval_payload(name: str, call_id: str | None, asked: AskedApproval) -> dict[str, Any]:
+    """The JSON-safe value of the interrupt that asks for a call's approval."""
+    return {
+        "kind": APPROVAL_INTERRUPT,
+        "tool": name,
+        "args": pydantic_core.to_jsonable_python(asked.args, fallback=repr),
+        "call_id": call_id,
+        "reason": asked.reason,
+        "requested_by": list(asked.requested_by),
+    }
+
+
+def _approval_of(answer: bool | ApprovalResume) -> Approval:
+    if isinstance(answer, bool):
+        return Approval(approved=answer, note=_RESUMED if answer else None)
+    note = answer.note if answer.note is not None or not answer.approved else _RESUMED
+    return Approval(approved=answer.approved, by=answer.by, note=note)
+
+
+def _ask_graph(name: str, call_id: str | None, asked: AskedApproval) -> Approval:
+    """LangGraph's `interrupt()` for this call: the answer the resumed run brings, or
+    `GraphInterrupt` (the run pauses)."""
+    from langgraph.types import interrupt
+
+    answer = interrupt(approval_payload(name, call_id, asked), response_schema=_RESUME_SCHEMA)
+    return _approval_of(answer)
+
+
+async def call_through_gate(
+    scope: AgentScope, name: str, args: dict[str, Any], *, run: RunContext, call_id: str | None
+) -> ToolResult:
+    """`scope.call`, with LangGraph's `interrupt()` as the approval flow when the chain requires
+    approval and the gate has no `approval_handler` (on both routes; see `CallgateMiddleware`).
+
+    In a graph task: the call that needs approval is recorded as `Blocked` ("approval_required")
+    and pauses the run; the resumed run's answer decides it, passing the whole chain again
+    (`ApprovalRequested`, `ApprovalResolved`, then the outcome). Without a checkpointer the run
+    cannot resume: `ToolApprovalRequiredError` saying so, the tool not run. Outside a graph, or
+    with a handler, this is `scope.call`."""
+    task = _graph_task() if scope.gate.approval_handler is None else None
+    if task is None:
+        return await scope.call(name, args, run=run, call_id=call_id)
+    from langgraph.errors import GraphInterrupt
+
+    pause: GraphInterrupt | None = None
+    if task.resume_waiting and (asked := await approval_asked(scope, name, args, run, call_id)) is not None:
+        try:
+            approval = _ask_graph(name, call_id, asked)
+        except GraphInterrupt as exc:  # the answer waiting was another call's: this one pauses
+            pause = exc
+        else:
+            return await scope.call(name, args, run=run, call_id=call_id, approval=approval)
+    try:
+        return await scope.call(name, args, run=run, call_id=call_id)
+    except ToolApprovalRequiredError as exc:
+        if pause is not None:
+            raise pause from None
+        if not task.checkpointer:
+            raise ToolApprovalRequiredError(
+                f"{exc.reason}; LangGraph pauses a run for approval only with a checkpointer "
+                "(create_agent(..., checkpointer=...) or graph.compile(checkpointer=...))",
+                tool=exc.tool,
+                call_id=exc.call_id,
+                interceptor=exc.interceptor,
+            ) from exc
+        # The arguments as the gate holds them (rewrites applied), for the reviewer.
+        asked = await approval_asked(scope, name, args, run, call_id) or AskedApproval(
+            args, exc.reason, tuple((exc.interceptor or "").split(", "))
+        )
+        approval = _ask_graph(name, call_id, asked)  # raises GraphInterrupt: the run pauses
+    # Only when an answer was waiting after all: it decides the call, which passes the chain again.
+    return await scope.call(name, args, run=run, call_id=call_id, approval=approval)
 
 
 # -- sync calls -------------------------------------------------------------------------------------
@@ -436,7 +574,7 @@ class GatedTool(StructuredTool):
         token = _PENDING.set(call)
         try:
             result = run_sync(
-                lambda: wrapping.scope.call(self.name, call.gate_args, run=run, call_id=call.tool_call_id)
+                lambda: call_through_gate(wrapping.scope, self.name, call.gate_args, run=run, call_id=call.tool_call_id)
             )
         finally:
             _PENDING.reset(token)
@@ -455,8 +593,12 @@ class GatedTool(StructuredTool):
         call.keywords = wrapping.async_body.keywords(run_manager, config)
         token = _PENDING.set(call)
         try:
-            result = await wrapping.scope.call(
-                self.name, call.gate_args, run=run_of(config, wrapping.default_run), call_id=call.tool_call_id
+            result = await call_through_gate(
+                wrapping.scope,
+                self.name,
+                call.gate_args,
+                run=run_of(config, wrapping.default_run),
+                call_id=call.tool_call_id,
             )
         finally:
             _PENDING.reset(token)

@@ -25,8 +25,25 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel, Field, ValidationError
 
 from events import EventBase, MemorySink, verify_chain
-from interceptor_core import Deny, Gate, Rewrite, RunContext, ToolBlockedError, ToolCall
-from interceptor_core.integrations.langchain import RUN_CONFIG_KEY, CallgateMiddleware, GatedTool, gate_tools
+from interceptor_core import (
+    Approval,
+    ApprovalRequest,
+    Deny,
+    Gate,
+    RequireApproval,
+    Rewrite,
+    RunContext,
+    ToolApprovalRequiredError,
+    ToolBlockedError,
+    ToolCall,
+)
+from interceptor_core.integrations.langchain import (
+    APPROVAL_INTERRUPT,
+    RUN_CONFIG_KEY,
+    CallgateMiddleware,
+    GatedTool,
+    gate_tools,
+)
 
 from .files_policy import DENIAL, SUBSTITUTE, ProtectFiles
 
@@ -234,7 +251,7 @@ class TestCallgateMiddleware:
         assert used == {"c1": "acme", "c2": "globex"}
 
 
-def tool_node_graph(model: ScriptedChat, tools: list[GatedTool]) -> Any:
+def tool_node_graph(model: ScriptedChat, tools: list[GatedTool], checkpointer: InMemorySaver | None = None) -> Any:
     """The classic LangGraph agent: a model node, and a ToolNode while the model calls tools."""
 
     def call_model(state: MessagesState) -> dict[str, list[AnyMessage]]:
@@ -246,7 +263,7 @@ def tool_node_graph(model: ScriptedChat, tools: list[GatedTool]) -> Any:
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition, ["tools", END])
     graph.add_edge("tools", "agent")
-    return graph.compile()
+    return graph.compile(checkpointer=checkpointer)
 
 
 class TestToolNode:
@@ -516,6 +533,234 @@ class TestInterrupts:
         uses = [(e.call_id, e.outcome) for e in memory.events if e.type == "ToolUse"]  # type: ignore[attr-defined]
         assert uses == [("q1", "error"), ("q1", "ok")]
         assert verify_chain(memory.events).ok
+
+
+# -- RequireApproval as LangGraph's interrupt() ----------------------------------------------------
+
+
+class StripDotSlash:
+    """Paths lose a leading "./" (so the reviewer sees rewritten arguments)."""
+
+    name = "strip-dot-slash"
+
+    def before_tool_call(self, call: ToolCall) -> Rewrite | None:
+        path = call.args.get("path", "")
+        return Rewrite({**call.args, "path": path[2:]}) if path.startswith("./") else None
+
+
+class DeletesNeedApproval:
+    """Every delete needs a human."""
+
+    name = "deletes-need-approval"
+
+    def before_tool_call(self, call: ToolCall) -> RequireApproval | None:
+        return RequireApproval("deletes need a human") if call.tool_name == "delete_file" else None
+
+
+def approvals_gate(memory: MemorySink, **options: Any) -> Gate:
+    return Gate("files", interceptors=[StripDotSlash(), DeletesNeedApproval()], sinks=[memory], **options)
+
+
+class ReadingChat(ScriptedChat):
+    """The scripted model, keeping what it was shown at each turn."""
+
+    shown: list[list[AnyMessage]] = Field(default_factory=list)
+
+    def _generate(self, messages: list[AnyMessage], *args: Any, **kwargs: Any) -> Any:
+        self.shown.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+
+DELETE = turn(("c1", "delete_file", {"path": "./old.txt"}))
+
+PAYLOAD = {
+    "kind": APPROVAL_INTERRUPT,
+    "tool": "delete_file",
+    "args": {"path": "old.txt"},
+    "call_id": "c1",
+    "reason": "deletes need a human",
+    "requested_by": ["deletes-need-approval"],
+}
+
+
+def trail(memory: MemorySink, call_id: str) -> list[str]:
+    """The event types of one call id, in order."""
+    return [e.type for e in memory.events if getattr(e, "call_id", None) == call_id]
+
+
+class Route:
+    """One way of running the files tools in a graph with a checkpointer: `create_agent` with the
+    middleware, or a LangGraph ToolNode of `gate_tools`; sync (`invoke`) or async (`ainvoke`)."""
+
+    def __init__(self, name: str, root: Path, gate: Gate, model: ScriptedChat, *, checkpointer: bool = True) -> None:
+        self.done: list[str] = []
+        tools = file_tools(root, self.done)
+        saver = InMemorySaver() if checkpointer else None
+        if name.startswith("middleware"):
+            middleware = [CallgateMiddleware(tools, gate=gate, agent="writer")]
+            self.graph = create_agent(model, tools=tools, middleware=middleware, checkpointer=saver)
+        else:
+            self.graph = tool_node_graph(model, gate_tools(tools, gate=gate, agent="writer"), checkpointer=saver)
+        self.sync = name.endswith("sync")
+        self.thread: RunnableConfig = {"configurable": {"thread_id": "t1"}}
+
+    async def run(self, given: Any) -> dict[str, Any]:
+        if self.sync:
+            out: dict[str, Any] = self.graph.invoke(given, self.thread)
+        else:
+            out = await self.graph.ainvoke(given, self.thread)
+        return out
+
+
+ROUTES = ["middleware-async", "middleware-sync", "tool-node-async", "tool-node-sync"]
+
+
+class TestApprovalAsInterrupt:
+    """`RequireApproval` with no approval handler pauses the graph with `interrupt()`; the
+    `Command(resume=...)` answer decides the call, on both routes, sync and async."""
+
+    @pytest.mark.parametrize("route", ROUTES)
+    async def test_the_run_pauses_with_the_payload_and_nothing_deleted(self, root: Path, route: str) -> None:
+        """The interrupt carries the tool, the arguments as the gate holds them (rewritten), the
+        call id, the reason and who asked; the delete has not run; the gate recorded the pause as
+        `Blocked` ("approval_required")."""
+        memory = MemorySink()
+        graph = Route(route, root, approvals_gate(memory), chat(DELETE))
+        paused = await graph.run({"messages": [HumanMessage("tidy up")]})
+        (pause,) = paused["__interrupt__"]
+        assert pause.value == PAYLOAD
+        assert (root / "old.txt").exists()
+        assert graph.done == []
+        assert trail(memory, "c1") == ["Blocked"]
+        blocked = memory.of_type("Blocked")[0]
+        assert (blocked.cause, blocked.reason) == ("approval_required", "deletes need a human")
+
+    @pytest.mark.parametrize("route", ROUTES)
+    @pytest.mark.parametrize(
+        ("answer", "by"), [(True, None), ({"approved": True, "by": "alice"}, "alice")], ids=["bare", "object"]
+    )
+    async def test_approved_on_resume_the_tool_runs_once(self, root: Path, route: str, answer: Any, by: Any) -> None:
+        """Resumed with an approval: the delete runs once, the model reads its result, and the
+        call's trail is the pause, then the approval (who decided, through LangGraph) and its one
+        outcome."""
+        memory = MemorySink()
+        graph = Route(route, root, approvals_gate(memory), chat(DELETE))
+        await graph.run({"messages": [HumanMessage("tidy up")]})
+        out = await graph.run(Command(resume=answer))
+        assert "__interrupt__" not in out
+        assert out["messages"][-1].content == "done"
+        assert not (root / "old.txt").exists()
+        assert graph.done == ["delete old.txt"]
+        assert replies(out["messages"]) == {"c1": ("success", "deleted old.txt")}
+        assert trail(memory, "c1") == ["Blocked", "ApprovalRequested", "ApprovalResolved", "ToolUse"]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.by) == (True, by)
+        assert "LangGraph" in (resolved.note or "")
+        assert verify_chain(memory.events).ok
+
+    @pytest.mark.parametrize("route", ROUTES)
+    async def test_denied_on_resume_the_tool_never_runs_and_the_model_reads_why(self, root: Path, route: str) -> None:
+        """Resumed with a refusal and a note: the delete never runs; the model's next turn is
+        shown an error ToolMessage with the refusal, who refused and the note; the outcome is
+        `ToolDenied`."""
+        memory = MemorySink()
+        model = ReadingChat(messages=iter([DELETE, AIMessage("done")]))
+        graph = Route(route, root, approvals_gate(memory), model)
+        await graph.run({"messages": [HumanMessage("tidy up")]})
+        out = await graph.run(Command(resume={"approved": False, "by": "alice", "note": "not today"}))
+        refusal = "The call to delete_file needs approval (deletes need a human) and was refused by alice: not today"
+        assert out["messages"][-1].content == "done"
+        assert (root / "old.txt").read_text() == "old"
+        assert graph.done == []
+        assert replies(model.shown[-1]) == {"c1": ("error", refusal)}
+        assert trail(memory, "c1") == ["Blocked", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.by, resolved.note) == (False, "alice", "not today")
+        assert memory.of_type("ToolDenied")[0].message == refusal
+        assert verify_chain(memory.events).ok
+
+    async def test_the_other_calls_of_the_turn_run_once(self, root: Path) -> None:
+        """With `create_agent` each tool call is a task of its own: a write beside the paused delete
+        runs before the pause and not again on resume."""
+        memory = MemorySink()
+        both = turn(
+            ("c1", "delete_file", {"path": "old.txt"}), ("c2", "write_file", {"path": "note.txt", "text": "hi"})
+        )
+        graph = Route("middleware-async", root, approvals_gate(memory), chat(both))
+        await graph.run({"messages": [HumanMessage("tidy up")]})
+        assert graph.done == ["write note.txt"]
+        out = await graph.run(Command(resume=True))
+        assert graph.done == ["write note.txt", "delete old.txt"]
+        assert replies(out["messages"]) == {"c1": ("success", "deleted old.txt"), "c2": ("success", "wrote note.txt")}
+        assert trail(memory, "c2") == ["ToolUse"]
+
+    @pytest.mark.parametrize("route", ROUTES)
+    async def test_without_a_checkpointer_the_call_fails_closed(self, root: Path, route: str) -> None:
+        """A graph with no checkpointer cannot resume: the run ends with `ToolApprovalRequiredError`
+        saying a checkpointer is needed, and the tool has not run."""
+        memory = MemorySink()
+        gate = approvals_gate(memory)
+        graph = Route(route, root, gate, chat(turn(("c1", "delete_file", {"path": "old.txt"}))), checkpointer=False)
+        with pytest.raises(ToolApprovalRequiredError, match="only with a checkpointer") as raised:
+            await graph.run({"messages": [HumanMessage("tidy up")]})
+        assert (raised.value.tool, raised.value.call_id) == ("delete_file", "c1")
+        assert (root / "old.txt").exists()
+        assert graph.done == []
+        assert trail(memory, "c1") == ["Blocked"]
+
+    async def test_an_invalid_answer_is_refused_and_the_call_still_waits(self, root: Path) -> None:
+        """A resume value that is not an answer (a string, an unknown field) fails the resumed run
+        with LangGraph's `ValidationError`, records nothing and runs nothing; a valid answer then
+        still decides the call."""
+        memory = MemorySink()
+        gate = approvals_gate(memory)
+        graph = Route("middleware-async", root, gate, chat(turn(("c1", "delete_file", {"path": "old.txt"}))))
+        await graph.run({"messages": [HumanMessage("tidy up")]})
+        for bad in ["yes", {"approved": True, "message": "fine"}]:
+            with pytest.raises(ValidationError):
+                await graph.run(Command(resume=bad))
+        assert trail(memory, "c1") == ["Blocked"]
+        assert (root / "old.txt").exists()
+        out = await graph.run(Command(resume=True))
+        assert replies(out["messages"]) == {"c1": ("success", "deleted old.txt")}
+        assert trail(memory, "c1") == ["Blocked", "ApprovalRequested", "ApprovalResolved", "ToolUse"]
+
+    async def test_two_calls_waiting_are_answered_by_interrupt_id(self, root: Path) -> None:
+        """Two deletes of one turn pause together; `Command(resume={interrupt id: answer})`
+        approves one and refuses the other."""
+        memory = MemorySink()
+        gate = approvals_gate(memory)
+        (root / "older.txt").write_text("older")
+        two = turn(("c1", "delete_file", {"path": "old.txt"}), ("c2", "delete_file", {"path": "older.txt"}))
+        graph = Route("middleware-async", root, gate, chat(two))
+        paused = await graph.run({"messages": [HumanMessage("tidy up")]})
+        ids = {i.value["call_id"]: i.id for i in paused["__interrupt__"]}
+        out = await graph.run(Command(resume={ids["c1"]: True, ids["c2"]: {"approved": False, "note": "keep it"}}))
+        assert graph.done == ["delete old.txt"]
+        assert (root / "older.txt").exists()
+        got = replies(out["messages"])
+        assert got["c1"] == ("success", "deleted old.txt")
+        assert got["c2"] == (
+            "error",
+            "The call to delete_file needs approval (deletes need a human) and was refused: keep it",
+        )
+        assert trail(memory, "c2") == ["Blocked", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+
+    async def test_a_gate_with_a_handler_asks_it_and_never_pauses(self, root: Path) -> None:
+        """The gate's own `approval_handler` answers, as on every route: no interrupt."""
+        asked: list[ApprovalRequest] = []
+
+        def approve(request: ApprovalRequest) -> Approval:
+            asked.append(request)
+            return Approval(approved=True, by="bob")
+
+        memory = MemorySink()
+        gate = approvals_gate(memory, approval_handler=approve)
+        graph = Route("middleware-async", root, gate, chat(turn(("c1", "delete_file", {"path": "old.txt"}))))
+        out = await graph.run({"messages": [HumanMessage("tidy up")]})
+        assert "__interrupt__" not in out
+        assert [r.call_id for r in asked] == ["c1"]
+        assert trail(memory, "c1") == ["ApprovalRequested", "ApprovalResolved", "ToolUse"]
 
 
 @tool
