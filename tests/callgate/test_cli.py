@@ -63,11 +63,12 @@ def test_tour_shows_every_decision_and_the_bypass() -> None:
 
 
 class TestMaterializeApiBinding:
-    """`callgate materialize --api`: loopback by default, anything else only with --allow-remote."""
+    """`callgate materialize --api`: loopback by default, anything else only with authentication or
+    --insecure-no-auth."""
 
     def test_non_loopback_api_is_refused_before_anything_starts(self, tmp_path: Path) -> None:
-        """0.0.0.0 without --allow-remote exits 2 naming the host and the flag; no store file is created
-        and no broker is contacted (nothing listens at the bootstrap given)."""
+        """0.0.0.0 without --auth, --jwt-* or --insecure-no-auth exits 2 naming the host and the flags; no
+        store file is created and no broker is contacted (nothing listens at the bootstrap given)."""
         db = tmp_path / "audit.duckdb"
         result = runner.invoke(
             app,
@@ -76,8 +77,8 @@ class TestMaterializeApiBinding:
         )
         assert result.exit_code == 2, result.output
         assert "--api 0.0.0.0:8765 binds 0.0.0.0" in result.stderr
-        assert "--allow-remote" in result.stderr
-        assert "no authentication" in result.stderr
+        assert "--auth FILE" in result.stderr
+        assert "--insecure-no-auth" in result.stderr
         assert not db.exists()
 
     def test_a_service_name_is_not_loopback_either(self, tmp_path: Path) -> None:
@@ -97,14 +98,35 @@ class TestMaterializeApiBinding:
         args = ["materialize", "--bootstrap", broker.bootstrap, "--topic", topic, "--db", db, "--api", api]
         return runner.invoke(app, [*args, *extra, "--drain"])
 
-    def test_allow_remote_binds_every_interface_and_warns(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
-        """With --allow-remote the API serves on 0.0.0.0 and stderr warns that it has no authentication."""
-        result = self.drain_serving(kafka_broker, tmp_path, "0.0.0.0:0", "--allow-remote")
+    def test_insecure_no_auth_binds_every_interface_and_warns(
+        self, kafka_broker: EmbeddedBroker, tmp_path: Path
+    ) -> None:
+        """With --insecure-no-auth the API serves on 0.0.0.0 and stderr warns that it has no authentication."""
+        result = self.drain_serving(kafka_broker, tmp_path, "0.0.0.0:0", "--insecure-no-auth")
         assert result.exit_code == 0, result.output
         assert "read API at http://0.0.0.0:" in result.stdout
         assert "warning: serving the read API on 0.0.0.0" in result.stderr
-        assert "authenticating proxy" in result.stderr
+        assert "without authentication (--insecure-no-auth)" in result.stderr
         assert "materialized 0 records" in result.stdout
+
+    def test_allow_remote_is_the_old_name_of_insecure_no_auth(
+        self, kafka_broker: EmbeddedBroker, tmp_path: Path
+    ) -> None:
+        """--allow-remote still serves without authentication, saying it is the old name."""
+        result = self.drain_serving(kafka_broker, tmp_path, "0.0.0.0:0", "--allow-remote")
+        assert result.exit_code == 0, result.output
+        assert "--allow-remote is the old name of --insecure-no-auth" in result.stderr
+        assert "without authentication (--insecure-no-auth)" in result.stderr
+
+    def test_auth_binds_every_interface_and_warns_without_tls(
+        self, kafka_broker: EmbeddedBroker, tmp_path: Path
+    ) -> None:
+        """With --auth the API serves on 0.0.0.0; without TLS stderr warns that tokens cross in clear."""
+        tokens = tmp_path / "tokens.yaml"
+        tokens.write_text("tokens: []\n")
+        result = self.drain_serving(kafka_broker, tmp_path, "0.0.0.0:0", "--auth", str(tokens))
+        assert result.exit_code == 0, result.output
+        assert "without TLS: bearer tokens cross the network in clear" in result.stderr
 
     def test_loopback_api_needs_no_flag_and_gets_no_warning(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
         """The default, loopback, runs as before: no flag, nothing on stderr about remote access."""

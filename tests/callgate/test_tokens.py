@@ -1,0 +1,206 @@
+"""`callgate token new|revoke|list`, and `callgate materialize`'s read API authentication options: the
+token file round trip, refused starts (exit 2, one line), and a running materializer asked with and
+without a token by `callgate coverage --api --token`."""
+
+from __future__ import annotations
+
+import select
+import signal
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from callgate.broker import EmbeddedBroker
+from callgate.cli import app
+from consumers.auth import AuthError, TokenFile, hash_token
+
+runner = CliRunner()
+
+
+def new(file: Path, subject: str, *roles: str) -> str:
+    """`callgate token new`; the token it printed."""
+    args = ["token", "new", "--file", str(file), "--subject", subject]
+    for role in roles:
+        args += ["--role", role]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return result.stdout.strip()
+
+
+class TestTokenCommands:
+    def test_new_revoke_round_trip(self, tmp_path: Path) -> None:
+        """new creates the file mode 0600 and prints the token alone on stdout; the file holds its
+        SHA-256, not the token; the read API's TokenFile accepts it; revoke removes it."""
+        file = tmp_path / "tokens.yaml"
+        token = new(file, "alice", "auditor", "tenant:acme")
+        assert token.startswith("cg_")
+        assert "\n" not in token
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600
+        text = file.read_text()
+        assert token not in text
+        assert hash_token(token) in text
+        identity = TokenFile(file).authenticate(token)
+        assert (identity.subject, identity.roles) == ("alice", {"auditor", "tenant:acme"})
+
+        bob = new(file, "bob", "admin")
+        listed = runner.invoke(app, ["token", "list", "--file", str(file)])
+        assert listed.exit_code == 0
+        assert [line.split("\t")[:2] for line in listed.stdout.splitlines()] == [
+            ["alice", "auditor,tenant:acme"],
+            ["bob", "admin"],
+        ]
+        assert token not in listed.stdout
+        assert bob not in listed.stdout
+
+        result = runner.invoke(app, ["token", "revoke", "--file", str(file), "--subject", "alice"])
+        assert result.exit_code == 0, result.output
+        with pytest.raises(AuthError):
+            TokenFile(file).authenticate(token)
+        assert TokenFile(file).authenticate(bob).subject == "bob"
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600
+
+    def test_a_duplicate_subject_is_refused(self, tmp_path: Path) -> None:
+        """A second token for one subject exits 2 naming it, and the file keeps the first."""
+        file = tmp_path / "tokens.yaml"
+        first = new(file, "alice", "admin")
+        result = runner.invoke(app, ["token", "new", "--file", str(file), "--subject", "alice", "--role", "admin"])
+        assert result.exit_code == 2
+        assert "already has a token for subject 'alice'" in result.stderr
+        assert result.stdout == ""
+        assert TokenFile(file).authenticate(first).subject == "alice"
+
+    @pytest.mark.parametrize("role", ["root", "tenant:", "Tenant:acme"])
+    def test_an_unknown_role_is_refused(self, tmp_path: Path, role: str) -> None:
+        """An unknown role exits 2 naming it, and no file is written."""
+        file = tmp_path / "tokens.yaml"
+        result = runner.invoke(app, ["token", "new", "--file", str(file), "--subject", "a", "--role", role])
+        assert result.exit_code == 2
+        assert f"unknown role {role!r}" in result.stderr
+        assert not file.exists()
+
+    def test_revoking_an_unknown_subject_is_refused(self, tmp_path: Path) -> None:
+        """revoke of a subject that is not there exits 2 naming it."""
+        file = tmp_path / "tokens.yaml"
+        new(file, "alice", "admin")
+        result = runner.invoke(app, ["token", "revoke", "--file", str(file), "--subject", "bob"])
+        assert result.exit_code == 2
+        assert "no token for subject 'bob'" in result.stderr
+
+    def test_a_malformed_file_is_refused(self, tmp_path: Path) -> None:
+        """new on a file that is not a token file exits 2 naming the file, and leaves it alone."""
+        file = tmp_path / "tokens.yaml"
+        file.write_text("tokens: [oops")
+        result = runner.invoke(app, ["token", "new", "--file", str(file), "--subject", "a", "--role", "admin"])
+        assert result.exit_code == 2
+        assert str(file) in result.stderr
+        assert file.read_text() == "tokens: [oops"
+
+
+def callgate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "callgate.cli", *args], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
+    )
+
+
+class TestMaterializeRefusals:
+    """Startup errors of the read API's options: exit 2 with one line naming the culprit, before the
+    store is created or Kafka reached (nothing listens at the bootstrap given)."""
+
+    @pytest.mark.parametrize(
+        ("extra", "named"),
+        [
+            (["--api", "0.0.0.0:8765"], "--insecure-no-auth"),
+            (["--api", "0.0.0.0:8765", "--jwt-jwks", "jwks.json"], "missing: --jwt-audience, --jwt-issuer"),
+            (["--api", "127.0.0.1:0", "--tls-cert", "api.crt"], "--tls-cert and --tls-key go together"),
+            (["--api", "127.0.0.1:0", "--auth", "absent.yaml"], "--auth: cannot read token file absent.yaml"),
+            (["--auth", "absent.yaml"], "give --api too"),
+            (["--api", "0.0.0.0:1", "--auth", "t.yaml", "--insecure-no-auth"], "contradicts"),
+        ],
+    )
+    def test_refused_with_one_line(self, tmp_path: Path, extra: list[str], named: str) -> None:
+        """Each bad combination exits 2 with one line on stderr, naming what to fix; no store is made."""
+        (tmp_path / "t.yaml").write_text("tokens: []\n")
+        db = tmp_path / "audit.duckdb"
+        result = callgate("materialize", "--bootstrap", "127.0.0.1:1", "--db", str(db), *extra, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("error: ")
+        assert named in lines[0]
+        assert not db.exists()
+
+
+def read_line(process: subprocess.Popen[str], marker: str, deadline_s: float = 60.0) -> str:
+    """The first stdout line of `process` containing `marker`, waiting at most `deadline_s`."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + deadline_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([process.stdout], [], [], remaining)
+        if not ready:
+            break
+        line = process.stdout.readline()
+        if not line:
+            break
+        if marker in line:
+            return line
+    process.kill()
+    raise AssertionError(
+        f"no line with {marker!r} within {deadline_s} s; stderr: {process.stderr and process.stderr.read()}"
+    )
+
+
+@pytest.fixture
+def materializing(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """`callgate materialize --api 127.0.0.1:0 --auth FILE` running on its own topic: (API URL, token file)."""
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("tokens: []\n")
+    topic = f"auth-{uuid.uuid4().hex[:8]}"
+    command = [sys.executable, "-m", "callgate.cli", "materialize", "--bootstrap", kafka_broker.bootstrap]
+    command += ["--topic", topic, "--db", str(tmp_path / "audit.duckdb"), "--api", "127.0.0.1:0"]
+    command += ["--auth", str(tokens), "--partitions", "1"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            url = read_line(process, "read API at ").split("read API at ", 1)[1].strip()
+            yield url, tokens
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+class TestMaterializeWithAuth:
+    def test_coverage_needs_the_token_and_the_read_is_logged(self, materializing: tuple[str, Path]) -> None:
+        """A running `materialize --auth`: /healthz open, queries 401 without a token; `coverage --api`
+        exits 2 without --token saying so, checks with CALLGATE_TOKEN, and its reads are in the
+        access log under its subject."""
+        url, tokens = materializing
+        assert httpx.get(f"{url}/healthz").status_code in (200, 503)
+        assert httpx.get(f"{url}/v1/queries/coverage_summary").status_code == 401
+        auditor = new(tokens, "ci-coverage", "auditor")
+        admin = new(tokens, "ops", "admin")
+
+        refused = runner.invoke(app, ["coverage", "--api", url], env={"COLUMNS": "200"})
+        assert refused.exit_code == 2, refused.output
+        assert "--token or CALLGATE_TOKEN" in refused.output
+
+        checked = runner.invoke(app, ["coverage", "--api", url], env={"CALLGATE_TOKEN": auditor, "COLUMNS": "200"})
+        assert checked.exit_code in (0, 1), checked.output
+
+        logged = httpx.get(
+            f"{url}/v1/queries/access_log",
+            params={"subject": "ci-coverage"},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert logged.status_code == 200
+        assert {row["query"] for row in logged.json()["rows"]} >= {"coverage_summary"}
