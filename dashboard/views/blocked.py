@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from dashboard import ui
@@ -9,11 +11,33 @@ from dashboard.data import BLOCKED_COLUMNS, BlockedFilters, blocked_csv, load_bl
 
 st.title("Blocked attempts")
 
+KINDS = ["Denied and blocked", "ToolDenied", "Blocked"]
+PAGE_SIZES = [50, 100, 500, 1000]
+TEXT_FILTERS = ("f_since", "f_until", "f_decided_by", "f_tenant", "f_principal", "f_agent", "f_tool", "f_text")
+
+
+def _choice(options: list[Any]) -> Any:
+    def parse(text: str) -> Any:
+        for option in options:
+            if str(option) == text:
+                return option
+        raise ValueError(text)
+
+    return parse
+
+
+# A shared link restores the filters, the page and the picked call (?f_tenant=acme&page=2&call=...).
+for key in TEXT_FILTERS:
+    ui.from_url(key)
+ui.from_url("f_type", parse=_choice(KINDS))
+ui.from_url("page_size", parse=_choice(PAGE_SIZES))
+ui.from_url("page", parse=int)
+
 with st.expander("Filters", expanded=True):
     row1 = st.columns(4)
     since = row1[0].text_input("From (ISO 8601, UTC)", key="f_since", placeholder="the sidebar's window")
     until = row1[1].text_input("To (ISO 8601, UTC)", key="f_until", placeholder="now")
-    kind = row1[2].selectbox("Decision", ["Denied and blocked", "ToolDenied", "Blocked"], key="f_type")
+    kind = row1[2].selectbox("Decision", KINDS, key="f_type")
     decided_by = row1[3].text_input("Interceptor", key="f_decided_by")
     row2 = st.columns(4)
     tenant = row2[0].text_input("Tenant", key="f_tenant")
@@ -35,8 +59,15 @@ filters = BlockedFilters(
     text=text,
 )
 controls = st.columns([1, 1, 2])
-page_size = controls[0].selectbox("Rows per page", [50, 100, 500, 1000], index=1, key="page_size")
-page_number = int(controls[1].number_input("Page", min_value=1, value=1, step=1, key="page"))
+if "page_size" not in st.session_state:
+    st.session_state["page_size"] = 100
+page_size = controls[0].selectbox("Rows per page", PAGE_SIZES, key="page_size")
+page_number = int(controls[1].number_input("Page", min_value=1, step=1, key="page"))
+for key in TEXT_FILTERS:
+    ui.to_url(key, st.session_state.get(key))
+ui.to_url("f_type", kind, KINDS[0])
+ui.to_url("page_size", page_size, 100)
+ui.to_url("page", page_number, 1)
 with controls[2]:
     st.write("")
     st.download_button(
@@ -66,10 +97,14 @@ def live() -> None:
         picked = list(event.selection.rows) if event is not None else []
         selected = result.rows[picked[0]].get("call_id") if picked and picked[0] < len(result.rows) else None
         calls = list(dict.fromkeys(row["call_id"] for row in result.rows if row.get("call_id")))
+        linked = st.query_params.get("call")
+        if "blocked_call" not in st.session_state and linked in calls:
+            st.session_state["blocked_call"] = linked
         choice = st.selectbox(
             "Call", calls, index=None, placeholder="pick a call of this page, or select a row", key="blocked_call"
         )
         target = selected or choice
+        ui.to_url("call", target)
         if selected:
             st.text(f"Selected call: {selected}")
         runs = {row["call_id"]: row.get("run_id") for row in result.rows if row.get("call_id")}

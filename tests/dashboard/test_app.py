@@ -685,3 +685,42 @@ class TestChartsAndTimes:
         assert tokyo - utc == timedelta(hours=9)
         spec = json.loads(home.get("vega_lite_chart")[0].proto.spec)
         assert spec["encoding"]["x"]["title"] == "time (Asia/Tokyo)"
+
+
+class TestLinks:
+    def test_filters_page_and_call_are_written_to_the_url(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Changing the window, a filter, the page size and the call writes each to the query string;
+        back to its default, it leaves the query string."""
+        at = open_app(store_env, monkeypatch, "blocked")
+        at.selectbox(key="window").set_value("Last 7 days").run()
+        at.text_input(key="f_tenant").input("acme").run()
+        at.selectbox(key="page_size").set_value(50).run()
+        at.selectbox(key="blocked_call").set_value("c-deny-0").run()
+        params = {key: at.query_params[key] for key in at.query_params}
+        assert {k: params[k] for k in ("window", "f_tenant", "page_size", "call")} == {
+            "window": "7d",
+            "f_tenant": "acme",
+            "page_size": "50",
+            "call": "c-deny-0",
+        }
+        at.text_input(key="f_tenant").input("").run()
+        assert "f_tenant" not in at.query_params
+
+    def test_a_link_restores_what_its_sender_saw(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Opening the page with the query string of a link restores the window, the filters and the call."""
+        for name in ("CALLGATE_API", "CALLGATE_TIMEZONE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in store_env.items():
+            monkeypatch.setenv(name, value)
+        at = AppTest.from_file(APP, default_timeout=60)
+        at.query_params.update({"window": "30d", "f_tenant": "globex", "f_type": "Blocked", "call": "c-blocked-1"})
+        at.switch_page("views/blocked.py").run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.selectbox(key="window").value == "Last 30 days"
+        assert at.text_input(key="f_tenant").value == "globex"
+        assert metrics(at)["Matching attempts"] == "2"
+        assert at.selectbox(key="blocked_call").value == "c-blocked-1"
