@@ -230,7 +230,7 @@ def open_reader(
     `ValueError` for both or neither."""
     if (api is None) == (db is None):
         raise ValueError("give exactly one of api (the read API's URL) or db (an audit store file)")
-    return ApiReader(api, token=token) if api is not None else FileReader(db)  # type: ignore[arg-type]
+    return ApiReader(api, token=token or None) if api is not None else FileReader(db)  # type: ignore[arg-type]
 
 
 def _param_text(value: Any) -> str:

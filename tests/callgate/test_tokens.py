@@ -204,3 +204,22 @@ class TestMaterializeWithAuth:
         )
         assert logged.status_code == 200
         assert {row["query"] for row in logged.json()["rows"]} >= {"coverage_summary"}
+
+    def test_verify_and_replay_take_the_token(self, materializing: tuple[str, Path]) -> None:
+        """`verify --api` and `replay --api` without a token exit 2 saying to give one; with --token
+        they read (an unknown event has no proof; an empty store has nothing to replay)."""
+        url, tokens = materializing
+        auditor = new(tokens, "ci-replay", "auditor")
+        policy = str(Path(__file__).parents[2] / "callgate" / "support_desk.policy.yaml")
+        verify = ["verify", "--api", url, "--event", "no-such-event"]
+        replay = ["replay", "--api", url, "--policy", policy, "--since", "all"]
+        for args in (verify, replay):
+            refused = runner.invoke(app, args, env={"COLUMNS": "200", "CALLGATE_TOKEN": ""})
+            assert refused.exit_code == 2, refused.output
+            assert "--token or CALLGATE_TOKEN" in refused.output
+        proved = runner.invoke(app, [*verify, "--token", auditor])
+        assert proved.exit_code == 1, proved.output
+        assert "no proof" in proved.stderr
+        replayed = runner.invoke(app, [*replay, "--token", auditor], env={"COLUMNS": "200"})
+        assert "nothing to replay: no stored call" in replayed.output, replayed.output
+        assert "--token" not in replayed.output
