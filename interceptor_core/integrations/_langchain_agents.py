@@ -111,6 +111,11 @@ class CallgateMiddleware(AgentMiddleware):
     content of a `ToolMessage`; `Block` raises `ToolBlockedError`, which ends the run unless the
     ToolNode was told to handle every error. LangGraph's `interrupt()` inside a tool goes on as an
     interrupt (the call is recorded as an error; resuming calls the tool again, a new call).
+    `RequireApproval` with no `approval_handler` on the gate pauses the run with `interrupt()`
+    and `Command(resume=...)` answers it (the module docstring of
+    `interceptor_core.integrations.langchain` gives the payload and the answer); the agent needs
+    a checkpointer (`create_agent(..., checkpointer=...)`), else the call fails closed with
+    `ToolApprovalRequiredError`.
 
     The `RunContext` of a call: the config's `configurable["callgate_run"]`, else the agent's
     `context=` when it is a `RunContext`, else `run`. Sync (`invoke`) and async (`ainvoke`) agents

@@ -19,6 +19,27 @@ an invalid call are a `ToolMessage` with `status="error"` (the text the model re
 The `RunContext` of a call is `config["configurable"]["callgate_run"]` when the invocation passes
 one, else (middleware) the agent's `context=` when it is a `RunContext`, else `run`.
 
+`RequireApproval`, when the gate has no `approval_handler`, is LangGraph's own human-in-the-loop
+flow on both routes: the call is recorded as `Blocked` (cause "approval_required") and the graph
+pauses with `langgraph.types.interrupt(payload)`, where the payload is JSON
+
+    {"kind": "callgate.approval", "tool": ..., "args": {...}, "call_id": ..., "reason": ...,
+     "requested_by": [...]}
+
+(`args` as the gate holds them, after rewrites). `Command(resume=answer)` resumes it; the answer
+is `true` / `false` or `{"approved": bool, "by": "who", "note": "..."}` (`ApprovalResume`; the
+interrupt's `response_schema` says so, and LangGraph refuses anything else with a
+`ValidationError`, leaving the interrupt open). The resumed call passes the whole chain again and
+the answer decides it (`ApprovalRequested`, `ApprovalResolved` with `by` and `note`, then its one
+outcome): approved, the tool runs once; refused, the model reads an error `ToolMessage` with the
+refusal, who refused and the note, and the tool never runs. Several calls waiting at once are
+answered by interrupt id, `Command(resume={interrupt.id: answer, ...})`. Pausing needs a
+checkpointer: without one the call raises `ToolApprovalRequiredError` saying so (the tool does not
+run). A gate with an `approval_handler` asks it instead, as on every route; outside a graph run
+(a tool invoked by hand) `ToolApprovalRequiredError` is raised as before. On a ToolNode route,
+LangGraph resumes a node from its start: the other calls of the paused step run again (one task
+per call, as `create_agent` makes them, does not have this).
+
 Needs `langchain-core` (the `langchain` extra); `CallgateMiddleware` also needs `langchain` (the
 `langgraph` extra) and loads it on first use. Importing `interceptor_core` loads neither.
 """
