@@ -123,6 +123,11 @@ class TestMaterializeRefusals:
             (["--api", "127.0.0.1:0", "--auth", "absent.yaml"], "--auth: cannot read token file absent.yaml"),
             (["--auth", "absent.yaml"], "give --api too"),
             (["--api", "0.0.0.0:1", "--auth", "t.yaml", "--insecure-no-auth"], "contradicts"),
+            (["--api", "127.0.0.1:0", "--tls-cert", "t.yaml", "--tls-key", "t.yaml"], "cannot load them"),
+            (
+                ["--api", "127.0.0.1:0", "--jwt-jwks", "t.yaml", "--jwt-audience", "a", "--jwt-issuer", "i"],
+                "--jwt-jwks: JWKS t.yaml",
+            ),
         ],
     )
     def test_refused_with_one_line(self, tmp_path: Path, extra: list[str], named: str) -> None:
