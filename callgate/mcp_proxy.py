@@ -252,7 +252,7 @@ async def run_proxy(
     in `gate.agent(agent)` and serve them through the gate until the client side closes (stdio)
     or SIGINT/SIGTERM (either mode). Stopping is graceful in both modes: no new request is taken,
     requests in flight finish and are answered (over stdio for up to `grace_s` seconds, then they
-    are cancelled; a second signal cancels them at once), then the upstream is stopped. Calls are
+    are cancelled, as they are at a second signal), then the upstream is stopped. Calls are
     made for `tenant` and `principal` (one `RunContext` for the life of the process, also on the
     scope's `ToolsRegistered` events), or, over HTTP with `tokens`, for the client whose bearer
     token the request carries.
@@ -343,10 +343,19 @@ async def _serve(
     async def stop_on_signals() -> None:
         # SIGINT or SIGTERM end the proxy the way a closed stdin ends a stdio one: no new request
         # is read, requests in flight finish (over stdio within `grace_s`), the upstream is shut
-        # down and the gate's sinks are flushed before exit 0. A second signal cancels what runs.
+        # down and the gate's sinks are flushed before exit 0. Over stdio a second signal cancels
+        # what still runs; over HTTP, where uvicorn's graceful shutdown has no such step, only the
+        # first signal is handled.
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
-                if stop.is_set() or not started.is_set():
+                if not started.is_set():
+                    stop.set()
+                    tasks.cancel_scope.cancel()
+                    return
+                if http is not None:
+                    stop.set()
+                    return
+                if stop.is_set():
                     tasks.cancel_scope.cancel()
                     return
                 stop.set()

@@ -507,9 +507,10 @@ class McpProxy:
         Stopping (`stop` set, or end of stdin) is graceful, as `serve_http`'s is: no line is read
         after it (a blocked read of stdin does not hold it up), the requests in flight run to their
         end and their responses are written, for up to `grace_s` seconds; a request still running
-        then is cancelled (its outcome is recorded as cancelled). `draining(n)` is
-        called once, when serving stops with `n` > 0 requests in flight. A `subscriptions/listen`
-        stream is not waited for (it never ends of its own accord).
+        then is cancelled (its outcome is recorded as cancelled) and answered with the SDK's
+        "Connection closed" error. `draining(n)` is called once, when serving stops with `n` > 0
+        requests in flight. A `subscriptions/listen` stream is not waited for (it never ends of
+        its own accord). The caller's own cancellation stops serving at once, as before.
 
         Unlike the MCP SDK's stdio transport, which drops such lines unanswered, every line that is
         not a JSON-RPC message gets an error response: -32700 (parse error, id null) for text that

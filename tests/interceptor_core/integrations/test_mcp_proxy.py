@@ -38,16 +38,23 @@ class HttpProxy:
     """`callgate mcp-proxy --http` in front of the test server, as a process of its own."""
 
     def __init__(
-        self, root: Path, tmp_path: Path, events: Path | None = None, *extra: str, host: str = "127.0.0.1"
+        self,
+        root: Path,
+        tmp_path: Path,
+        events: Path | None = None,
+        *extra: str,
+        host: str = "127.0.0.1",
+        slow_tool: bool = False,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.events = events or tmp_path / "events.jsonl"
         self.stderr = tmp_path / "proxy.stderr"
         params = proxy_params(root, self.events, "--http", f"{host}:{self.port}", *extra)
+        env = {**(params.env or {}), "UPSTREAM_SLOW_TOOL": "1" if slow_tool else "0"}
         with self.stderr.open("wb") as err:
             self.process = subprocess.Popen(
-                [params.command, *params.args], env=params.env, stdin=subprocess.DEVNULL, stdout=err, stderr=err
+                [params.command, *params.args], env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err
             )
 
     async def wait_until_listening(self) -> None:
@@ -63,6 +70,19 @@ class HttpProxy:
             except OSError:
                 if time.monotonic() > deadline:
                     pytest.fail(f"the proxy did not listen within {DEADLINE_S} s:\n{self.stderr.read_text()}")
+            await anyio.sleep(0.05)
+
+    async def wait_until_not_listening(self) -> None:
+        """Return once the proxy refuses connections (it has begun to stop); fail at the deadline."""
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    pass
+            except OSError:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"the proxy still listens after {DEADLINE_S} s:\n{self.stderr.read_text()}")
             await anyio.sleep(0.05)
 
     def stop(self) -> int:

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -48,12 +49,26 @@ class StdioProxy:
     what no SDK client would)."""
 
     def __init__(
-        self, root: Path, tmp_path: Path, *extra: str, file_tools: bool = False, slow_tool: bool = False
+        self,
+        root: Path,
+        tmp_path: Path,
+        *extra: str,
+        file_tools: bool = False,
+        slow_tool: bool = False,
+        grace_s: float | None = None,
     ) -> None:
         self.root = root
         self.events = tmp_path / "events.jsonl"
         self.stderr_path = tmp_path / "proxy.stderr"
         params = proxy_params(root, self.events, *extra)
+        if grace_s is not None:  # the same proxy, started by run_proxy with its own grace
+            params.args = [
+                str(HERE / "short_grace_proxy.py"),
+                str(self.events),
+                str(grace_s),
+                "--",
+                *upstream_command(),
+            ]
         env = {
             **(params.env or {}),
             "UPSTREAM_FILE_TOOLS": "1" if file_tools else "0",
@@ -140,8 +155,10 @@ class StdioProxy:
 def stdio_proxy(root: Path, tmp_path: Path) -> Any:
     proxies: list[StdioProxy] = []
 
-    def start(*extra: str, file_tools: bool = False, slow_tool: bool = False) -> StdioProxy:
-        proxy = StdioProxy(root, tmp_path, *extra, file_tools=file_tools, slow_tool=slow_tool)
+    def start(
+        *extra: str, file_tools: bool = False, slow_tool: bool = False, grace_s: float | None = None
+    ) -> StdioProxy:
+        proxy = StdioProxy(root, tmp_path, *extra, file_tools=file_tools, slow_tool=slow_tool, grace_s=grace_s)
         proxies.append(proxy)
         return proxy
 
@@ -208,9 +225,9 @@ class TestSignalsOverStdio:
 class TestSignalsWithACallInFlightOverStdio:
     """A signal stops a stdio proxy as it stops an HTTP one: requests in flight finish first."""
 
-    def start_slow_call(self, stdio_proxy: Any, root: Path) -> tuple[StdioProxy, int]:
+    def start_slow_call(self, stdio_proxy: Any, root: Path, grace_s: float | None = None) -> tuple[StdioProxy, int]:
         os.mkfifo(root / "release.fifo")
-        proxy: StdioProxy = stdio_proxy(slow_tool=True)
+        proxy: StdioProxy = stdio_proxy(slow_tool=True, grace_s=grace_s)
         proxy.initialize()
         request_id = proxy.send_request(
             "tools/call", {"name": "slow_write", "arguments": {"path": "late.txt", "text": "hi"}}
@@ -277,6 +294,26 @@ class TestSignalsWithACallInFlightOverStdio:
         release(root)
         assert effects(root) == []
 
+    def test_a_call_past_the_grace_is_cancelled_and_the_proxy_exits_0(self, stdio_proxy: Any, root: Path) -> None:
+        """A call still running when the grace is over is cancelled: the client gets an error
+        response for it, its one outcome event is a cancelled `ToolUse`, the sinks are flushed,
+        the upstream is stopped and the proxy exits 0."""
+        proxy, request_id = self.start_slow_call(stdio_proxy, root, grace_s=0.5)
+        upstream_pid = int((root / "upstream.pid").read_text())
+        proxy.process.send_signal(signal.SIGTERM)
+        proxy.wait_for_stderr("1 request in flight get up to 0.5 s to finish")
+        answer = proxy.answer_to(request_id)
+        assert "result" not in answer
+        assert answer["error"]["message"] == "Connection closed"
+        assert proxy.wait() == 0, proxy.stderr_path.read_text()
+        assert "Traceback" not in proxy.stderr_path.read_text()
+        found = read_jsonl(proxy.events)
+        (outcome,) = [e for e in found if e.type != "ToolsRegistered"]
+        assert (outcome.type, outcome.tool, outcome.outcome) == ("ToolUse", "slow_write", "cancelled")
+        assert verify_chain(found).ok
+        assert gone(upstream_pid)
+        assert effects(root) == []
+
 
 class TestSignalsOverHttp:
     async def test_sigint_stops_an_http_proxy_with_exit_0(self, root: Path, tmp_path: Path) -> None:
@@ -294,6 +331,50 @@ class TestSignalsOverHttp:
         assert code == 0, proxy.stderr.read_text()
         assert [e.type for e in read_jsonl(proxy.events)] == ["ToolsRegistered", "ToolUse"]
         assert gone(upstream_pid)
+
+    async def test_a_call_in_flight_at_sigterm_finishes(self, root: Path, tmp_path: Path) -> None:
+        """Over HTTP as over stdio: SIGTERM while a tools/call waits in the upstream; the proxy
+        stops listening, the call (released only then) completes and its result reaches the
+        client, its `ToolUse` is written, the upstream is stopped and the proxy exits 0."""
+        os.mkfifo(root / "release.fifo")
+        proxy = HttpProxy(root, tmp_path, slow_tool=True)
+        try:
+            await proxy.wait_until_listening()
+            async with Client(proxy.url) as client, anyio.create_task_group() as tasks:
+                # The client checks a result against the tool's output schema, which it lists first
+                # unless it has: listed now, while the proxy still takes new requests.
+                await client.list_tools()
+                results: list[Any] = []
+
+                async def slow_call() -> None:
+                    results.append(await client.call_tool("slow_write", {"path": "late.txt", "text": "hi"}))
+
+                tasks.start_soon(slow_call)
+                await appears(root / "slow.started")
+                upstream_pid = int(await anyio.Path(root / "upstream.pid").read_text())
+                proxy.process.send_signal(signal.SIGTERM)
+                await proxy.wait_until_not_listening()
+                assert release(root)
+            (result,) = results
+            assert (result.is_error, text_of(result)) == (False, "wrote 2 chars to late.txt")
+            proxy.process.wait(timeout=DEADLINE_S)
+        finally:
+            release(root)
+            code = proxy.stop()
+        assert code == 0, proxy.stderr.read_text()
+        assert effects(root) == ["slow_write late.txt released"]
+        found = read_jsonl(proxy.events)
+        assert [(e.type, e.tool) for e in found if e.type != "ToolsRegistered"] == [("ToolUse", "slow_write")]
+        assert gone(upstream_pid)
+
+
+async def appears(path: Path) -> None:
+    """Return once `path` exists, letting the event loop run meanwhile; fail at the deadline."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not await anyio.Path(path).exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path} did not appear within {DEADLINE_S} s")
+        await anyio.sleep(0.02)
 
 
 FIVE_MB = 5 * 1024 * 1024
