@@ -7,24 +7,27 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import ipaddress
+import json
 import ssl
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import jwt
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 from pydantic import BaseModel
 
 from callgate.tokens import add_token, revoke_token
 from consumers.access_log import AccessRecord, StoreAccessLog
 from consumers.api import ApiServer, HealthStatus, build_app
-from consumers.auth import TokenFile
+from consumers.auth import JwtAuthenticator, TokenFile
 from consumers.metrics import MaterializerMetrics
 from consumers.queries import QUERIES
 from consumers.reader import AccessDeniedError, ApiReader, SourceUnavailableError
@@ -395,6 +398,42 @@ class TestApiReaderToken:
     def test_the_token_is_not_in_the_repr(self, served: Served) -> None:
         """A reader printed in a log does not show its token."""
         assert served.tokens["acme"] not in repr(ApiReader(served.url, token=served.tokens["acme"]))
+
+
+class TestJwtOverHttp:
+    def test_oidc_tokens_are_checked_and_scoped(self, served: Served, tmp_path: Path) -> None:
+        """A read API with --jwt-*: a JWT of our issuer with role tenant:globex reads globex's rows only,
+        its sub is the subject in the access log; an expired one is 401."""
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)
+        jwks = tmp_path / "jwks.json"
+        jwks.write_text(json.dumps({"keys": [{**jwk, "kid": "k1", "alg": "RS256", "use": "sig"}]}))
+        issuer, audience = "https://idp.test", "callgate"
+
+        def sign(**claims: Any) -> str:
+            now = int(time.time())
+            body = {"sub": "erin@globex", "iss": issuer, "aud": audience, "exp": now + 60, "roles": ["tenant:globex"]}
+            return jwt.encode({**body, **claims}, key, algorithm="RS256", headers={"kid": "k1"})
+
+        app = build_app(
+            StoreQueryRunner(served.store),
+            MaterializerMetrics(),
+            lambda: HealthStatus(ok=True),
+            auth=JwtAuthenticator(str(jwks), audience=audience, issuer=issuer),
+            access_log=StoreAccessLog(served.store),
+        )
+        with ApiServer(app) as server, httpx.Client(base_url=server.url) as client:
+            good = client.get("/v1/queries/blocked_attempts", headers={"Authorization": f"Bearer {sign()}"})
+            assert good.status_code == 200
+            assert {r["tenant"] for r in good.json()["rows"]} == {"globex"}
+            expired = client.get(
+                "/v1/queries/blocked_attempts",
+                headers={"Authorization": f"Bearer {sign(exp=int(time.time()) - 3600)}"},
+            )
+            assert expired.status_code == 401
+            assert "expired" in expired.json()["error"]
+        logged = served.sql("SELECT count(*) FROM access_log WHERE subject = 'erin@globex' AND status = 200")
+        assert logged == [(1,)]
 
 
 # -- TLS ----------------------------------------------------------------------------------------
