@@ -1,9 +1,9 @@
 """The read API's access log: who ran which named query, with what, and what came back.
 
-Every named query an authenticated caller asks the read API for (answered 200, 400, 403 or 404) is
-one `AccessRecord`, appended to the store's `access_log` table before the answer leaves, and read
-back with the named query `access_log` (admin only). The materializer's process holds the store's
-writer, so the API writes through it (`StoreAccessLog`).
+Every named query asked of the read API (answered 200, 400, 403 or 404; without authentication by
+subject "anonymous") is one `AccessRecord`, appended to the store's `access_log` table before the
+answer leaves, and read back with the named query `access_log` (admin only). The materializer's
+process holds the store's writer, so the API writes through it (`StoreAccessLog`).
 
 A record that cannot be written fails the request (500), the rows are not sent: a read that
 leaves no trace must not pass silently. Reads of a store file directly (`FileReader`, the
