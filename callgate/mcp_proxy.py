@@ -361,10 +361,10 @@ async def _serve(
                 stop.set()
 
     def draining(count: int) -> None:
-        plural = "request" if count == 1 else "requests"
+        requests, them = ("request", "it") if count == 1 else ("requests", "them")
         print(
-            f"callgate mcp-proxy: stopping; {count} {plural} in flight get up to {grace_s:g} s to finish "
-            "(a second signal cancels them)",
+            f"callgate mcp-proxy: stopping; waiting up to {grace_s:g} s for {count} {requests} in flight "
+            f"(a second signal cancels {them})",
             file=sys.stderr,
             flush=True,
         )

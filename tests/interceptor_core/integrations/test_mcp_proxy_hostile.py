@@ -245,7 +245,7 @@ class TestSignalsWithACallInFlightOverStdio:
         proxy, request_id = self.start_slow_call(stdio_proxy, root)
         upstream_pid = int((root / "upstream.pid").read_text())
         proxy.process.send_signal(signum)
-        proxy.wait_for_stderr("1 request in flight get up to 30 s to finish")
+        proxy.wait_for_stderr("stopping; waiting up to 30 s for 1 request in flight")
         assert proxy.process.poll() is None
         assert release(root)
         answer = proxy.answer_to(request_id)
@@ -265,7 +265,7 @@ class TestSignalsWithACallInFlightOverStdio:
         event records it, and the only answer on the wire is the call that was in flight."""
         proxy, request_id = self.start_slow_call(stdio_proxy, root)
         proxy.process.send_signal(signal.SIGTERM)
-        proxy.wait_for_stderr("in flight get up to")
+        proxy.wait_for_stderr("request in flight")
         late_id = proxy.send_request("tools/call", {"name": "write_file", "arguments": {"path": "n.txt", "text": "x"}})
         assert release(root)
         assert proxy.answer_to(request_id)["result"]["isError"] is False
@@ -283,7 +283,7 @@ class TestSignalsWithACallInFlightOverStdio:
         the call never completes, and it still leaves its one outcome event (a cancelled `ToolUse`)."""
         proxy, _ = self.start_slow_call(stdio_proxy, root)
         proxy.process.send_signal(signal.SIGTERM)
-        proxy.wait_for_stderr("in flight get up to")
+        proxy.wait_for_stderr("request in flight")
         proxy.process.send_signal(signal.SIGTERM)
         assert proxy.wait() == 0, proxy.stderr_path.read_text()
         assert "Traceback" not in proxy.stderr_path.read_text()
@@ -301,7 +301,7 @@ class TestSignalsWithACallInFlightOverStdio:
         proxy, request_id = self.start_slow_call(stdio_proxy, root, grace_s=0.5)
         upstream_pid = int((root / "upstream.pid").read_text())
         proxy.process.send_signal(signal.SIGTERM)
-        proxy.wait_for_stderr("1 request in flight get up to 0.5 s to finish")
+        proxy.wait_for_stderr("stopping; waiting up to 0.5 s for 1 request in flight")
         answer = proxy.answer_to(request_id)
         assert "result" not in answer
         assert answer["error"]["message"] == "Connection closed"
