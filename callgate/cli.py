@@ -679,6 +679,20 @@ def dashboard(
     timezone: Annotated[
         str | None, typer.Option(help="IANA time zone times are shown in (default: each browser's own, else UTC).")
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="CALLGATE_TOKEN", help="The read API token the whole dashboard reads with (--api)."),
+    ] = None,
+    auth: Annotated[
+        Path | None, typer.Option(help="With --db: a token file; each browser session logs in with one of its tokens.")
+    ] = None,
+    login: Annotated[
+        str | None,
+        typer.Option(help="token: each browser session types a token (forwarded to --api); oidc: st.login."),
+    ] = None,
+    oidc_roles_claim: Annotated[
+        str | None, typer.Option(help="With --login oidc and --db: the ID token claim listing roles (default roles).")
+    ] = None,
 ) -> None:
     """Serve the audit dashboard (Streamlit) until Ctrl-C: blocked attempts, trends, coverage, pipeline."""
     from callgate.dashboard import DashboardError, run_dashboard
@@ -695,6 +709,10 @@ def dashboard(
             trusted_keys=trusted_keys,
             require_signed=require_signed,
             timezone=timezone,
+            token=token,
+            auth=auth,
+            login=login,
+            oidc_roles_claim=oidc_roles_claim,
             echo=lambda line: typer.echo(line),
             warn=lambda line: typer.echo(line, err=True),
         )

@@ -20,10 +20,14 @@ import dashboard
 from callgate.processes import wait_until_serving
 from dashboard.config import (
     ENV_API,
+    ENV_AUTH,
     ENV_DB,
+    ENV_LOGIN,
+    ENV_OIDC_ROLES,
     ENV_REFRESH,
     ENV_REQUIRE_SIGNED,
     ENV_TIMEZONE,
+    ENV_TOKEN,
     ENV_TRACE_URL,
     ENV_TRUSTED_KEYS,
     ConfigurationError,
@@ -85,6 +89,10 @@ def run_dashboard(
     trusted_keys: Path | None = None,
     require_signed: bool = False,
     timezone: str | None = None,
+    token: str | None = None,
+    auth: Path | None = None,
+    login: str | None = None,
+    oidc_roles_claim: str | None = None,
     echo: Callable[[str], None] = print,
     warn: Callable[[str], None] = print,
 ) -> int:
@@ -93,7 +101,10 @@ def run_dashboard(
     `trusted_keys` (a file of verifier keys or a directory of `*.pub` files) lets the Call detail
     page's proofs check the checkpoint's signature; `require_signed` lists the Coverage page's
     `signed` check always; `timezone` (an IANA name) is the zone times are shown in (default: each
-    browser's own, else UTC).
+    browser's own, else UTC). `token` is the read API token the whole dashboard reads with; `auth`
+    (with `db`, a token file) makes every browser session log in with one of its tokens, scoped by
+    its roles; `login` is "token" (typed per browser session; through `api` forwarded to the API) or
+    "oidc" (Streamlit's `st.login`, roles from `oidc_roles_claim` with `db`).
 
     Raises `DashboardError` for bad options (both or neither of api and db, a non-loopback host
     without `allow_remote`, trusted keys that cannot be read or hold no key) and when Streamlit
@@ -118,21 +129,43 @@ def run_dashboard(
         env[ENV_TRUSTED_KEYS] = str(trusted_keys)
     env[ENV_REQUIRE_SIGNED] = "1" if require_signed else ""
     env[ENV_TIMEZONE] = timezone or ""
+    env[ENV_TOKEN] = token or ""
+    env[ENV_LOGIN] = login or ""
+    env[ENV_OIDC_ROLES] = oidc_roles_claim or ""
+    env[ENV_AUTH] = ""
+    if auth is not None:
+        auth = auth.resolve()
+        # Checked here, before Streamlit starts: a login page that refuses every token helps nobody.
+        from consumers.auth import ConfigError, TokenFile
+
+        try:
+            TokenFile(auth)
+        except ConfigError as exc:
+            raise DashboardError(f"--auth: {exc}") from None
+        env[ENV_AUTH] = str(auth)
+    options = {ENV_TIMEZONE: "--timezone", ENV_TOKEN: "--token", ENV_AUTH: "--auth", ENV_LOGIN: "--login"}
     try:
         DashboardConfig.from_env(env)
     except ConfigurationError as exc:
-        if exc.variable == ENV_TIMEZONE:
-            raise DashboardError(f"--timezone: {exc}") from None
+        if exc.variable in options:
+            raise DashboardError(f"{options[exc.variable]}: {exc}") from None
         raise DashboardError(f"{exc} (give --api URL or --db FILE)") from None
     if not is_loopback(host):
+        guarded = env[ENV_AUTH] or env[ENV_LOGIN] not in ("", "none")
+        # With a login of its own, what is left is the plain HTTP it serves (tokens in clear text).
+        why = (
+            "the dashboard serves plain HTTP, so logins would cross the network in clear text"
+            if guarded
+            else "the dashboard has no login of its own (--auth, --login)"
+        )
         if not allow_remote:
             raise DashboardError(
-                f"--host {host} is not a loopback address: the dashboard has no login of its own. Add "
-                "--allow-remote to bind it anyway, behind an authenticating proxy (docs/dashboard.md)."
+                f"--host {host} is not a loopback address: {why}. Add --allow-remote to bind it anyway, behind "
+                "a TLS-terminating or authenticating proxy (docs/dashboard.md)."
             )
         warn(
-            f"warning: serving the audit dashboard on {host}, reachable from other machines, without a login of "
-            "its own; put it behind an authenticating proxy (docs/dashboard.md)."
+            f"warning: serving the audit dashboard on {host}, reachable from other machines: {why}; put it behind "
+            "a TLS-terminating or authenticating proxy (docs/dashboard.md)."
         )
     child_env = {**os.environ, **env}
     url = f"http://{'localhost' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104 (shown, not bound)

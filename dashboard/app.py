@@ -2,8 +2,10 @@
 
 Reads `CALLGATE_API` or `CALLGATE_DB` (see `dashboard.config`). The sidebar's window, tenant and
 Live switch apply to every page and live in the URL (`?window=1h&tenant=acme&live=0`), as each
-page's own filters do: the address bar is a link to what the page shows. Each page is a script in
-`dashboard/views/`.
+page's own filters do: the address bar is a link to what the page shows. With a login configured
+(`--auth`, `--login`), a browser session logs in first and sees what its roles allow: a session
+limited to one tenant sees that tenant only, and not the pages that read every tenant. Each page is
+a script in `dashboard/views/`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import streamlit as st
 
 from dashboard import ui
 from dashboard.data import DEFAULT_WINDOW, WINDOWS
+from dashboard.login import GLOBAL_PAGES
 
 st.set_page_config(page_title="callgate audit", layout="wide")
 
@@ -26,8 +29,16 @@ PAGES = [
     st.Page("views/pipeline.py", title="Pipeline health", url_path="pipeline"),
 ]
 
-navigation = st.navigation(PAGES)
 cfg = ui.config()
+session = ui.login()
+if session is None:
+    # Not logged in: the pages stay registered (hidden), so the URL a link opened is still the
+    # one shown once the login is done.
+    st.navigation(PAGES, position="hidden")
+    st.stop()
+# What a session limited to tenants may not read (every tenant's chains, pipeline, coverage) is not offered.
+shown = [page for page in PAGES if session.all_tenants or page.url_path not in GLOBAL_PAGES]
+navigation = st.navigation(shown)
 ui.from_url("window", parse=ui.window_label)
 ui.from_url("tenant")
 ui.from_url("live", parse=lambda text: text not in ("0", "false", "off"))
@@ -35,16 +46,27 @@ with st.sidebar:
     st.subheader("callgate audit")
     st.caption("Reading from")
     st.text(cfg.source)
+    if cfg.login != "none":
+        st.caption("Logged in as")
+        st.text(session.subject)
+        st.button("Log out", on_click=ui.logout, key="logout")
     if "window" not in st.session_state:
         st.session_state["window"] = DEFAULT_WINDOW
     st.selectbox("Window", list(WINDOWS), key="window")
-    st.text_input(
-        "Tenant", key="tenant", placeholder="all tenants", help="Overview, Trends and Policy impact only this tenant."
-    )
+    if session.tenant is not None:
+        st.caption("Tenant (your login reads this tenant only)")
+        st.text(session.tenant)
+    else:
+        st.text_input(
+            "Tenant",
+            key="tenant",
+            placeholder="all tenants",
+            help="Overview, Trends, Run and Policy impact only this tenant.",
+        )
     if "live" not in st.session_state:
         st.session_state["live"] = True
     st.toggle("Live", key="live", help=f"Refresh the live parts every {cfg.refresh_s:g} s.")
 ui.to_url("window", ui.window_code(st.session_state["window"]), ui.window_code(DEFAULT_WINDOW))
-ui.to_url("tenant", st.session_state.get("tenant"))
+ui.to_url("tenant", st.session_state.get("tenant") if session.tenant is None else None)
 ui.to_url("live", "0" if not st.session_state["live"] else None)
 navigation.run()

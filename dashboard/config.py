@@ -15,7 +15,16 @@ dashboard/app.py` reads the same ones:
   shows when the window holds a sign of signing: a checkpoint, a signed producer or a checkpoint
   break);
 - `CALLGATE_TIMEZONE`: the IANA time zone times are shown in (`Europe/Berlin`); unset, each
-  browser's own zone, as the browser reports it, else UTC.
+  browser's own zone, as the browser reports it, else UTC;
+- `CALLGATE_TOKEN`: the bearer token sent to the read API when there is no per-browser login (the
+  token a whole deployment reads with);
+- `CALLGATE_DASHBOARD_AUTH`: with `CALLGATE_DB`, a token file (`tokens: [{subject, sha256, roles}]`):
+  each browser session logs in with a token of it, and what it reads follows the token's roles;
+- `CALLGATE_DASHBOARD_LOGIN`: `token` (each browser session types a token; through the read API it
+  is forwarded) or `oidc` (Streamlit's `st.login`, configured in `.streamlit/secrets.toml`);
+  default: `token` with `CALLGATE_DASHBOARD_AUTH`, else no login;
+- `CALLGATE_OIDC_ROLES_CLAIM`: the ID token claim that lists an OIDC user's roles (default `roles`;
+  `--db` mode only: through the read API, the API reads the forwarded token's roles itself).
 """
 
 from __future__ import annotations
@@ -32,12 +41,17 @@ __all__ = [
     "DEFAULT_REFRESH_S",
     "DEFAULT_TRACE_URL",
     "ENV_API",
+    "ENV_AUTH",
     "ENV_DB",
+    "ENV_LOGIN",
+    "ENV_OIDC_ROLES",
     "ENV_REFRESH",
     "ENV_REQUIRE_SIGNED",
     "ENV_TIMEZONE",
+    "ENV_TOKEN",
     "ENV_TRACE_URL",
     "ENV_TRUSTED_KEYS",
+    "LOGINS",
     "ConfigurationError",
     "DashboardConfig",
     "valid_zone",
@@ -50,6 +64,11 @@ ENV_TRACE_URL: Final = "CALLGATE_TRACE_URL"
 ENV_TRUSTED_KEYS: Final = "CALLGATE_TRUSTED_KEYS"
 ENV_REQUIRE_SIGNED: Final = "CALLGATE_REQUIRE_SIGNED"
 ENV_TIMEZONE: Final = "CALLGATE_TIMEZONE"
+ENV_TOKEN: Final = "CALLGATE_TOKEN"  # noqa: S105 (the variable's name, not a token)
+ENV_AUTH: Final = "CALLGATE_DASHBOARD_AUTH"
+ENV_LOGIN: Final = "CALLGATE_DASHBOARD_LOGIN"
+ENV_OIDC_ROLES: Final = "CALLGATE_OIDC_ROLES_CLAIM"
+LOGINS: Final = ("none", "token", "oidc")
 
 DEFAULT_REFRESH_S: Final = 5.0
 DEFAULT_TRACE_URL: Final = "http://localhost:16686/trace/{trace_id}"
@@ -93,6 +112,17 @@ class DashboardConfig:
     require_signed: bool = False
     timezone: str | None = None
     """The IANA zone times are shown in (None: each browser's own, else UTC)."""
+    token: str | None = None
+    """The deployment's bearer token for the read API (no per-browser login)."""
+    auth: str | None = None
+    """A token file the sessions log in against (`--db` mode)."""
+    login: str = "none"
+    """How a browser session logs in: none, token or oidc (`LOGINS`)."""
+    oidc_roles_claim: str = "roles"
+
+    def __repr__(self) -> str:
+        # Never the token.
+        return f"DashboardConfig(source={self.source!r}, login={self.login!r}, token={'set' if self.token else None})"
 
     def __post_init__(self) -> None:
         if (self.api is None) == (self.db is None):
@@ -106,6 +136,19 @@ class DashboardConfig:
                 raise ConfigurationError(ENV_API, f"must look like http://HOST:PORT, got {self.api!r}")
         if not 0.5 <= self.refresh_s <= 3600:
             raise ConfigurationError(ENV_REFRESH, f"must be from 0.5 to 3600 seconds, got {self.refresh_s}")
+        if self.login not in LOGINS:
+            raise ConfigurationError(ENV_LOGIN, f"must be one of {', '.join(LOGINS)}, got {self.login!r}")
+        if self.auth is not None and self.db is None:
+            raise ConfigurationError(
+                ENV_AUTH,
+                "a token file is for the --db mode; through the read API, the API checks tokens (--login token)",
+            )
+        if self.login == "token" and self.db is not None and self.auth is None:
+            raise ConfigurationError(ENV_LOGIN, f"a token login from a store file needs a token file ({ENV_AUTH})")
+        if self.token is not None and self.login != "none":
+            raise ConfigurationError(
+                ENV_TOKEN, "a deployment token and a per-browser login exclude each other: unset one of them"
+            )
         if self.timezone is not None and not valid_zone(self.timezone):
             raise ConfigurationError(
                 ENV_TIMEZONE, f"must be an IANA time zone such as Europe/Berlin, got {self.timezone!r}"
@@ -137,6 +180,10 @@ class DashboardConfig:
             trusted_keys=env.get(ENV_TRUSTED_KEYS) or None,
             require_signed=_FLAGS[raw_signed],
             timezone=env.get(ENV_TIMEZONE) or None,
+            token=(env.get(ENV_TOKEN) or "").strip() or None,
+            auth=env.get(ENV_AUTH) or None,
+            login=(env.get(ENV_LOGIN) or "").strip().lower() or ("token" if env.get(ENV_AUTH) else "none"),
+            oidc_roles_claim=(env.get(ENV_OIDC_ROLES) or "").strip() or "roles",
         )
 
     @property

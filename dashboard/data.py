@@ -277,8 +277,12 @@ def bucketed(
     return Bucketed(rows, width)
 
 
-def store_is_empty(query: Query) -> bool:
-    """Whether the store holds no event at all."""
+def store_is_empty(query: Query, *, scoped: bool = False) -> bool:
+    """Whether the store holds no event at all; `scoped`: none that the reader's tenant may read
+    (through a tenant query: a session limited to tenants may not run the store-wide one)."""
+    if scoped:
+        counts = query("event_counts", {"since": _EPOCH.isoformat()})
+        return not any(int(row.get("events") or 0) for row in counts)
     rows = query("pipeline_health", {})
     return not rows or not rows[0].get("total_events")
 

@@ -11,6 +11,7 @@ text (the trace link is built only from a well-formed hex trace id).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,18 +22,24 @@ from zoneinfo import ZoneInfo
 import pandas as pd
 import streamlit as st
 
+from consumers.auth import AuthError, Forbidden, TokenFile, scope_params
 from consumers.queries import QueryError
-from consumers.reader import ApiReader, AuditReader, FileReader, SourceUnavailableError
+from consumers.reader import AccessDeniedError, ApiReader, AuditReader, FileReader, SourceUnavailableError
 from dashboard.config import DEFAULT_REFRESH_S, ENV_REFRESH, ConfigurationError, DashboardConfig, valid_zone
 from dashboard.data import DEFAULT_WINDOW, WINDOWS, ProofView, Window, load_coverage, load_proof, store_is_empty
+from dashboard.login import Access, api_access, claims_access, deployment_access, file_access
 from events.signing import SigningError, VerifyingKey, load_trusted_keys
 
 __all__ = [
+    "ACCESS_KEY",
+    "access",
     "config",
     "coverage_report",
     "filters_tenant",
     "from_url",
     "local_time",
+    "login",
+    "logout",
     "problems",
     "proof",
     "query",
@@ -82,23 +89,41 @@ def _file_reader(path: str) -> FileReader:
 
 
 def reader(cfg: DashboardConfig | None = None) -> AuditReader:
-    """The reader of the configured source (one `FileReader` per file, shared; an `ApiReader` is
-    stateless)."""
+    """The reader of the configured source for this session (one `FileReader` per file, shared; an
+    `ApiReader` is stateless and sends the session's token)."""
     cfg = cfg or config()
     if cfg.api is not None:
-        return ApiReader(cfg.api)
+        return ApiReader(cfg.api, token=access().token)
     return _file_reader(str(cfg.db))
 
 
+def _reader_with(token: str | None) -> AuditReader:
+    cfg = config()
+    if cfg.api is not None:
+        return ApiReader(cfg.api, token=token)
+    return _file_reader(str(cfg.db))
+
+
+# `who` (the session's `Access.key`) keeps the results of sessions with different rights apart:
+# through the read API, the API scopes each token's rows, which the parameters do not show.
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=2000)
-def _cached_query(source: str, name: str, params: tuple[tuple[str, Any], ...]) -> list[dict[str, Any]]:
-    return reader().query(name, dict(params)).rows
+def _cached_query(
+    source: str, who: str, name: str, params: tuple[tuple[str, Any], ...], _token: str | None
+) -> list[dict[str, Any]]:
+    return _reader_with(_token).query(name, dict(params)).rows
 
 
 def query(name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Rows of named query `name` with `params`, cached for one refresh period. Raises
-    `SourceUnavailableError` and `QueryError` as the reader does (errors are never cached)."""
-    return _cached_query(config().source, name, tuple(sorted(params.items())))
+    """Rows of named query `name` with `params` as the session may read them, cached for one refresh
+    period. With a login the dashboard checks itself (`--db --auth`, OIDC from a file), the
+    parameters go through `consumers.auth.scope_params` first (a tenant bound, a query the roles do
+    not allow refused with `Forbidden`). Raises `SourceUnavailableError` (`AccessDeniedError` when
+    the read API refuses) and `QueryError` as the reader does (errors are never cached)."""
+    session = access()
+    given: Mapping[str, Any] = params
+    if session.identity is not None:
+        given = scope_params(name, params, session.identity)
+    return _cached_query(config().source, session.key, name, tuple(sorted(given.items())), session.token)
 
 
 # The coverage checks take seconds over a million events (bench/dashboard_queries.py): their
@@ -107,15 +132,123 @@ COVERAGE_TTL_S: Final = 60.0
 
 
 @st.cache_data(ttl=COVERAGE_TTL_S, show_spinner=False, max_entries=50)
-def _cached_coverage(source: str, since: datetime | None, require_signed: bool) -> dict[str, Any]:
-    return load_coverage(reader(), since, require_signed=require_signed)
+def _cached_coverage(
+    source: str, who: str, since: datetime | None, require_signed: bool, _token: str | None
+) -> dict[str, Any]:
+    return load_coverage(_reader_with(_token), since, require_signed=require_signed)
 
 
 def coverage_report(since: datetime | None) -> dict[str, Any]:
     """`dashboard.data.load_coverage` (the checks of `callgate coverage --require-exercised`, and
-    `signed` when it applies), cached."""
+    `signed` when it applies), cached. `Forbidden` for a session limited to tenants (the checks read
+    every tenant)."""
     cfg = config()
-    return _cached_coverage(cfg.source, since, cfg.require_signed)
+    session = access()
+    if not session.all_tenants:
+        raise Forbidden("the coverage checks read every tenant: they need the admin or auditor role")
+    return _cached_coverage(cfg.source, session.key, since, cfg.require_signed, session.token)
+
+
+# -- login: who this browser session reads as ----------------------------------------------------
+
+ACCESS_KEY: Final = "callgate_access"
+
+
+@st.cache_resource(show_spinner=False)
+def _token_file(path: str) -> TokenFile:
+    return TokenFile(path)
+
+
+@st.cache_resource(show_spinner=False, ttl=60)
+def _deployment(api: str | None, digest: str, _token: str | None) -> Access:
+    return deployment_access(api=api, token=_token)
+
+
+def access() -> Access:
+    """This session's `Access`: the one its login gave, or, without a login, the deployment's
+    (probed through the read API once a minute). Stops the page when the read API refuses the
+    deployment's token."""
+    held = st.session_state.get(ACCESS_KEY)
+    if isinstance(held, Access):
+        return held
+    cfg = config()
+    if cfg.login != "none":
+        # Not logged in: `login()` runs before any page, so only a caller outside a page gets here.
+        raise AuthError("this session has not logged in")
+    digest = hashlib.sha256((cfg.token or "").encode()).hexdigest()
+    try:
+        return _deployment(cfg.api, digest, cfg.token)
+    except SourceUnavailableError:
+        # The pages say that the store cannot be read; the probe is tried again on the next run.
+        return Access("deployment", None, cfg.token, all_tenants=True)
+    except AuthError as exc:
+        st.error("The read API refuses the dashboard's token (--token / CALLGATE_TOKEN).")
+        st.text(str(exc))
+        st.stop()
+        raise  # st.stop() raises; this line only tells type checkers so
+
+
+def login() -> Access | None:
+    """The session's access, or None after drawing the login (the page then stops): a token form
+    (`--auth` with `--db`, `--login token` with `--api`), or Streamlit's OIDC login (`--login
+    oidc`). The token is kept in the server-side session state only, never in the URL."""
+    cfg = config()
+    held = st.session_state.get(ACCESS_KEY)
+    if isinstance(held, Access) or cfg.login == "none":
+        return access()
+    if cfg.login == "oidc":
+        return _oidc_login(cfg)
+    st.title("callgate audit")
+    st.caption("Log in with your token. It is kept for this browser session only, on the server.")
+    with st.form("login_form", clear_on_submit=True):
+        token = st.text_input("Token", type="password", key="login_token")
+        submitted = st.form_submit_button("Log in", type="primary")
+    if submitted and token.strip():
+        try:
+            if cfg.api is not None:
+                granted = api_access(cfg.api, token)
+            else:
+                granted = file_access(_token_file(str(cfg.auth)), token)
+        except AuthError:
+            st.error("This token was refused.")
+            return None
+        except SourceUnavailableError as exc:
+            st.error("The audit store cannot be read right now, so the token cannot be checked.")
+            st.text(str(exc))
+            return None
+        st.session_state[ACCESS_KEY] = granted
+        st.rerun()
+    return None
+
+
+def _oidc_login(cfg: DashboardConfig) -> Access | None:
+    # Without an identity behind the run (no browser, no [auth] settings), nobody is logged in.
+    if not getattr(st.user, "is_logged_in", False):
+        st.title("callgate audit")
+        st.caption("Log in with your organization's identity provider.")
+        st.button("Log in", on_click=st.login, type="primary")
+        return None
+    try:
+        granted = claims_access(
+            st.user.to_dict(),
+            roles_claim=cfg.oidc_roles_claim,
+            api=cfg.api,
+            id_token=st.user.tokens.get("id"),
+        )
+    except AuthError as exc:
+        st.error("Your login gives no access to the audit store.")
+        st.text(str(exc))
+        st.button("Log out", on_click=st.logout)
+        return None
+    st.session_state[ACCESS_KEY] = granted
+    return granted
+
+
+def logout() -> None:
+    """End this session's login (and the identity provider's session for OIDC)."""
+    st.session_state.pop(ACCESS_KEY, None)
+    if config().login == "oidc":
+        st.logout()
 
 
 # -- proofs -------------------------------------------------------------------------------------
@@ -157,7 +290,10 @@ def window() -> Window:
 
 
 def filters_tenant() -> str | None:
-    """The tenant typed in the sidebar, or None."""
+    """The tenant the session is limited to, else the one typed in the sidebar, or None."""
+    held = st.session_state.get(ACCESS_KEY)
+    if isinstance(held, Access) and held.tenant is not None:
+        return held.tenant
     tenant = str(st.session_state.get("tenant") or "").strip()
     return tenant or None
 
@@ -213,6 +349,15 @@ def problems() -> Iterator[None]:
     """Show an unreachable store or a rejected parameter as a message instead of a traceback."""
     try:
         yield
+    except Forbidden as exc:
+        st.warning("Your login's roles do not allow this.")
+        st.text(str(exc))
+    except AccessDeniedError as exc:
+        if exc.status == 403:
+            st.warning("Your login's roles do not allow this.")
+        else:
+            st.error("The read API refused the token: log in again.")
+        st.text(str(exc))
     except SourceUnavailableError as exc:
         st.error("The audit store cannot be read right now. This page retries on its own while Live is on.")
         st.text(str(exc))
@@ -224,7 +369,7 @@ def problems() -> Iterator[None]:
 def ready(*, allow_empty: bool = False) -> bool:
     """Whether the page has data to show; if not, says why (store unreachable, store empty)."""
     try:
-        empty = store_is_empty(query)
+        empty = store_is_empty(query, scoped=not access().all_tenants)
     except SourceUnavailableError as exc:
         st.error("The audit store cannot be read right now. This page retries on its own while Live is on.")
         st.text(str(exc))

@@ -134,6 +134,9 @@ def _ask_proof(event_id: str) -> None:
 def proof_section(detail: CallDetail) -> None:
     """Pick one of the call's own events (its outcome by default); "Proof" shows its inclusion proof."""
     st.subheader("Proof")
+    if not ui.access().all_tenants:
+        st.caption("A proof reads its producer's whole chain, every tenant's: it needs the admin or auditor role.")
+        return
     own = [e for e in detail.events if e["relation"] == "call" and e.get("event_id")]
     if not own:
         st.caption("No event of this call itself is stored.")

@@ -24,8 +24,11 @@ def consumer_lag() -> dict[tuple[str, int], int]:
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    token = ui.access().token
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(cfg.api.rstrip("/") + "/metrics", headers=headers)  # noqa: S310 (http(s) checked)
     try:
-        with urllib.request.urlopen(cfg.api.rstrip("/") + "/metrics", timeout=5) as response:  # noqa: S310 (http(s) checked)
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 (http(s) checked)
             text = response.read().decode()
     except OSError:
         return {}
@@ -42,7 +45,7 @@ def health_of_materializer() -> dict[str, Any] | None:
     if cfg.api is None:
         return None
     try:
-        return ApiReader(cfg.api, timeout_s=5).health()
+        return ApiReader(cfg.api, timeout_s=5, token=ui.access().token).health()
     except Exception:  # an unreachable API is reported by the queries below
         return None
 

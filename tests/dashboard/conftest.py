@@ -482,3 +482,29 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> SeededStore:
     with AuditStore(path) as store:
         store.ingest(batch, {(TOPIC, 0): len(batch)})
     return SeededStore(path, events)
+
+
+# -- logins: a token file with an auditor and a tenant administrator ----------------------------------
+
+TOKENS = {"auditor": "tok-auditor-7f3a", "globex-admin": "tok-globex-91c2", "acme-admin": "tok-acme-55d0"}
+ROLES = {"auditor": ["auditor"], "globex-admin": ["tenant:globex"], "acme-admin": ["tenant:acme"]}
+
+
+@pytest.fixture(scope="session")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A token file (`callgate token new`'s format) with an auditor and two tenant administrators;
+    the tokens themselves are `TOKENS`."""
+    import yaml
+
+    from consumers.auth import hash_token
+
+    path = tmp_path_factory.mktemp("dashboard-tokens") / "tokens.yaml"
+    entries = [{"subject": s, "sha256": hash_token(TOKENS[s]), "roles": ROLES[s]} for s in TOKENS]
+    path.write_text(yaml.safe_dump({"tokens": entries}), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokens() -> dict[str, str]:
+    """The tokens of `token_file`, by subject."""
+    return dict(TOKENS)

@@ -724,3 +724,138 @@ class TestLinks:
         assert at.text_input(key="f_tenant").value == "globex"
         assert metrics(at)["Matching attempts"] == "2"
         assert at.selectbox(key="blocked_call").value == "c-blocked-1"
+
+
+class TestLogin:
+    @pytest.fixture
+    def login_env(self, seeded_store: Any, token_file: Path) -> dict[str, str]:
+        return {"CALLGATE_DB": str(seeded_store.path), "CALLGATE_DASHBOARD_AUTH": str(token_file)}
+
+    @staticmethod
+    def log_in(at: AppTest, token: str) -> AppTest:
+        at.text_input(key="login_token").input(token)
+        next(b for b in at.button if b.label == "Log in").click().run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+
+    def test_a_login_is_asked_first_and_a_wrong_token_refused(
+        self, login_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With a token file nothing of the store shows before a login; a token it lacks is refused."""
+        at = open_app(login_env, monkeypatch)
+        assert not at.metric
+        assert not at.dataframe
+        self.log_in(at, "tok-nobody")
+        assert [e.value for e in at.error] == ["This token was refused."]
+        assert not at.metric
+
+    def test_a_tenant_administrator_sees_only_its_tenant(
+        self, seeded_store: Any, login_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tokens: dict[str, str]
+    ) -> None:
+        """Logged in with globex's token, the Overview's figures are globex's plain SQL counts, the
+        top-denied tenants are globex alone, and the blocked attempts are globex's."""
+        at = self.log_in(open_app(login_env, monkeypatch, window="Last 24 hours"), tokens["globex-admin"])
+        count = seeded_store.scalar
+        shown = {label: int(value.replace(",", "")) for label, value in metrics(at).items()}
+        calls = count(
+            "select count(*) from events where tenant = 'globex' and time >= now() - interval 1 day "
+            "and type in ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')"
+        )
+        blocked = count("select count(*) from events where tenant = 'globex' and type = 'Blocked'")
+        assert (shown["Calls"], shown["Blocked"]) == (calls, blocked)
+        tenants = at.dataframe[1].value
+        assert list(tenants["key"]) == ["globex"]
+        at.switch_page("views/blocked.py").run()
+        (table,) = [df.value for df in at.dataframe]
+        assert set(table["tenant"]) == {"globex"}
+        assert len(table) == count("select count(*) from blocked_attempts where tenant = 'globex'")
+
+    def test_a_tenant_administrator_may_not_ask_for_another_tenant(
+        self, login_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tokens: dict[str, str]
+    ) -> None:
+        """A globex login typing acme in the tenant filter is refused, and shown nothing of acme."""
+        at = self.log_in(open_app(login_env, monkeypatch), tokens["globex-admin"])
+        at.switch_page("views/blocked.py").run()
+        at.text_input(key="f_tenant").input("acme").run()
+        assert "Your login's roles do not allow this." in [w.value for w in at.warning]
+        assert not at.dataframe
+
+    def test_the_pages_that_read_every_tenant_are_not_offered(
+        self, login_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tokens: dict[str, str]
+    ) -> None:
+        """A tenant login is not offered Coverage or Pipeline health; an auditor is; the tenant is
+        fixed in the sidebar."""
+        tenant = self.log_in(open_app(login_env, monkeypatch), tokens["globex-admin"])
+        assert "globex" in [t.value for t in tenant.sidebar.text]
+        assert not [t for t in tenant.sidebar.text_input if t.key == "tenant"]
+        for page in ("coverage", "pipeline"):
+            with pytest.raises(ValueError, match="Could not find a navigation page"):
+                tenant.switch_page(f"views/{page}.py")
+        auditor = self.log_in(open_app(login_env, monkeypatch), tokens["auditor"])
+        auditor.switch_page("views/coverage.py").run()
+        assert not auditor.exception
+        assert any("coverage checks" in e.value for e in (*auditor.error, *auditor.success))
+
+
+@pytest.fixture(scope="module")
+def guarded_api(seeded_store: Any, token_file: Path) -> Iterator[str]:
+    """The read API over a copy of the seeded store, checking tokens against the token file."""
+    from consumers.auth import TokenFile
+
+    copy = seeded_store.path.with_name("guarded.duckdb")
+    copy.write_bytes(seeded_store.path.read_bytes())
+    store = AuditStore(copy)
+    app = build_app(
+        StoreQueryRunner(store), MaterializerMetrics(), lambda: HealthStatus(True), auth=TokenFile(token_file)
+    )
+    server = ApiServer(app, port=0)
+    try:
+        with server:
+            yield server.url
+    finally:
+        store.close()
+        copy.unlink()
+
+
+class TestLoginThroughTheApi:
+    def test_a_typed_token_is_forwarded_and_the_api_scopes_it(
+        self, seeded_store: Any, guarded_api: str, monkeypatch: pytest.MonkeyPatch, tokens: dict[str, str]
+    ) -> None:
+        """With --login token, a globex token typed in the browser reads globex's blocked attempts
+        only (the read API binds the tenant), and the pages that read every tenant are not offered."""
+        at = open_app({"CALLGATE_API": guarded_api, "CALLGATE_DASHBOARD_LOGIN": "token"}, monkeypatch)
+        assert not at.metric
+        TestLogin.log_in(at, "tok-nobody")
+        assert [e.value for e in at.error] == ["This token was refused."]
+        TestLogin.log_in(at, tokens["globex-admin"])
+        at.switch_page("views/blocked.py").run()
+        (table,) = [df.value for df in at.dataframe]
+        assert set(table["tenant"]) == {"globex"}
+        assert len(table) == seeded_store.scalar("select count(*) from blocked_attempts where tenant = 'globex'")
+        for page in ("coverage", "pipeline"):
+            with pytest.raises(ValueError, match="Could not find a navigation page"):
+                at.switch_page(f"views/{page}.py")
+
+    def test_the_deployment_token_reads_for_everyone(
+        self, seeded_store: Any, guarded_api: str, monkeypatch: pytest.MonkeyPatch, tokens: dict[str, str]
+    ) -> None:
+        """With --token (CALLGATE_TOKEN) there is no login: every session reads as that token."""
+        at = open_app({"CALLGATE_API": guarded_api, "CALLGATE_TOKEN": tokens["acme-admin"]}, monkeypatch, "blocked")
+        (table,) = [df.value for df in at.dataframe]
+        assert set(table["tenant"]) == {"acme"}
+
+    def test_a_refused_deployment_token_says_so(self, guarded_api: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A deployment token the read API refuses stops every page with a message naming the option."""
+        at = open_app({"CALLGATE_API": guarded_api, "CALLGATE_TOKEN": "tok-wrong"}, monkeypatch)
+        assert [e.value for e in at.error] == ["The read API refuses the dashboard's token (--token / CALLGATE_TOKEN)."]
+
+
+class TestOidcLogin:
+    def test_the_page_offers_the_identity_providers_login(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With --login oidc and nobody logged in, the page shows only the login button (st.login)."""
+        at = open_app({**store_env, "CALLGATE_DASHBOARD_LOGIN": "oidc"}, monkeypatch)
+        assert [b.label for b in at.button] == ["Log in"]
+        assert not at.metric
+        assert not at.dataframe
