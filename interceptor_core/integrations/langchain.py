@@ -37,8 +37,9 @@ answered by interrupt id, `Command(resume={interrupt.id: answer, ...})`. Pausing
 checkpointer: without one the call raises `ToolApprovalRequiredError` saying so (the tool does not
 run). A gate with an `approval_handler` asks it instead, as on every route; outside a graph run
 (a tool invoked by hand) `ToolApprovalRequiredError` is raised as before. On a ToolNode route,
-LangGraph resumes a node from its start: the other calls of the paused step run again (one task
-per call, as `create_agent` makes them, does not have this).
+LangGraph resumes a node from its start: the other calls of the paused step run again, and calls
+of one step that need approval pause one at a time (one task per call, as `create_agent` makes
+them, has neither).
 
 Needs `langchain-core` (the `langchain` extra); `CallgateMiddleware` also needs `langchain` (the
 `langgraph` extra) and loads it on first use. Importing `interceptor_core` loads neither.

@@ -708,13 +708,14 @@ class TestApprovalAsInterrupt:
         assert graph.done == []
         assert trail(memory, "c1") == ["Blocked"]
 
-    async def test_an_invalid_answer_is_refused_and_the_call_still_waits(self, root: Path) -> None:
+    @pytest.mark.parametrize("route", ROUTES)
+    async def test_an_invalid_answer_is_refused_and_the_call_still_waits(self, root: Path, route: str) -> None:
         """A resume value that is not an answer (a string, an unknown field) fails the resumed run
         with LangGraph's `ValidationError`, records nothing and runs nothing; a valid answer then
         still decides the call."""
         memory = MemorySink()
         gate = approvals_gate(memory)
-        graph = Route("middleware-async", root, gate, chat(turn(("c1", "delete_file", {"path": "old.txt"}))))
+        graph = Route(route, root, gate, chat(turn(("c1", "delete_file", {"path": "old.txt"}))))
         await graph.run({"messages": [HumanMessage("tidy up")]})
         for bad in ["yes", {"approved": True, "message": "fine"}]:
             with pytest.raises(ValidationError):
