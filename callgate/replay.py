@@ -101,9 +101,9 @@ def run_replay(
     unknown length, through the API); True or False force it. `token` is the read API's bearer token.
     """
     # Imported here: `callgate --help` must not load DuckDB or the policy engine.
-    from callgate.replay_engine import ApiCalls, Window, open_source, replay
+    from callgate.replay_engine import Window, open_source, replay
     from consumers.queries import QueryError
-    from consumers.reader import ApiReader, SourceUnavailableError
+    from consumers.reader import SourceUnavailableError
 
     def cannot(message: str) -> int:
         err.print(message, markup=False)
@@ -135,9 +135,7 @@ def run_replay(
         return EXIT_CANNOT_CHECK
     try:
         try:
-            source = open_source(api=api, db=db, window=window)
-            if api is not None and token is not None and isinstance(source, ApiCalls):
-                source.reader = ApiReader(api, token=token)
+            source = open_source(api=api, db=db, window=window, token=token)
         except (ValueError, SourceUnavailableError) as exc:
             return cannot(f"cannot check: {exc}")
         try:

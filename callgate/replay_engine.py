@@ -484,8 +484,10 @@ class ApiCalls:
     `SourceUnavailableError` saying so; so does one that cannot be reached.
     """
 
-    def __init__(self, url: str, window: Window = Window(), *, page_rows: int = 10_000) -> None:
-        self.reader = ApiReader(url)
+    def __init__(
+        self, url: str, window: Window = Window(), *, page_rows: int = 10_000, token: str | None = None
+    ) -> None:
+        self.reader = ApiReader(url, token=token)
         self.window = window
         self.page_rows = page_rows
 
@@ -573,12 +575,14 @@ def _chains(query: Callable[[dict[str, Any]], list[dict[str, Any]]]) -> dict[Cha
         offset += len(rows)
 
 
-def open_source(*, api: str | None = None, db: str | Path | None = None, window: Window = Window()) -> CallSource:
-    """The source for exactly one of `api` (a read API URL) or `db` (a store file). `ValueError` for
-    both or neither (or a URL that is not http(s)); `SourceUnavailableError` for a file that cannot
-    be opened."""
+def open_source(
+    *, api: str | None = None, db: str | Path | None = None, window: Window = Window(), token: str | None = None
+) -> CallSource:
+    """The source for exactly one of `api` (a read API URL, read with the bearer `token` if given) or
+    `db` (a store file). `ValueError` for both or neither (or a URL that is not http(s));
+    `SourceUnavailableError` for a file that cannot be opened."""
     if api is not None and db is None:
-        return ApiCalls(api, window)
+        return ApiCalls(api, window, token=token)
     if db is not None and api is None:
         return FileCalls(db, window)
     raise ValueError("give exactly one of api (the read API's URL) or db (an audit store file)")
