@@ -26,7 +26,16 @@ from consumers.auth import AuthError, Forbidden, TokenFile, scope_params
 from consumers.queries import QueryError
 from consumers.reader import AccessDeniedError, ApiReader, AuditReader, FileReader, SourceUnavailableError
 from dashboard.config import DEFAULT_REFRESH_S, ENV_REFRESH, ConfigurationError, DashboardConfig, valid_zone
-from dashboard.data import DEFAULT_WINDOW, WINDOWS, ProofView, Window, load_coverage, load_proof, store_is_empty
+from dashboard.data import (
+    DEFAULT_WINDOW,
+    WINDOWS,
+    ProofView,
+    Query,
+    Window,
+    load_coverage,
+    load_proof,
+    store_is_empty,
+)
 from dashboard.login import Access, api_access, claims_access, deployment_access, file_access
 from events.signing import SigningError, VerifyingKey, load_trusted_keys
 
@@ -43,6 +52,7 @@ __all__ = [
     "problems",
     "proof",
     "query",
+    "query_as",
     "reader",
     "ready",
     "run_every",
@@ -119,7 +129,16 @@ def query(name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
     parameters go through `consumers.auth.scope_params` first (a tenant bound, a query the roles do
     not allow refused with `Forbidden`). Raises `SourceUnavailableError` (`AccessDeniedError` when
     the read API refuses) and `QueryError` as the reader does (errors are never cached)."""
-    session = access()
+    return _query_as(access(), name, params)
+
+
+def query_as(session: Access) -> Query:
+    """`query` for `session`, usable outside the page's run (a download's deferred data runs on a
+    thread of its own, where the session state is not this session's)."""
+    return lambda name, params: _query_as(session, name, params)
+
+
+def _query_as(session: Access, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
     given: Mapping[str, Any] = params
     if session.identity is not None:
         given = scope_params(name, params, session.identity)

@@ -68,11 +68,13 @@ for key in TEXT_FILTERS:
 ui.to_url("f_type", kind, KINDS[0])
 ui.to_url("page_size", page_size, 100)
 ui.to_url("page", page_number, 1)
+# The CSV is made when it is downloaded, off this run: it reads as the session that drew the button.
+read_as_this_session = ui.query_as(ui.access())
 with controls[2]:
     st.write("")
     st.download_button(
         "Download CSV of this filter",
-        data=lambda: blocked_csv(ui.query, filters),
+        data=lambda: blocked_csv(read_as_this_session, filters),
         file_name="blocked-attempts.csv",
         mime="text/csv",
         on_click="ignore",

@@ -47,6 +47,7 @@ PAGES = {
     "overview": ("Overview", "Interceptors"),
     "blocked": ("Blocked attempts", "Open call detail"),
     "call": ("Call detail", "Redacted paths"),
+    "run": ("Run", "Find a run"),
     "trends": ("Trends", "Denial reasons new in this window"),
     "impact": ("Policy impact", "orders / review-acme-5"),
     "coverage": ("Coverage", "coverage checks"),

@@ -1,0 +1,253 @@
+"""In a real browser, against `callgate dashboard --db ... --auth tokens.yaml` over a store of real agent
+runs (one server for the module): a wrong token is refused; a tenant administrator's login shows its
+tenant's numbers only (equal to plain SQL counts) and its CSV export holds its rows only; the Run
+page of a nested run shows the parent and child calls in order; a link restores the filters, the
+page and the picked call after the login; and every page is drawn, each saved as a screenshot in the
+folder the test prints. Debian's chromium, headless, driven by Playwright."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from callgate.broker import free_port
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# Each page a login may reach, its title and text that shows once its data is drawn.
+PAGES = {
+    "Overview": "Top denied",
+    "Blocked attempts": "Open call detail",
+    "Call detail": "Call id",
+    "Run": "Find a run",
+    "Trends": "Denial reasons new in this window",
+    "Policy impact": "No call in this window met a shadow decision",
+    "Coverage": "coverage checks",
+    "Pipeline health": "Dead letters",
+}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium, one for the module; missing: a failure in CI, a loud skip elsewhere."""
+    if not os.access(CHROMIUM, os.X_OK):
+        reason = (
+            f"!!! {CHROMIUM} is missing: the dashboard's login browser tests did NOT run (apt-get install chromium) !!!"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture(scope="module")
+def served(run_store: Any, token_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`callgate dashboard --db` over a copy of the run store, logins checked against the token file; its URL."""
+    db = tmp_path_factory.mktemp("login-dashboard") / "runs.duckdb"
+    shutil.copyfile(run_store.path, db)
+    port = free_port("127.0.0.1")
+    cli = [sys.executable, "-c", "from callgate.cli import main; main()"]
+    command = [*cli, "dashboard", "--db", str(db), "--port", str(port), "--auth", str(token_file), "--timezone", "UTC"]
+    dashboard = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert dashboard.stdout is not None
+        url = f"http://127.0.0.1:{port}"
+        line = dashboard.stdout.readline()
+        assert line.startswith(f"dashboard at {url}"), line
+        yield url
+    finally:
+        dashboard.terminate()
+        try:
+            dashboard.wait(30)
+        except subprocess.TimeoutExpired:
+            dashboard.kill()
+            dashboard.wait()
+        if dashboard.stdout is not None:
+            dashboard.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this module's screenshots go: $CALLGATE_SCREENSHOT_DIR/login, or a fresh temporary folder; printed."""
+    configured = os.environ.get("CALLGATE_SCREENSHOT_DIR")
+    folder = Path(configured) / "login" if configured else tmp_path_factory.mktemp("dashboard-login-screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\ndashboard login screenshots: {folder}")
+    return folder
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh browser context (a session of its own) and its page."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1100}, accept_downloads=True)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def drawn(page: Any) -> None:
+    """Wait until the script has finished and no element waits for its data."""
+    from playwright.sync_api import expect
+
+    expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning", timeout=30_000)
+    expect(page.get_by_test_id("stSkeleton")).to_have_count(0, timeout=30_000)
+
+
+def log_in(page: Any, token: str) -> None:
+    from playwright.sync_api import expect
+
+    field = page.get_by_label("Token")
+    expect(field).to_be_visible(timeout=30_000)
+    field.fill(token)
+    page.get_by_role("button", name="Log in").click()
+
+
+def metric(page: Any, label: str) -> Any:
+    return page.get_by_test_id("stMetric").filter(has_text=label).get_by_test_id("stMetricValue").first
+
+
+def nav(page: Any, title: str) -> None:
+    """Open a page through the sidebar's menu (a reload would be a new session, logged out)."""
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name=title, exact=True).click()
+
+
+def test_a_wrong_token_is_refused(page: Any, served: str, shots: Path) -> None:
+    """The login asks for a token before anything of the store shows, and refuses one it does not know."""
+    from playwright.sync_api import expect
+
+    page.goto(served)
+    log_in(page, "tok-nobody")
+    expect(page.get_by_text("This token was refused.")).to_be_visible(timeout=30_000)
+    expect(page.get_by_test_id("stMetric")).to_have_count(0)
+    assert "tok-nobody" not in page.url
+    page.screenshot(path=str(shots / "login-refused.png"), full_page=True)
+
+
+def test_a_tenant_login_shows_only_its_tenant(
+    page: Any, served: str, run_store: Any, tokens: dict[str, str], shots: Path
+) -> None:
+    """Logged in with globex's token: the Overview's calls and blocked figures and the Blocked
+    attempts count are globex's plain SQL counts; the CSV export holds globex's rows only; the pages
+    that read every tenant are not offered; the token never reaches the URL."""
+    from playwright.sync_api import expect
+
+    count = run_store.scalar
+    calls = count(
+        "select count(*) from events where tenant = 'globex' and type in ('ToolUse', 'ToolDenied', 'Blocked')"
+    )
+    blocked = count("select count(*) from blocked_attempts where tenant = 'globex'")
+    assert calls < count("select count(*) from events where type in ('ToolUse', 'ToolDenied', 'Blocked')")
+
+    page.goto(served)
+    log_in(page, tokens["globex-admin"])
+    expect(metric(page, "Calls")).to_have_text(f"{calls:,}", timeout=30_000)
+    expect(metric(page, "Denied")).to_have_text(
+        str(count("select count(*) from events where tenant = 'globex' and type = 'ToolDenied'"))
+    )
+    drawn(page)
+    page.screenshot(path=str(shots / "tenant-overview.png"), full_page=True)
+    nav_links = page.get_by_test_id("stSidebarNav").get_by_role("link")
+    titles = [text.strip() for text in nav_links.all_inner_texts()]
+    assert "Coverage" not in titles
+    assert "Pipeline health" not in titles
+
+    nav(page, "Blocked attempts")
+    expect(metric(page, "Matching attempts")).to_have_text(str(blocked), timeout=30_000)
+    with page.expect_download(timeout=30_000) as caught:
+        page.get_by_role("button", name="Download CSV of this filter").click()
+    rows = list(csv.DictReader(io.StringIO(Path(caught.value.path()).read_text(encoding="utf-8"))))
+    assert len(rows) == blocked
+    assert {row["tenant"] for row in rows} == {"globex"}
+    assert tokens["globex-admin"] not in page.url
+    drawn(page)
+    page.screenshot(path=str(shots / "tenant-blocked.png"), full_page=True)
+
+
+def test_the_run_page_of_a_nested_run(page: Any, served: str, tokens: dict[str, str], shots: Path) -> None:
+    """A link to the Run page of run-desk, opened and logged in, shows the desk's calls in order with
+    the research agent's and the helper run's calls indented under the call that ran them, and the
+    block that stopped the run."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{served}/run?run_id=run-desk")
+    log_in(page, tokens["acme-admin"])
+    story = page.get_by_test_id("stCode").filter(has_text="ask_research")
+    expect(story).to_be_visible(timeout=30_000)
+    lines = [line.rstrip() for line in story.inner_text().splitlines() if line.strip()]
+    expected = [
+        "ask_research: allowed (ok)",
+        "    get_order: allowed (ok)",
+        "delegate: allowed (ok)",
+        "    get_order: denied (deny) [desk-rules]",
+        "run_sql: blocked (block) [desk-rules]",
+    ]
+    positions = [next(i for i, line in enumerate(lines) if line == want) for want in expected]
+    assert positions == sorted(positions), lines
+    expect(page.get_by_text("a call was blocked, which stopped the run").first).to_be_visible()
+    drawn(page)
+    page.screenshot(path=str(shots / "run-nested.png"), full_page=True)
+
+
+def test_a_link_restores_filters_page_and_call(page: Any, served: str, run_store: Any, tokens: dict[str, str]) -> None:
+    """A link to Blocked attempts with a window, a tenant filter, a page size and a call, opened and
+    logged in, shows exactly that; changing a filter changes the address."""
+    from playwright.sync_api import expect
+
+    call_id = next(e.call_id for e in run_store.events if getattr(e, "tool", None) == "run_sql" and e.type == "Blocked")
+    page.goto(f"{served}/blocked?window=30d&f_tenant=acme&page_size=50&call={call_id}")
+    log_in(page, tokens["auditor"])
+    acme = run_store.scalar("select count(*) from blocked_attempts where tenant = 'acme'")
+    expect(metric(page, "Matching attempts")).to_have_text(str(acme), timeout=30_000)
+    expect(page.get_by_label("Tenant", exact=True).last).to_have_value("acme")
+    expect(page.get_by_role("combobox", name="Window")).to_have_value("Last 30 days")
+    expect(page.get_by_role("combobox", name="Rows per page")).to_have_value("50")
+    expect(page.get_by_role("combobox", name="Call", exact=True)).to_have_value(call_id)
+    tool = page.get_by_label("Tool", exact=True)
+    tool.fill("run_sql")
+    tool.press("Enter")
+    expect(page).to_have_url(re.compile(r"[?&]f_tool=run_sql(&|$)"), timeout=30_000)
+    assert "f_tenant=acme" in page.url
+
+
+def test_every_page_is_drawn(page: Any, served: str, tokens: dict[str, str], shots: Path) -> None:
+    """An auditor is offered every page; each draws its data without an error; a screenshot of each."""
+    from playwright.sync_api import expect
+
+    page.goto(served)
+    log_in(page, tokens["auditor"])
+    expect(metric(page, "Calls")).to_be_visible(timeout=30_000)
+    for title, shown in PAGES.items():
+        nav(page, title)
+        expect(page.get_by_role("heading", name=title, exact=True)).to_be_visible(timeout=30_000)
+        expect(page.get_by_text(shown).first).to_be_visible(timeout=30_000)
+        drawn(page)
+        expect(page.get_by_test_id("stException")).to_have_count(0)
+        page.screenshot(path=str(shots / f"{title.lower().replace(' ', '-')}.png"), full_page=True)
+    assert len(list(shots.glob("*.png"))) >= len(PAGES)
