@@ -26,20 +26,23 @@ pauses with `langgraph.types.interrupt(payload)`, where the payload is JSON
     {"kind": "callgate.approval", "tool": ..., "args": {...}, "call_id": ..., "reason": ...,
      "requested_by": [...]}
 
-(`args` as the gate holds them, after rewrites). `Command(resume=answer)` resumes it; the answer
-is `true` / `false` or `{"approved": bool, "by": "who", "note": "..."}` (`ApprovalResume`; the
-interrupt's `response_schema` says so, and LangGraph refuses anything else with a
-`ValidationError`, leaving the interrupt open). The resumed call passes the whole chain again and
-the answer decides it (`ApprovalRequested`, `ApprovalResolved` with `by` and `note`, then its one
-outcome): approved, the tool runs once; refused, the model reads an error `ToolMessage` with the
-refusal, who refused and the note, and the tool never runs. Several calls waiting at once are
+(`args` as the gate holds them, after rewrites). `Command(resume=answer)` resumes it; the answer is
+`{"approved": bool, "by": "who", "note": "...", "call_id": "..."}` (`ApprovalResume`: `by`, `note`
+optional; `call_id`, if given, the payload's) or, with the middleware, a bare `true` / `false`. On
+a ToolNode of `gate_tools` tools the answer must name its call (`call_id`): the calls of one
+ToolNode step share LangGraph's interrupt order, so an answer that does not name its call could
+reach another. The interrupt's `response_schema` says all this, and LangGraph refuses anything else
+with a `ValidationError`, leaving the interrupt open. The resumed call passes the whole chain again
+and the answer decides it (`ApprovalRequested`, `ApprovalResolved` with `by` and `note`, then its
+one outcome): approved, the tool runs once; refused, the model reads an error `ToolMessage` with
+the refusal, who refused and the note, and the tool never runs. Several calls waiting at once are
 answered by interrupt id, `Command(resume={interrupt.id: answer, ...})`. Pausing needs a
 checkpointer: without one the call raises `ToolApprovalRequiredError` saying so (the tool does not
-run). A gate with an `approval_handler` asks it instead, as on every route; outside a graph run
-(a tool invoked by hand) `ToolApprovalRequiredError` is raised as before. On a ToolNode route,
-LangGraph resumes a node from its start: the other calls of the paused step run again, and calls
-of one step that need approval pause one at a time (one task per call, as `create_agent` makes
-them, has neither).
+run). A gate with an `approval_handler` asks it instead, as on every route; outside a graph run (a
+tool invoked by hand) `ToolApprovalRequiredError` is raised as before. On a ToolNode route,
+LangGraph resumes a node from its start: the other calls of the paused step run again, and calls of
+one step that need approval pause one at a time (one task per call, as `create_agent` makes them,
+has neither).
 
 Needs `langchain-core` (the `langchain` extra); `CallgateMiddleware` also needs `langchain` (the
 `langgraph` extra) and loads it on first use. Importing `interceptor_core` loads neither.
@@ -57,7 +60,7 @@ from asyncio import events as _loops
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, get_type_hints
 
 import pydantic_core
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
@@ -69,7 +72,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 # LangChain's own test for a RunnableConfig parameter: the original gets its config exactly when
 # LangChain would pass it.
 from langchain_core.tools.base import _get_runnable_config_param
-from pydantic import BaseModel, ConfigDict, PrivateAttr, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, StrictBool, ValidationError, create_model
 from pydantic.v1 import ValidationError as ValidationErrorV1
 
 from interceptor_core.approvals import Approval
@@ -218,9 +221,11 @@ _RESUMED = "approved through LangGraph's interrupt (Command(resume=...))"
 
 class ApprovalResume(BaseModel):
     """The answer to a call paused for approval, as `Command(resume=...)` gives it: a JSON object
-    `{"approved": true | false, "by": "who decided", "note": "..."}` (`by` and `note` optional;
-    the note of a refusal is what the model reads), or a bare `true` / `false`. Anything else is
-    refused by LangGraph (a `ValidationError`; the run fails and the interrupt stays open)."""
+    `{"approved": true | false, "by": "who decided", "note": "...", "call_id": "..."}` (`by`,
+    `note` and `call_id` optional, except `call_id` on a ToolNode of `gate_tools` tools; the note
+    of a refusal is what the model reads), or a bare `true` / `false` (not on a ToolNode). A
+    `call_id` must be the payload's. Anything else is refused by LangGraph (a `ValidationError`;
+    the resumed run fails, nothing runs, and the interrupt stays open)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, title="CallgateApprovalResume")
 
@@ -230,10 +235,26 @@ class ApprovalResume(BaseModel):
     """Who decided (the `ApprovalResolved` event records it)."""
     note: str | None = None
     """Recorded with the decision; on a refusal, also what the model reads after the refusal."""
+    call_id: str | None = None
+    """The call this answers (the payload's `call_id`)."""
 
 
-# A union rather than a class: LangGraph takes any type a pydantic TypeAdapter does.
-_RESUME_SCHEMA = cast("type[bool | ApprovalResume]", StrictBool | ApprovalResume)
+def _resume_schema(call_id: str | None, *, named: bool) -> Any:
+    """What LangGraph accepts as the answer to this call's interrupt (its `response_schema`).
+
+    A `call_id` given must be this call's. `named`: the answer must give it, because the calls of
+    one task (a ToolNode step) pausing at once share LangGraph's interrupt order, and an answer
+    that does not name its call could reach another one; one task per call (create_agent) is
+    answered by its interrupt alone."""
+    if call_id is None:
+        return StrictBool | ApprovalResume
+    own = Literal[call_id]  # type: ignore[valid-type]  # a value known only per call
+    bound = create_model(
+        "CallgateApprovalResume",
+        __base__=ApprovalResume,
+        call_id=(own, ...) if named else (own | None, None),
+    )
+    return bound if named else StrictBool | bound
 
 
 class _GraphTask(NamedTuple):
@@ -286,17 +307,23 @@ def _approval_of(answer: bool | ApprovalResume) -> Approval:
     return Approval(approved=answer.approved, by=answer.by, note=note)
 
 
-def _ask_graph(name: str, call_id: str | None, asked: AskedApproval) -> Approval:
+def _ask_graph(name: str, call_id: str | None, asked: AskedApproval, *, named: bool) -> Approval:
     """LangGraph's `interrupt()` for this call: the answer the resumed run brings, or
     `GraphInterrupt` (the run pauses)."""
     from langgraph.types import interrupt
 
-    answer = interrupt(approval_payload(name, call_id, asked), response_schema=_RESUME_SCHEMA)
+    answer = interrupt(approval_payload(name, call_id, asked), response_schema=_resume_schema(call_id, named=named))
     return _approval_of(answer)
 
 
 async def call_through_gate(
-    scope: AgentScope, name: str, args: dict[str, Any], *, run: RunContext, call_id: str | None
+    scope: AgentScope,
+    name: str,
+    args: dict[str, Any],
+    *,
+    run: RunContext,
+    call_id: str | None,
+    named_answers: bool = False,
 ) -> ToolResult:
     """`scope.call`, with LangGraph's `interrupt()` as the approval flow when the chain requires
     approval and the gate has no `approval_handler` (on both routes; see `CallgateMiddleware`).
@@ -305,7 +332,8 @@ async def call_through_gate(
     and pauses the run; the resumed run's answer decides it, passing the whole chain again
     (`ApprovalRequested`, `ApprovalResolved`, then the outcome). Without a checkpointer the run
     cannot resume: `ToolApprovalRequiredError` saying so, the tool not run. Outside a graph, or
-    with a handler, this is `scope.call`."""
+    with a handler, this is `scope.call`. `named_answers`: an answer must name the call it
+    answers (see `_resume_schema`)."""
     task = _graph_task() if scope.gate.approval_handler is None else None
     if task is None:
         return await scope.call(name, args, run=run, call_id=call_id)
@@ -314,7 +342,7 @@ async def call_through_gate(
     pause: GraphInterrupt | None = None
     if task.resume_waiting and (asked := await approval_asked(scope, name, args, run, call_id)) is not None:
         try:
-            approval = _ask_graph(name, call_id, asked)
+            approval = _ask_graph(name, call_id, asked, named=named_answers)
         except GraphInterrupt as exc:  # the answer waiting was another call's: this one pauses
             pause = exc
         else:
@@ -336,7 +364,7 @@ async def call_through_gate(
         asked = await approval_asked(scope, name, args, run, call_id) or AskedApproval(
             args, exc.reason, tuple((exc.interceptor or "").split(", "))
         )
-        approval = _ask_graph(name, call_id, asked)  # raises GraphInterrupt: the run pauses
+        approval = _ask_graph(name, call_id, asked, named=named_answers)  # raises GraphInterrupt: the run pauses
     # Only when an answer was waiting after all: it decides the call, which passes the chain again.
     return await scope.call(name, args, run=run, call_id=call_id, approval=approval)
 
@@ -596,7 +624,9 @@ class GatedTool(StructuredTool):
         token = _PENDING.set(call)
         try:
             result = run_sync(
-                lambda: call_through_gate(wrapping.scope, self.name, call.gate_args, run=run, call_id=call.tool_call_id)
+                lambda: call_through_gate(
+                    wrapping.scope, self.name, call.gate_args, run=run, call_id=call.tool_call_id, named_answers=True
+                )
             )
         finally:
             _PENDING.reset(token)
@@ -621,6 +651,7 @@ class GatedTool(StructuredTool):
                 call.gate_args,
                 run=run_of(config, wrapping.default_run),
                 call_id=call.tool_call_id,
+                named_answers=True,
             )
         finally:
             _PENDING.reset(token)

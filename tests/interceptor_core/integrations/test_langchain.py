@@ -612,7 +612,9 @@ class Route:
         return out
 
 
-ROUTES = ["middleware-async", "middleware-sync", "tool-node-async", "tool-node-sync"]
+MIDDLEWARE = ["middleware-async", "middleware-sync"]
+TOOL_NODE = ["tool-node-async", "tool-node-sync"]
+ROUTES = [*MIDDLEWARE, *TOOL_NODE]
 
 
 class TestApprovalAsInterrupt:
@@ -635,9 +637,13 @@ class TestApprovalAsInterrupt:
         blocked = memory.of_type("Blocked")[0]
         assert (blocked.cause, blocked.reason) == ("approval_required", "deletes need a human")
 
-    @pytest.mark.parametrize("route", ROUTES)
     @pytest.mark.parametrize(
-        ("answer", "by"), [(True, None), ({"approved": True, "by": "alice"}, "alice")], ids=["bare", "object"]
+        ("route", "answer", "by"),
+        [
+            *[(route, {"approved": True, "by": "alice", "call_id": "c1"}, "alice") for route in ROUTES],
+            *[(route, True, None) for route in MIDDLEWARE],
+            *[(route, {"approved": True, "by": "bob"}, "bob") for route in MIDDLEWARE],
+        ],
     )
     async def test_approved_on_resume_the_tool_runs_once(self, root: Path, route: str, answer: Any, by: Any) -> None:
         """Resumed with an approval: the delete runs once, the model reads its result, and the
@@ -667,7 +673,7 @@ class TestApprovalAsInterrupt:
         model = ReadingChat(messages=iter([DELETE, AIMessage("done")]))
         graph = Route(route, root, approvals_gate(memory), model)
         await graph.run({"messages": [HumanMessage("tidy up")]})
-        out = await graph.run(Command(resume={"approved": False, "by": "alice", "note": "not today"}))
+        out = await graph.run(Command(resume={"approved": False, "by": "alice", "note": "not today", "call_id": "c1"}))
         refusal = "The call to delete_file needs approval (deletes need a human) and was refused by alice: not today"
         assert out["messages"][-1].content == "done"
         assert (root / "old.txt").read_text() == "old"
@@ -708,21 +714,30 @@ class TestApprovalAsInterrupt:
         assert graph.done == []
         assert trail(memory, "c1") == ["Blocked"]
 
-    @pytest.mark.parametrize("route", ROUTES)
-    async def test_an_invalid_answer_is_refused_and_the_call_still_waits(self, root: Path, route: str) -> None:
-        """A resume value that is not an answer (a string, an unknown field) fails the resumed run
+    @pytest.mark.parametrize(
+        ("route", "bad"),
+        [
+            *[(route, bad) for route in ROUTES for bad in ["yes", {"approved": True, "message": "fine"}]],
+            *[(route, {"approved": True, "call_id": "c9"}) for route in ROUTES],
+            *[(route, bad) for route in TOOL_NODE for bad in [True, {"approved": True}]],
+        ],
+    )
+    async def test_an_invalid_answer_is_refused_and_the_call_still_waits(
+        self, root: Path, route: str, bad: Any
+    ) -> None:
+        """A resume value that is not an answer to this call (a string, an unknown field, another
+        call's id; on a ToolNode, an answer that does not name its call) fails the resumed run
         with LangGraph's `ValidationError`, records nothing and runs nothing; a valid answer then
         still decides the call."""
         memory = MemorySink()
-        gate = approvals_gate(memory)
-        graph = Route(route, root, gate, chat(turn(("c1", "delete_file", {"path": "old.txt"}))))
-        await graph.run({"messages": [HumanMessage("tidy up")]})
-        for bad in ["yes", {"approved": True, "message": "fine"}]:
-            with pytest.raises(ValidationError):
-                await graph.run(Command(resume=bad))
+        graph = Route(route, root, approvals_gate(memory), chat(turn(("c1", "delete_file", {"path": "old.txt"}))))
+        paused = await graph.run({"messages": [HumanMessage("tidy up")]})
+        assert paused["__interrupt__"][0].response_schema is not None  # what a client may send
+        with pytest.raises(ValidationError):
+            await graph.run(Command(resume=bad))
         assert trail(memory, "c1") == ["Blocked"]
         assert (root / "old.txt").exists()
-        out = await graph.run(Command(resume=True))
+        out = await graph.run(Command(resume={"approved": True, "call_id": "c1"}))
         assert replies(out["messages"]) == {"c1": ("success", "deleted old.txt")}
         assert trail(memory, "c1") == ["Blocked", "ApprovalRequested", "ApprovalResolved", "ToolUse"]
 
