@@ -12,9 +12,10 @@ Every query answers in well under a second over a million stored events (`bench/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -23,13 +24,17 @@ from uuid import UUID
 
 import duckdb
 
+from consumers.archive import ARCHIVE_PARAM, with_archive
 from events.models import EVENT_TYPES, OUTCOME_TYPES
 
 __all__ = [
     "MAX_LIMIT",
     "MAX_REPLAY_LIMIT",
+    "MERGE_KINDS",
     "QUERIES",
     "QUERY_SCOPES",
+    "Merge",
+    "MergeKind",
     "NamedQuery",
     "Param",
     "ParamValue",
@@ -37,7 +42,14 @@ __all__ = [
     "QueryResult",
     "QueryScope",
     "UnknownQueryError",
+    "cursor",
+    "custom",
     "describe_queries",
+    "groups",
+    "lookup",
+    "not_federatable",
+    "page",
+    "ratio",
     "run_query",
 ]
 
@@ -118,13 +130,137 @@ QueryScope = Literal["tenant", "global", "admin"]
 
 QUERY_SCOPES: Final[tuple[QueryScope, ...]] = ("tenant", "global", "admin")
 
+MergeKind = Literal["page", "cursor", "groups", "lookup", "custom", "not_federatable"]
+"""How `callgate serve` (consumers.federation) merges one query's answers from several shards:
+
+- "page": rows concatenated and sorted by `order` (the query's own ORDER BY), then `offset` and `limit`
+  applied again; each shard is asked for its first offset + limit rows.
+- "cursor": the same for a query paged by a cursor (`replay_calls`): each shard answers the same cursor.
+- "groups": rows of the same `keys` combined column by column (`columns`: sum, min, max, any, union of
+  lists, or, arg_max:COL / arg_min:COL: the value of the row with the largest / smallest COL,
+  rank:A,B,...: the first of these values any row has), the `derive` columns computed again from the
+  combined row (a ratio from its summed parts, never averaged), then sorted by `order` (none: the
+  shards' own order, for queries listing a fixed set of keys) and paged. When `order` names only
+  keys, each shard's first offset + limit groups suffice; otherwise every group is fetched. With
+  `pin_until`, serve fixes a missing `until` to its own clock, so every shard counts the same window.
+- "lookup": the rows of the one shard that has them (a single event's material).
+- "custom": merged by a function of consumers.federation named after the query (chains stitched per
+  producer across shards, distinct counts recounted, ...); `note` says how.
+- "not_federatable": refused by serve (501) with `note` as the reason.
+"""
+
+MERGE_KINDS: Final[tuple[MergeKind, ...]] = ("page", "cursor", "groups", "lookup", "custom", "not_federatable")
+
+_AGGREGATES: Final = frozenset({"sum", "min", "max", "any", "union", "or", "derived"})
+
+
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """How a named query's answers from several shards make one answer (`MergeKind`).
+
+    Build one with `page`, `cursor`, `groups`, `lookup`, `custom` or `not_federatable`. `order` terms are
+    column names, "-name" for descending; NULLs sort last either way (DuckDB's default).
+    """
+
+    kind: MergeKind
+    order: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+    columns: Mapping[str, str] = field(default_factory=dict)
+    derive: Mapping[str, Callable[[Mapping[str, Any]], Any]] = field(default_factory=dict)
+    note: str = ""
+    pin_until: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in MERGE_KINDS:
+            raise ValueError(f"merge kind must be one of {', '.join(MERGE_KINDS)}, got {self.kind!r}")
+        if self.kind in ("page", "cursor") and not self.order:
+            raise ValueError(f"a {self.kind!r} merge needs the order its rows are sorted by")
+        for column, how in self.columns.items():
+            base, _, by = how.partition(":")
+            if not (how in _AGGREGATES or (base in ("arg_max", "arg_min", "rank") and by)):
+                raise ValueError(f"column {column!r}: unknown aggregate {how!r}")
+            if how == "derived" and column not in self.derive:
+                raise ValueError(f"column {column!r} is derived but has no derive function")
+        if self.kind in ("custom", "not_federatable") and not self.note:
+            raise ValueError(f"a {self.kind!r} merge needs a note saying how (or why not)")
+
+    def describe(self) -> dict[str, Any]:
+        """The declaration as JSON-safe data (the read API's listing)."""
+        spec: dict[str, Any] = {"kind": self.kind}
+        if self.order:
+            spec["order"] = list(self.order)
+        if self.keys:
+            spec["keys"] = list(self.keys)
+        if self.note:
+            spec["note"] = self.note
+        return spec
+
+
+def page(*order: str) -> Merge:
+    """Rows merge-sorted by `order`, offset and limit applied again."""
+    return Merge("page", order=order)
+
+
+def cursor(*order: str) -> Merge:
+    """Rows merge-sorted by `order`, cut to `limit`; every shard answers the same cursor."""
+    return Merge("cursor", order=order)
+
+
+def groups(
+    keys: tuple[str, ...],
+    columns: Mapping[str, str],
+    order: tuple[str, ...],
+    derive: Mapping[str, Callable[[Mapping[str, Any]], Any]] | None = None,
+    *,
+    pin_until: bool = False,
+) -> Merge:
+    """Rows of equal `keys` combined per column, `derive` computed again, sorted by `order` and paged."""
+    derive = dict(derive or {})
+    columns = {**columns, **dict.fromkeys(derive, "derived")}
+    return Merge("groups", order=order, keys=keys, columns=columns, derive=derive, pin_until=pin_until)
+
+
+def lookup() -> Merge:
+    """The rows of the shard that has them."""
+    return Merge("lookup")
+
+
+def custom(note: str) -> Merge:
+    """Merged by the function consumers.federation keeps for this query; `note` says how."""
+    return Merge("custom", note=note)
+
+
+def not_federatable(reason: str) -> Merge:
+    """Refused by `callgate serve` with `reason`."""
+    return Merge("not_federatable", note=reason)
+
+
+def ratio(numerator: str, denominator: str, digits: int = 4) -> Callable[[Mapping[str, Any]], Any]:
+    """`round(numerator / denominator, digits)` as DuckDB computes it (half away from zero); None for 0/0."""
+
+    def compute(row: Mapping[str, Any]) -> Any:
+        n, d = row.get(numerator), row.get(denominator)
+        if n is None or not d:
+            return None
+        return _round(n / d, digits)
+
+    return compute
+
+
+def _round(value: float, digits: int) -> float:
+    scale = 10**digits
+    shifted = value * scale
+    return float(math.floor(shifted + 0.5) if shifted >= 0 else -math.floor(-shifted + 0.5)) / scale
+
 
 @dataclass(frozen=True, slots=True)
 class NamedQuery:
     """A query readers may run: fixed SQL whose `$name` parameters are exactly `params`.
 
     `scope` has no default on purpose: a query cannot be added without saying who may read it
-    (`QueryScope`); a "tenant" query without a `tenant` parameter raises `ValueError` here.
+    (`QueryScope`); a "tenant" query without a `tenant` parameter raises `ValueError` here. Nor has
+    `merge`: a query cannot be added without saying how `callgate serve` merges its answers from
+    several shards (`Merge`).
     """
 
     name: str
@@ -132,12 +268,17 @@ class NamedQuery:
     sql: str
     params: Mapping[str, Param] = field(default_factory=dict)
     scope: QueryScope = field(kw_only=True)
+    merge: Merge = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if self.scope not in QUERY_SCOPES:
             raise ValueError(f"query {self.name!r}: scope must be one of {', '.join(QUERY_SCOPES)}, got {self.scope!r}")
         if self.scope == "tenant" and ("tenant" not in self.params or "$tenant" not in self.sql):
             raise ValueError(f"query {self.name!r} is tenant-scoped but has no $tenant parameter filtering its rows")
+        if not isinstance(self.merge, Merge):
+            raise ValueError(f"query {self.name!r}: merge must be a Merge (page, groups, custom, ...)")
+        if self.merge.kind == "page" and "offset" not in self.params:
+            raise ValueError(f"query {self.name!r}: a page merge needs limit and offset parameters")
 
     def bind(self, given: Mapping[str, ParamValue] | None) -> dict[str, Any]:
         """Every parameter's value: the given one checked and converted, or its default. Raises
@@ -175,8 +316,12 @@ class NamedQuery:
         return {
             "name": self.name,
             "description": self.description,
-            "parameters": [spec.describe(name) for name, spec in self.params.items()],
+            "parameters": [
+                *(spec.describe(name) for name, spec in self.params.items()),
+                INCLUDE_ARCHIVE.describe(ARCHIVE_PARAM),
+            ],
             "scope": self.scope,
+            "merge": self.merge.describe(),
         }
 
 
@@ -200,26 +345,34 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, Pa
 
     Raises `UnknownQueryError` (a `QueryError` and a `KeyError`) for a name not in `QUERIES`,
     `QueryError` (a `ValueError`) for a bad parameter, both before touching the database, and
-    DuckDB's errors for a database without the store's schema. Blocks for the query (well under a
+    DuckDB's errors for a database without the store's schema. Every query also takes
+    `include_archive` (default false): true reads the archive's Parquet files beside the store's
+    events (`consumers.archive`; `ArchiveError` for a listed file that is gone). Blocks for the query (well under a
     second over a million events). Not safe to share `con` between threads: give each its own
     (`AuditStore.cursor()`).
     """
     query = QUERIES.get(name)
     if query is None:
         raise UnknownQueryError(f"unknown query {name!r}; known: {', '.join(sorted(QUERIES))}", query=name)
-    values = query.bind(params)
-    result = con.execute(query.sql, values)
-    description = result.description or []
-    columns = tuple(str(d[0]) for d in description)
-    json_columns = {i for i, d in enumerate(description) if str(d[1]) == "JSON"}
-    rows = [
-        {
-            columns[i]: (json.loads(v) if i in json_columns and v is not None else _json_safe(v))
-            for i, v in enumerate(row)
-        }
-        for row in result.fetchall()
-    ]
-    return QueryResult(name, {k: _json_safe(v) for k, v in values.items()}, columns, rows)
+    given = dict(params or {})
+    archived = _coerce(name, ARCHIVE_PARAM, INCLUDE_ARCHIVE, given.pop(ARCHIVE_PARAM, None))
+    values = query.bind(given)
+    with with_archive(con) if archived else contextlib.nullcontext():
+        result = con.execute(query.sql, values)
+        description = result.description or []
+        columns = tuple(str(d[0]) for d in description)
+        json_columns = {i for i, d in enumerate(description) if str(d[1]) == "JSON"}
+        rows = [
+            {
+                columns[i]: (json.loads(v) if i in json_columns and v is not None else _json_safe(v))
+                for i, v in enumerate(row)
+            }
+            for row in result.fetchall()
+        ]
+    shown = {k: _json_safe(v) for k, v in values.items()}
+    if archived:
+        shown[ARCHIVE_PARAM] = True
+    return QueryResult(name, shown, columns, rows)
 
 
 def describe_queries() -> list[dict[str, Any]]:
@@ -316,6 +469,10 @@ UNTIL = Param("datetime", "Only what happened before this time (ISO 8601; UTC if
 LIMIT = Param("int", "How many rows at most.", default=100, minimum=1, maximum=MAX_LIMIT)
 OFFSET = Param("int", "How many rows to skip (paging).", default=0, minimum=0)
 TENANT = Param("str", "Only this tenant.")
+INCLUDE_ARCHIVE: Final = Param(
+    "bool", "Read the archive's Parquet files (callgate archive) beside the store's events.", default=False
+)
+"""Taken by every query (`run_query`), not listed in each one's `params`."""
 PAGE = {"limit": LIMIT, "offset": OFFSET}
 BUCKET_SECONDS = Param(
     "int", "Bucket width in seconds; when given, instead of bucket_minutes.", minimum=1, maximum=604800
@@ -677,6 +834,31 @@ ORDER BY first_seen DESC, reason
 LIMIT $limit OFFSET $offset
 """
 
+
+# Which tenants met each reason (before $until): what serve needs to count new_denial_reasons'
+# `tenants` over several shards, a distinct count no shard's own answer can be summed into.
+_DENIAL_REASON_TENANTS = """
+SELECT regexp_replace(regexp_replace(message, '[0-9a-fA-F]{8,}(-[0-9a-fA-F]{4,})*', '<id>', 'g'),
+                      '[0-9]+', 'N', 'g') AS reason,
+       decided_by, tenant, min(time) AS first_seen
+FROM blocked_attempts
+WHERE time < coalesce($until::TIMESTAMPTZ, now()) AND ($decided_by IS NULL OR decided_by = $decided_by)
+  AND ($tenant IS NULL OR tenant = $tenant)
+GROUP BY ALL
+ORDER BY reason, decided_by, tenant
+LIMIT $limit OFFSET $offset
+"""
+
+# The distinct schemas each scope registered a tool with: what serve needs to count registered_tools'
+# `schema_versions` over several shards.
+_TOOL_SCHEMAS = f"""
+WITH registrations AS ({_REGISTRATIONS})
+SELECT DISTINCT gate, workflow, agent, name AS tool, input_schema_sha256
+FROM registrations
+WHERE ($gate IS NULL OR gate = $gate) AND ($agent IS NULL OR agent = $agent)
+ORDER BY gate, workflow NULLS FIRST, agent NULLS FIRST, tool, input_schema_sha256
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 # -- coverage: what `callgate coverage` checks ---------------------------------------------------
 
@@ -1228,9 +1410,9 @@ ORDER BY last_time DESC, run_id
 
 
 def _query(
-    name: str, description: str, sql: str, params: Mapping[str, Param], *, scope: QueryScope
+    name: str, description: str, sql: str, params: Mapping[str, Param], *, scope: QueryScope, merge: Merge
 ) -> tuple[str, NamedQuery]:
-    return name, NamedQuery(name, description, sql, dict(params), scope=scope)
+    return name, NamedQuery(name, description, sql, dict(params), scope=scope, merge=merge)
 
 
 QUERIES: Final[dict[str, NamedQuery]] = dict(
@@ -1241,6 +1423,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _BLOCKED_ATTEMPTS,
             {**_BLOCKED_PARAMS, **PAGE},
             scope="tenant",
+            merge=page("-time", "event_id"),
         ),
         _query(
             "blocked_attempts_count",
@@ -1248,6 +1431,9 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _BLOCKED_ATTEMPTS_COUNT,
             _BLOCKED_PARAMS,
             scope="tenant",
+            merge=groups(
+                (), {"attempts": "sum", "denied": "sum", "blocked": "sum", "first_time": "min", "last_time": "max"}, ()
+            ),
         ),
         _query(
             "decision_trends",
@@ -1262,6 +1448,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
+            merge=groups(("bucket", "type"), {"events": "sum"}, ("-bucket", "type")),
         ),
         _query(
             "denial_rate",
@@ -1280,6 +1467,11 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
+            merge=custom(
+                "by tool: calls and denied summed per bucket and tool; by interceptor: denied summed per bucket"
+                " and interceptor, calls the bucket's outcome events over every shard (decision_trends); rate "
+                "recomputed from the sums"
+            ),
         ),
         _query(
             "top_denied",
@@ -1301,6 +1493,18 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "offset": OFFSET,
             },
             scope="tenant",
+            merge=groups(
+                ("key",),
+                {
+                    "attempts": "sum",
+                    "denied": "sum",
+                    "blocked": "sum",
+                    "first_seen": "min",
+                    "last_seen": "max",
+                    "last_message": "arg_max:last_seen",
+                },
+                ("-attempts", "key"),
+            ),
         ),
         _query(
             "call_detail",
@@ -1310,6 +1514,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _CALL_DETAIL,
             {"call_id": Param("str", "The call's id.", required=True), "tenant": TENANT, **PAGE},
             scope="tenant",
+            merge=page("relation", "time", "producer_id", "seq"),
         ),
         _query(
             "unmediated",
@@ -1323,6 +1528,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
+            merge=page("-time", "event_id"),
         ),
         _query(
             "unmediated_count",
@@ -1335,6 +1541,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "tool": Param("str", "Only clients bound to this tool."),
             },
             scope="tenant",
+            merge=custom(
+                "accesses summed, first and last time the earliest and latest; resources recounted: the "
+                "distinct resources of every shard's matching unmediated rows"
+            ),
         ),
         _query(
             "registered_tools",
@@ -1343,6 +1553,23 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _REGISTERED_TOOLS,
             {"gate": Param("str", "Only this gate."), "agent": Param("str", "Only this agent scope."), **PAGE},
             scope="global",
+            merge=custom(
+                "per scope and tool: registrations summed, the latest registration's description, schema and "
+                "chain; schema_versions the distinct schemas of every shard (tool_schemas)"
+            ),
+        ),
+        _query(
+            "tool_schemas",
+            "Per scope and tool registered: each distinct input schema hash it was registered with; what "
+            "callgate serve counts registered_tools' schema_versions over several shards with.",
+            _TOOL_SCHEMAS,
+            {"gate": Param("str", "Only this gate."), "agent": Param("str", "Only this agent scope."), **PAGE},
+            scope="global",
+            merge=groups(
+                ("gate", "workflow", "agent", "tool", "input_schema_sha256"),
+                {},
+                ("gate", "workflow nulls first", "agent nulls first", "tool", "input_schema_sha256"),
+            ),
         ),
         _query(
             "exercised_tools",
@@ -1351,6 +1578,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _EXERCISED_TOOLS,
             {"since": SINCE, "until": UNTIL, "gate": Param("str", "Only this gate."), "tenant": TENANT, **PAGE},
             scope="tenant",
+            merge=custom(
+                "per scope and tool: calls and outcomes summed, first and last seen; registered when any shard "
+                "holds a registration of the tool by that scope (registered_tools)"
+            ),
         ),
         _query(
             "chain_breaks",
@@ -1379,6 +1610,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
+            merge=custom(
+                "every shard's breaks, newest first; a gap recorded by one shard at a seq another shard holds "
+                "is no gap and is dropped (the producer's chain stitched across shards)"
+            ),
         ),
         _query(
             "chain_status",
@@ -1393,6 +1628,11 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
+            merge=custom(
+                "per producer across shards: events summed (distinct seqs, with chain_segments), highest seq, "
+                "missing recomputed, gaps that another shard fills dropped, links between shards checked "
+                "(chain_segments)"
+            ),
         ),
         _query(
             "dead_letters",
@@ -1405,6 +1645,18 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
+            merge=groups(
+                ("reason",),
+                {
+                    "messages": "sum",
+                    "first_received": "min",
+                    "last_received": "max",
+                    "sample_error": "arg_max:last_received",
+                    "sample_preview": "arg_max:last_received",
+                    "sample_position": "arg_max:last_received",
+                },
+                ("-messages", "reason"),
+            ),
         ),
         _query(
             "dead_letter_records",
@@ -1434,6 +1686,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
+            merge=page("-received_at", "topic", "partition", "offset"),
         ),
         _query(
             "event_counts",
@@ -1442,6 +1695,13 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _EVENT_COUNTS,
             {"since": SINCE, "until": UNTIL, "tenant": TENANT},
             scope="tenant",
+            merge=groups(
+                ("type",),
+                {"events": "sum", "previous_events": "sum", "since": "any", "until": "any", "previous_since": "any"},
+                (),
+                {"change": lambda row: row["events"] - row["previous_events"]},
+                pin_until=True,
+            ),
         ),
         _query(
             "pipeline_health",
@@ -1454,6 +1714,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 )
             },
             scope="global",
+            merge=custom(
+                "one row per Kafka partition of every shard, each carrying the store-wide figures summed over "
+                "the shards (times the latest, chain breaks without the gaps another shard fills)"
+            ),
         ),
         _query(
             "new_denial_reasons",
@@ -1468,6 +1732,21 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
+            merge=custom(
+                "every reason first seen before until in each shard, combined (first seen the earliest, "
+                "occurrences summed, samples the earliest), tenants recounted over every shard "
+                "(denial_reason_tenants), then only those first seen inside the window"
+            ),
+        ),
+        _query(
+            "denial_reason_tenants",
+            "Per denial and block reason (masked as in new_denial_reasons) and deciding interceptor: each tenant "
+            "that met it before `until` (default: now), and when first; what callgate serve counts "
+            "new_denial_reasons' tenants over several shards with.",
+            _DENIAL_REASON_TENANTS,
+            {"until": UNTIL, "decided_by": _BLOCKED_PARAMS["decided_by"], "tenant": TENANT, **PAGE},
+            scope="tenant",
+            merge=groups(("reason", "decided_by", "tenant"), {"first_seen": "min"}, ("reason", "decided_by", "tenant")),
         ),
         # -- coverage
         _query(
@@ -1477,6 +1756,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _COVERAGE_SUMMARY,
             {"since": SINCE, "until": UNTIL},
             scope="global",
+            merge=custom(
+                "events, unmediated, tool uses and dead letters summed; producers, broken producers, missing "
+                "seqs, gaps, tampering and conflicts counted per producer over its chain stitched across shards"
+            ),
         ),
         _query(
             "tool_use_verification",
@@ -1485,6 +1768,17 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _TOOL_USE_VERIFICATION,
             {"since": SINCE, "until": UNTIL},
             scope="global",
+            merge=groups(
+                (),
+                {
+                    "tool_uses": "sum",
+                    "unverified": "sum",
+                    "chain_not_verified": "sum",
+                    "not_registered": "sum",
+                    "incomplete_trail": "sum",
+                },
+                (),
+            ),
         ),
         _query(
             "unverified_tool_uses",
@@ -1501,6 +1795,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
+            merge=page("-time", "event_id"),
         ),
         _query(
             "tool_exercise",
@@ -1515,6 +1810,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
+            merge=custom(
+                "per gate and tool registered in any shard: the scopes of every shard, calls and runs of every "
+                "shard (exercised_tools, so calls stored apart from the registration count)"
+            ),
         ),
         # -- dashboard
         _query(
@@ -1525,6 +1824,13 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _OVERVIEW_COUNTS,
             {"since": SINCE, "until": UNTIL, "tenant": TENANT},
             scope="tenant",
+            merge=groups(
+                ("metric",),
+                {"value": "sum", "previous": "sum", "since": "any", "until": "any", "previous_since": "any"},
+                (),
+                {"change": lambda row: row["value"] - row["previous"]},
+                pin_until=True,
+            ),
         ),
         _query(
             "ingest_lag",
@@ -1537,6 +1843,24 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 )
             },
             scope="global",
+            merge=groups(
+                ("topic", "partition"),
+                {
+                    c: "arg_max:next_offset"
+                    for c in (
+                        "offset_updated_at",
+                        "seconds_since_commit",
+                        "recent_events",
+                        "median_delay_s",
+                        "p95_delay_s",
+                        "max_delay_s",
+                        "last_event_time",
+                        "last_ingested_at",
+                    )
+                }
+                | {"next_offset": "max"},
+                ("topic", "partition"),
+            ),
         ),
         # -- shadow mode and replay
         _query(
@@ -1549,6 +1873,20 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _SHADOW_IMPACT,
             {**_SHADOW_PARAMS, **PAGE},
             scope="tenant",
+            merge=groups(
+                ("shadow_decided_by", "shadow_rule", "tool", "tenant"),
+                {
+                    "calls": "sum",
+                    "would_deny": "sum",
+                    "would_block": "sum",
+                    "would_substitute": "sum",
+                    "would_ask": "sum",
+                    "divergent": "sum",
+                    "first_time": "min",
+                    "last_time": "max",
+                },
+                ("-divergent", "-calls", "shadow_decided_by", "shadow_rule", "tool", "tenant"),
+            ),
         ),
         _query(
             "shadow_divergence",
@@ -1562,6 +1900,11 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
+            merge=groups(
+                ("bucket", "shadow_decided_by", "shadow_rule"),
+                {"calls": "sum", "divergent": "sum"},
+                ("-bucket", "-divergent", "shadow_decided_by", "shadow_rule"),
+            ),
         ),
         _query(
             "shadow_calls",
@@ -1580,6 +1923,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
+            merge=page("-time", "event_id"),
         ),
         _query(
             "replay_calls",
@@ -1605,6 +1949,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "limit": Param("int", "How many rows at most.", default=MAX_LIMIT, minimum=1, maximum=MAX_REPLAY_LIMIT),
             },
             scope="tenant",
+            merge=cursor("time", "event_id"),
         ),
         _query(
             "inclusion_material",
@@ -1615,6 +1960,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _INCLUSION_MATERIAL,
             {"event_id": Param("str", "The event's id (no rows without it).")},
             scope="global",
+            merge=lookup(),
         ),
         _query(
             "producer_signatures",
@@ -1631,6 +1977,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
+            merge=custom(
+                "per producer: events summed, the valid checkpoint of the largest signed tree, the breaks of "
+                "every shard, ok recomputed; failing producers first"
+            ),
         ),
         # -- the read API's access log
         _query(
@@ -1647,6 +1997,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="admin",
+            merge=page("-time", "subject", "query"),
         ),
         # -- runs (the dashboard's Run page)
         _query(
@@ -1663,6 +2014,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
+            merge=page("time", "producer_id", "seq"),
         ),
         _query(
             "runs",
@@ -1682,6 +2034,28 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
+            merge=groups(
+                ("run_id",),
+                {
+                    "tenant": "arg_min:started_at",
+                    "principal": "arg_min:started_at",
+                    "thread_id": "arg_min:started_at",
+                    "gate": "arg_min:started_at",
+                    "agents": "union",
+                    "started_at": "min",
+                    "last_time": "max",
+                    "events": "sum",
+                    "turns": "sum",
+                    "calls": "sum",
+                    "allowed": "sum",
+                    "denied": "sum",
+                    "substituted": "sum",
+                    "blocked": "sum",
+                    "approvals_asked": "sum",
+                    "outcome": "rank:blocked,turn_denied,turn_substituted,had_denials,clean",
+                },
+                ("-last_time", "run_id"),
+            ),
         ),
     ]
 )
