@@ -598,6 +598,26 @@ def replay(
     raise typer.Exit(code)
 
 
+@app.command()
+def archive(
+    db: Annotated[Path, typer.Option(help="The audit store file (no materializer may hold it).")],
+    before: Annotated[
+        str, typer.Option(help="Move whole days before this: a duration back from now (30d) or an ISO 8601 time.")
+    ],
+    to: Annotated[Path, typer.Option(help="The archive directory (date=YYYY-MM-DD/ folders of Parquet files).")],
+    dry_run: Annotated[bool, typer.Option(help="Say what would move; write and delete nothing.")] = False,
+) -> None:
+    """Move whole days of events out of the store into Parquet files (the cold tier); named queries
+    read them again with include_archive=true. Exit 0 done, 2 cannot."""
+    from callgate.archive import run_archive
+
+    raise typer.Exit(
+        run_archive(
+            db=db, before=before, to=to, dry_run=dry_run, echo=typer.echo, err=lambda line: typer.echo(line, err=True)
+        )
+    )
+
+
 @app.command(
     name="mcp-proxy",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

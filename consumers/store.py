@@ -36,6 +36,7 @@ from typing import Any, Final
 import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]  # ships no type information
 
+from consumers.archive import CREATE_ARCHIVE_TABLES, ArchivedDay, archive_days, with_archive
 from consumers.checkpoints import CheckpointVerifier
 from consumers.proofs import fold, fold_all
 from events import (
@@ -499,6 +500,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(5, "signed checkpoints", _ADD_CHECKPOINTS),
     Migration(6, "Merkle tree index", _ADD_TREE_INDEX, after=fold_all),
     Migration(7, "read access log", _ADD_ACCESS_LOG),
+    Migration(9, "archive", CREATE_ARCHIVE_TABLES),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
@@ -775,17 +777,30 @@ _DROP_BATCH = (
 # missing event may still be on its way through another partition.
 _RECORD_GAPS = f"""
 INSERT OR IGNORE INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
-WITH ordered AS (
-    SELECT producer_id, seq, ingested_at,
+WITH archived AS (
+    -- Seqs moved to the archive (consumers.archive) are not missing: each file's range per producer
+    -- stands in by its two ends, and the span between the ends of one range is no hole.
+    SELECT s.producer_id, s.first_seq, s.last_seq, f.archived_at, s.path
+    FROM archive_segments s JOIN archive_files f USING (path)
+),
+present AS (
+    SELECT producer_id, seq, ingested_at, NULL::VARCHAR AS segment FROM events
+    UNION ALL SELECT producer_id, first_seq, archived_at, path FROM archived
+    UNION ALL SELECT producer_id, last_seq, archived_at, path FROM archived WHERE last_seq > first_seq
+),
+ordered AS (
+    SELECT producer_id, seq, ingested_at, segment,
            lag(seq, 1, 0) OVER w AS prev_seq,
-           lag(ingested_at) OVER w AS prev_ingested_at
-    FROM events
+           lag(ingested_at) OVER w AS prev_ingested_at,
+           lag(segment) OVER w AS prev_segment
+    FROM present
     WINDOW w AS (PARTITION BY producer_id ORDER BY seq)
 ),
 holes AS (
     SELECT producer_id, prev_seq + 1 AS first_missing, seq - 1 AS last_missing
     FROM ordered
     WHERE seq > prev_seq + 1
+      AND (segment IS NULL OR prev_segment IS NULL OR segment <> prev_segment)
       AND ($older_than IS NULL
            OR (ingested_at < $older_than AND (prev_ingested_at IS NULL OR prev_ingested_at < $older_than)))
 )
@@ -1105,7 +1120,9 @@ class AuditStore:
             except (ValueError, AttributeError):
                 event_id = None
             if isinstance(event_id, str):
-                row = con.execute("SELECT 1 FROM events WHERE event_id = $id", {"id": event_id}).fetchone()
+                # The archive too: a quiet partition's last record may be in a day moved there.
+                with with_archive(con):
+                    row = con.execute("SELECT 1 FROM events WHERE event_id = $id", {"id": event_id}).fetchone()
                 if row is not None:
                     return True
                 # Not stored as an event: it may be a dead letter (invalid, or its envelope disagreed).
@@ -1143,6 +1160,21 @@ class AuditStore:
         self._require_writable("close_open_gaps")
         with self._write_lock:
             return _count(self._con.execute(_RECORD_GAPS, {"older_than": older_than}))
+
+    def archive(
+        self,
+        *,
+        before: datetime,
+        to: str | os.PathLike[str],
+        on_day: Callable[[ArchivedDay], None] | None = None,
+        dry_run: bool = False,
+    ) -> list[ArchivedDay]:
+        """Move the whole UTC days of events before `before` to Parquet under `to`, one transaction
+        per day (`consumers.archive.archive_days`); the days moved. Raises `StoreError` when
+        read-only and `ArchiveError` when the archive cannot be written. Blocks for the export."""
+        self._require_writable("archive")
+        with self._write_lock:
+            return archive_days(self._con, before=before, to=to, on_day=on_day, dry_run=dry_run)
 
     def close_checkpoints(self, *, older_than: datetime | None = None) -> dict[str, int]:
         """Record the checkpoint findings waiting cannot change any more (`CheckpointVerifier.close`);
