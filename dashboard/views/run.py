@@ -110,7 +110,9 @@ def live() -> None:
     with ui.problems():
         if not ui.ready():
             return
-        search()
+        # With a run open, its story comes first; the runs found stay a click away.
+        with st.expander("Runs found", expanded=not run_id):
+            search()
         if run_id:
             story(load_run(ui.query, run_id, ui.filters_tenant()))
 
