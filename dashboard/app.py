@@ -66,6 +66,8 @@ with st.sidebar:
     if "live" not in st.session_state:
         st.session_state["live"] = True
     st.toggle("Live", key="live", help=f"Refresh the live parts every {cfg.refresh_s:g} s.")
+    st.caption("Times shown in")
+    st.text(ui.zone()[1])
 ui.to_url("window", ui.window_code(st.session_state["window"]), ui.window_code(DEFAULT_WINDOW))
 ui.to_url("tenant", st.session_state.get("tenant") if session.tenant is None else None)
 ui.to_url("live", "0" if not st.session_state["live"] else None)

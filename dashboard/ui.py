@@ -500,12 +500,23 @@ def time_chart(
         )
     frame = pd.DataFrame(data)
     axis_title = f"time ({name})"
+    # Labels as fine as the buckets; a few buckets get room around them instead of the whole width.
+    label = "%H:%M:%S" if seconds < 60 else "%m-%d %H:%M" if seconds < 86400 else "%Y-%m-%d"
+    starts = sorted({str(row["start"]) for row in data})
+    domain: Any = alt.Undefined
+    if starts and len(starts) < 8:
+        pad = timedelta(seconds=seconds * 2)
+        first = datetime.fromisoformat(starts[0].rstrip("Z")) - pad
+        last = datetime.fromisoformat(starts[-1].rstrip("Z")) + timedelta(seconds=seconds) + pad
+        domain = [first.isoformat() + "Z", last.isoformat() + "Z"]
+    scale = alt.Scale(type="utc", domain=domain)
+    axis = alt.Axis(format=label, labelAngle=0)
     tooltip = [f"from ({name}):N", "from (UTC):N", f"{color}:N", f"{value}:Q"]
     base = alt.Chart(frame)
     chart: Any
     if rate:
         encode = {
-            "x": alt.X("middle:T", title=axis_title, scale=alt.Scale(type="utc")),
+            "x": alt.X("middle:T", title=axis_title, scale=scale, axis=axis),
             "y": alt.Y(f"{value}:Q", title=title),
             "color": alt.Color(f"{color}:N", title=color),
             "tooltip": tooltip,
@@ -513,7 +524,7 @@ def time_chart(
         chart = alt.layer(base.mark_line(), base.mark_point(filled=True, size=60)).encode(**encode)
     else:
         chart = base.mark_bar().encode(
-            x=alt.X("start:T", title=axis_title, scale=alt.Scale(type="utc")),
+            x=alt.X("start:T", title=axis_title, scale=scale, axis=axis),
             x2="end:T",
             y=alt.Y(f"sum({value}):Q", title=title, stack=True),
             color=alt.Color(f"{color}:N", title=color),

@@ -102,7 +102,10 @@ def live() -> None:
 
         st.subheader("Events per minute (last hour, by event time)")
         if data.per_minute:
-            st.bar_chart(ui.frame(data.per_minute), x="minute", y="events", x_label="", y_label="events")
+            minutes = [
+                {"bucket": row["minute"], "events": row["events"], "stored": "events"} for row in data.per_minute
+            ]
+            ui.time_chart(minutes, value="events", color="stored", seconds=60, title="events")
         else:
             st.caption("No events in the last hour.")
 

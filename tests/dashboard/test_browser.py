@@ -208,7 +208,7 @@ def test_blocked_count_is_live_in_a_real_browser(
 ) -> None:
     """The Blocked attempts page shows the produced count, and the higher count after more denials
     arrive, without a reload; the Policy impact page shows the shadow rule's divergent call; hostile
-    event text never becomes an image or a link; every page renders."""
+    event text never becomes an image or a link; times are in the browser's zone; every page renders."""
     from playwright.sync_api import expect, sync_playwright
 
     first = ["GLOBEX-1", "GLOBEX-2", "ACME-3", "DROP-4", HOSTILE, "ACME-5"]
@@ -219,8 +219,10 @@ def test_blocked_count_is_live_in_a_real_browser(
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            # Without --timezone, times are shown in the zone the browser reports.
+            page = browser.new_page(viewport={"width": 1600, "height": 1100}, timezone_id="Asia/Tokyo")
             page.goto(f"{live_stack['url']}/blocked")
+            expect(page.get_by_test_id("stSidebar").get_by_text("Asia/Tokyo", exact=True)).to_be_visible(timeout=30_000)
             count = page.get_by_test_id("stMetric").filter(has_text="Matching attempts").get_by_test_id("stMetricValue")
             expect(count).to_have_text("4", timeout=30_000)
 
