@@ -49,6 +49,7 @@ __all__ = [
     "local_time",
     "login",
     "logout",
+    "page_number",
     "problems",
     "proof",
     "query",
@@ -201,7 +202,10 @@ def access() -> Access:
         # The pages say that the store cannot be read; the probe is tried again on the next run.
         return Access("deployment", None, cfg.token, all_tenants=True)
     except AuthError as exc:
-        st.error("The read API refuses the dashboard's token (--token / CALLGATE_TOKEN).")
+        if cfg.token is None:
+            st.error("The read API needs a token: start the dashboard with --token, or --login token.")
+        else:
+            st.error("The read API refuses the dashboard's token (--token / CALLGATE_TOKEN).")
         st.text(str(exc))
         st.stop()
         raise  # st.stop() raises; this line only tells type checkers so
@@ -345,6 +349,14 @@ def to_url(param: str, value: Any, default: Any = None) -> None:
             del st.query_params[param]
     elif st.query_params.get(param) != text:
         st.query_params[param] = text
+
+
+def page_number(text: str) -> int:
+    """A page number from the URL (1 or more); `ValueError` for anything else."""
+    number = int(text)
+    if number < 1:
+        raise ValueError(f"not a page number: {text!r}")
+    return number
 
 
 def window_code(label: str) -> str:

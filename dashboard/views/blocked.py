@@ -31,7 +31,7 @@ for key in TEXT_FILTERS:
     ui.from_url(key)
 ui.from_url("f_type", parse=_choice(KINDS))
 ui.from_url("page_size", parse=_choice(PAGE_SIZES))
-ui.from_url("page", parse=int)
+ui.from_url("page", parse=ui.page_number)
 
 with st.expander("Filters", expanded=True):
     row1 = st.columns(4)

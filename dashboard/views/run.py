@@ -17,7 +17,7 @@ if "open_run_id" in st.session_state:
 ui.from_url("run_id")
 for key in ("r_run", "r_principal", "r_thread"):
     ui.from_url(key)
-ui.from_url("r_page", parse=int)
+ui.from_url("r_page", parse=ui.page_number)
 
 with st.expander("Find a run", expanded=not st.session_state.get("run_id")):
     row = st.columns(4)

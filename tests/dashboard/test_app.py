@@ -725,6 +725,23 @@ class TestLinks:
         assert metrics(at)["Matching attempts"] == "2"
         assert at.selectbox(key="blocked_call").value == "c-blocked-1"
 
+    def test_a_link_with_values_the_page_cannot_take_is_no_error(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A window, page, page size or decision a link makes up is left at its default."""
+        for name in ("CALLGATE_API", "CALLGATE_TIMEZONE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in store_env.items():
+            monkeypatch.setenv(name, value)
+        at = AppTest.from_file(APP, default_timeout=60)
+        at.query_params.update({"window": "1y", "page": "0", "page_size": "7", "f_type": "Everything", "r_page": "-3"})
+        at.switch_page("views/blocked.py").run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert (at.selectbox(key="window").value, at.number_input(key="page").value) == ("Last 24 hours", 1)
+        assert (at.selectbox(key="page_size").value, at.selectbox(key="f_type").value) == (100, "Denied and blocked")
+        at.switch_page("views/run.py").run()
+        assert not at.exception, [e.value for e in at.exception]
+
 
 class TestLogin:
     @pytest.fixture
@@ -843,6 +860,15 @@ class TestLoginThroughTheApi:
         at = open_app({"CALLGATE_API": guarded_api, "CALLGATE_TOKEN": tokens["acme-admin"]}, monkeypatch, "blocked")
         (table,) = [df.value for df in at.dataframe]
         assert set(table["tenant"]) == {"acme"}
+
+    def test_no_token_for_an_api_that_needs_one_says_so(
+        self, guarded_api: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A read API that checks tokens, and a dashboard without one: every page says which options give one."""
+        at = open_app({"CALLGATE_API": guarded_api}, monkeypatch)
+        assert [e.value for e in at.error] == [
+            "The read API needs a token: start the dashboard with --token, or --login token."
+        ]
 
     def test_a_refused_deployment_token_says_so(self, guarded_api: str, monkeypatch: pytest.MonkeyPatch) -> None:
         """A deployment token the read API refuses stops every page with a message naming the option."""
