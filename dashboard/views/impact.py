@@ -79,14 +79,25 @@ def calls_behind(impact: Impact, window: Window, tenant: str | None) -> None:
     options = [ALL_CALLS, *(d.key for d in impact.deciders)]
     labels = {d.key: f"{d.label}: {d.divergent:,} divergent of {d.calls:,}" for d in impact.deciders}
     labels[ALL_CALLS] = f"Every call with a shadow outcome ({impact.total('calls'):,})"
+    # A shared link restores the choice, the toggle and the page (?decider=...&divergent=0&i_page=2&call=...).
+    ui.from_url("impact_decider", "decider")
+    ui.from_url("impact_divergent_only", "divergent", parse=lambda text: text not in ("0", "false", "off"))
+    ui.from_url("impact_page_size", "i_page_size", parse=lambda text: {"50": 50, "100": 100, "500": 500}[text])
+    ui.from_url("impact_page", "i_page", parse=ui.page_number)
+    st.session_state.setdefault("impact_divergent_only", True)
+    st.session_state.setdefault("impact_page_size", 100)
     # The most divergent decider first; a choice that left the window falls back to it.
     if st.session_state.get("impact_decider") not in options:
         st.session_state["impact_decider"] = options[1] if len(options) > 1 else ALL_CALLS
     controls = st.columns([3, 1, 1, 1])
     choice = controls[0].selectbox("Rule or interceptor", options, format_func=labels.__getitem__, key="impact_decider")
-    divergent_only = controls[1].toggle("Only divergent", value=True, key="impact_divergent_only")
-    page_size = int(controls[2].selectbox("Rows per page", [50, 100, 500], index=1, key="impact_page_size"))
-    page = int(controls[3].number_input("Page", min_value=1, value=1, step=1, key="impact_page"))
+    divergent_only = controls[1].toggle("Only divergent", key="impact_divergent_only")
+    page_size = int(controls[2].selectbox("Rows per page", [50, 100, 500], key="impact_page_size"))
+    page = int(controls[3].number_input("Page", min_value=1, step=1, key="impact_page"))
+    ui.to_url("decider", choice, options[1] if len(options) > 1 else ALL_CALLS)
+    ui.to_url("divergent", None if divergent_only else "0")
+    ui.to_url("i_page_size", page_size, 100)
+    ui.to_url("i_page", page, 1)
     name, rule = (None, None) if choice == ALL_CALLS else Decider.parse_key(choice)
     result = load_shadow_calls(
         ui.query,
@@ -106,10 +117,14 @@ def calls_behind(impact: Impact, window: Window, tenant: str | None) -> None:
     picked = list(event.selection.rows) if event is not None else []
     selected = result.rows[picked[0]].get("call_id") if picked and picked[0] < len(result.rows) else None
     calls = list(dict.fromkeys(row["call_id"] for row in result.rows if row.get("call_id")))
+    linked = st.query_params.get("call")
+    if "impact_call" not in st.session_state and linked in calls:
+        st.session_state["impact_call"] = linked
     other = st.selectbox(
         "Call", calls, index=None, placeholder="pick a call of this page, or select a row", key="impact_call"
     )
     target = selected or other
+    ui.to_url("call", target)
     if selected:
         st.text(f"Selected call: {selected}")
     if st.button("Open call detail", disabled=target is None, key="impact_open"):

@@ -885,3 +885,25 @@ class TestOidcLogin:
         assert [b.label for b in at.button] == ["Log in"]
         assert not at.metric
         assert not at.dataframe
+
+
+class TestImpactLinks:
+    def test_the_choice_toggle_and_call_live_in_the_url(
+        self, shadow_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A link with a decider and the toggle off restores both; changing them writes them back."""
+        for name in ("CALLGATE_API", "CALLGATE_TIMEZONE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in shadow_env.items():
+            monkeypatch.setenv(name, value)
+        frozen = json.dumps(["frozen-tenants", None])
+        at = AppTest.from_file(APP, default_timeout=60)
+        at.query_params.update({"decider": frozen, "divergent": "0", "call": "c-frozen"})
+        at.switch_page("views/impact.py").run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.selectbox(key="impact_decider").value == frozen
+        assert at.toggle(key="impact_divergent_only").value is False
+        assert at.selectbox(key="impact_call").value == "c-frozen"
+        at.toggle(key="impact_divergent_only").set_value(True).run()
+        assert "divergent" not in at.query_params
+        assert at.query_params["decider"] == frozen
