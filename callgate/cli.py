@@ -494,6 +494,96 @@ def _api_tls(api: str | None, cert: Path | None, key: Path | None) -> tuple[str,
 
 
 @app.command()
+def serve(
+    shard: Annotated[
+        list[str] | None,
+        typer.Option(help="A shard: a materializer's read API, http(s)://HOST:PORT (repeat for each shard)."),
+    ] = None,
+    api: Annotated[
+        str,
+        typer.Option(
+            help="Serve the read API on HOST:PORT (off loopback only with --auth, --jwt-* or --insecure-no-auth)."
+        ),
+    ] = "127.0.0.1:8765",
+    shard_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CALLGATE_SHARD_TOKEN",
+            show_envvar=True,
+            help="The bearer token serve reads every shard with (an admin token of theirs).",
+        ),
+    ] = None,
+    shard_token_file: Annotated[
+        Path | None, typer.Option(help="A file whose first line is the shard token (instead of --shard-token).")
+    ] = None,
+    shard_ca: Annotated[
+        Path | None, typer.Option(help="CA bundle (PEM) to verify https shards with (default: the system's).")
+    ] = None,
+    shard_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds a shard has to answer before the query fails with 503.")
+    ] = 30.0,
+    auth: Annotated[
+        Path | None,
+        typer.Option(help="The read API's token file (callgate token new): bearer tokens, stored as SHA-256 hashes."),
+    ] = None,
+    jwt_jwks: Annotated[
+        str | None,
+        typer.Option(help="Accept OIDC bearer tokens (JWTs) signed by a key of this JWKS file or http(s) URL."),
+    ] = None,
+    jwt_audience: Annotated[str | None, typer.Option(help="With --jwt-jwks: the audience tokens must name.")] = None,
+    jwt_issuer: Annotated[str | None, typer.Option(help="With --jwt-jwks: the issuer tokens must come from.")] = None,
+    jwt_roles_claim: Annotated[
+        str, typer.Option(help="With --jwt-jwks: the claim holding the roles (a dotted path reaches nested ones).")
+    ] = "roles",
+    tls_cert: Annotated[Path | None, typer.Option(help="Serve the read API over HTTPS: the certificate (PEM).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="With --tls-cert: its private key (PEM).")] = None,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(help="Allow a non-loopback --api without authentication (anyone reaching it reads everything)."),
+    ] = False,
+    metrics_open: Annotated[
+        bool, typer.Option(help="Serve /metrics without a token (else it needs an admin token when auth is on).")
+    ] = False,
+    access_log: Annotated[
+        Path | None, typer.Option(help="Append who asked serve which query to this file (JSON lines, fsynced).")
+    ] = None,
+) -> None:
+    """Serve the read API over several materializers' stores: counts add, lists merge, chains stitch
+    per producer across shards (until Ctrl-C / SIGTERM)."""
+    from callgate.dashboard import is_loopback
+    from callgate.serve import ServeError, read_shard_token, run_serve
+
+    def fail(message: str) -> typer.Exit:
+        typer.echo(f"error: {message}", err=True)
+        return typer.Exit(2)
+
+    try:
+        host, port = _host_port(api)
+    except typer.BadParameter as exc:
+        raise fail(f"--api: {exc}") from None
+    authenticator = _api_authenticator(
+        api=api, auth=auth, jwt_jwks=jwt_jwks, jwt_audience=jwt_audience, jwt_issuer=jwt_issuer,
+        jwt_roles_claim=jwt_roles_claim, insecure_no_auth=insecure_no_auth, metrics_open=metrics_open,
+    )  # fmt: skip
+    tls = _api_tls(api, tls_cert, tls_key)
+    if not is_loopback(host) and authenticator is None and not insecure_no_auth:
+        raise fail(
+            f"--api {api} binds {host}, which is not a loopback address: give --auth FILE or "
+            "--jwt-jwks/--jwt-audience/--jwt-issuer, or --insecure-no-auth to serve it without authentication"
+        )
+    try:
+        token = read_shard_token(shard_token, shard_token_file)
+        code = run_serve(
+            shards=shard or [], shard_token=token, host=host, port=port, auth=authenticator, tls=tls,
+            metrics_open=metrics_open, access_log=access_log, shard_ca=shard_ca, timeout_s=shard_timeout,
+            echo=typer.echo,
+        )  # fmt: skip
+    except ServeError as exc:
+        raise fail(str(exc)) from None
+    raise typer.Exit(code)
+
+
+@app.command()
 def coverage(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,

@@ -52,9 +52,29 @@ from consumers.access_log import AccessLog, AccessRecord
 from consumers.auth import ANONYMOUS, Authenticator, AuthError, Forbidden, Identity, scope_params
 from consumers.metrics import MaterializerMetrics
 
-__all__ = ["ApiServer", "HealthStatus", "PartitionHealth", "QueryRunner", "build_app"]
+__all__ = ["ApiServer", "Health", "HealthStatus", "PartitionHealth", "QueryRunner", "RunnerError", "build_app"]
 
 log = logging.getLogger(__name__)
+
+
+class RunnerError(Exception):
+    """A query the runner cannot answer for a reason that is neither the caller's parameters nor a bug:
+    answered with `status_code` (503: a shard of `callgate serve` is down; 501: a query that cannot be
+    merged over shards) and the message as the error."""
+
+    def __init__(self, message: str, *, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class Health(Protocol):
+    """What `GET /healthz` answers: `ok` picks 200 or 503, `to_json()` is the body (`HealthStatus`
+    for a materializer; serve reports its shards)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 class QueryRunner(Protocol):
@@ -74,7 +94,7 @@ class QueryRunner(Protocol):
 
         Returns a JSON-safe `{"columns": [...], "rows": [{...}, ...], ...}`. Raises `KeyError` for an
         unknown query name and a `ValueError` subclass, whose message names the parameter, for a
-        missing, unknown or malformed parameter.
+        missing, unknown or malformed parameter; `RunnerError` to answer its status and message.
         """
         ...
 
@@ -218,7 +238,7 @@ def _bearer(request: Request) -> str:
 def build_app(
     runner: QueryRunner,
     metrics: MaterializerMetrics,
-    health: Callable[[], HealthStatus],
+    health: Callable[[], Health],
     *,
     auth: Authenticator | None = None,
     access_log: AccessLog | None = None,
@@ -329,6 +349,8 @@ def build_app(
             return _error(500, _INTERNAL_ERROR), None
         except ValueError as exc:
             return _error(400, str(exc) or f"bad parameters for query {name!r}"), None
+        except RunnerError as exc:
+            return _error(exc.status_code, str(exc)), None
         rows = result.get("rows")
         return _JSONResponse(result), len(rows) if isinstance(rows, list) else None
 

@@ -49,7 +49,6 @@ __all__ = [
     "lookup",
     "not_federatable",
     "page",
-    "ratio",
     "run_query",
 ]
 
@@ -233,24 +232,6 @@ def custom(note: str) -> Merge:
 def not_federatable(reason: str) -> Merge:
     """Refused by `callgate serve` with `reason`."""
     return Merge("not_federatable", note=reason)
-
-
-def ratio(numerator: str, denominator: str, digits: int = 4) -> Callable[[Mapping[str, Any]], Any]:
-    """`round(numerator / denominator, digits)` as DuckDB computes it (half away from zero); None for 0/0."""
-
-    def compute(row: Mapping[str, Any]) -> Any:
-        n, d = row.get(numerator), row.get(denominator)
-        if n is None or not d:
-            return None
-        return _round(n / d, digits)
-
-    return compute
-
-
-def _round(value: float, digits: int) -> float:
-    scale = 10**digits
-    shifted = value * scale
-    return float(math.floor(shifted + 0.5) if shifted >= 0 else -math.floor(-shifted + 0.5)) / scale
 
 
 @dataclass(frozen=True, slots=True)

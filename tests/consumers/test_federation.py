@@ -1,0 +1,576 @@
+"""`callgate serve`'s federation: every named query over three shard stores answers what one store of
+the same events answers; chains stitched across shards; a shard down; tenants kept to their rows.
+
+Real parts only: events from real gates, each shard a DuckDB store filled through `AuditStore.ingest`
+and served by the read API of consumers/api.py, serve's app over them, all over real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import zlib
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import BaseModel
+from rich.console import Console
+
+from consumers import QUERIES, AuditStore, RawRecord, run_query
+from consumers.api import ApiServer, HealthStatus, build_app
+from consumers.auth import TokenFile, hash_token
+from consumers.coverage import run_checks
+from consumers.federation import _CUSTOM, FederatedRunner, Shard, held_seqs, stitch_segments
+from consumers.metrics import MaterializerMetrics
+from consumers.reader import ApiReader, FileReader
+from consumers.runner import StoreQueryRunner
+from events import EventBase, MemorySink, encode_event
+from events.signing import SigningKey
+from interceptor_core import (
+    Approval,
+    ApprovalRequest,
+    Block,
+    Deny,
+    Gate,
+    RequireApproval,
+    RunContext,
+    Substitute,
+    ToolBlockedError,
+    ToolCall,
+    UnmediatedAccessError,
+    shadow,
+    tool,
+)
+
+TOPIC = "callgate.audit"
+PARTITIONS = 6
+KEY = SigningKey.generate("fed")
+TRUSTED = {KEY.key_id: KEY.public()}
+
+
+class OrderQuery(BaseModel):
+    order_id: str
+
+
+@tool(description="Loads an order record by ID")
+def get_order(args: OrderQuery) -> str:
+    return f"order {args.order_id}"
+
+
+@tool
+def refund(order_id: str, amount_cents: int) -> str:
+    """Refunds an order."""
+    return f"refunded {amount_cents}"
+
+
+@tool
+def run_sql(query: str) -> str:
+    """Runs SQL."""
+    return "done"
+
+
+@tool
+def quote(order_id: str) -> str:
+    """Quotes a price."""
+    return "42"
+
+
+class TenantOrders:
+    name = "tenant-orders"
+
+    def before_tool_call(self, call: ToolCall) -> Any:
+        order = call.args.get("order_id")
+        if order is not None and not order.startswith((call.run.tenant or "").upper() + "-"):
+            return Deny(f"Order {order} does not belong to tenant {call.run.tenant}.")
+        return None
+
+
+class Policy:
+    name = "policy"
+
+    def before_tool_call(self, call: ToolCall) -> Any:
+        if call.tool_name == "refund" and call.args["amount_cents"] > 100:
+            return RequireApproval("refund over 100")
+        if call.tool_name == "run_sql" and "drop" in call.args["query"].lower():
+            return Block("DROP statements are never allowed")
+        if call.tool_name == "quote":
+            return Substitute("cached quote")
+        return None
+
+
+class Frozen:
+    """In shadow: every globex call would be blocked."""
+
+    name = "frozen"
+
+    def before_tool_call(self, call: ToolCall) -> Any:
+        return Block("globex is frozen") if call.run.tenant == "globex" else None
+
+
+async def reviewer(request: ApprovalRequest) -> Approval:
+    return Approval(approved=request.args["amount_cents"] < 1000, by="lead")
+
+
+def gate_events(name: str, n: int, *, signed: bool) -> list[EventBase]:
+    """One gate instance (one producer): every outcome, approvals, shadow decisions, a nested call, an
+    unmediated use, and signed checkpoints when `signed`."""
+    sink = MemorySink()
+    gate = Gate(
+        name,
+        interceptors=[TenantOrders(), Policy(), shadow(Frozen())],
+        sinks=[sink],
+        approval_handler=reviewer,
+        **({"signing_key": KEY, "checkpoint_events": 8} if signed else {}),
+    )
+    desk = gate.workflow("support").agent("desk", tools=[get_order, refund, run_sql, quote])
+    payments = gate.guard({"balance": 1}, name="payments", tools=["refund"])
+
+    @tool
+    async def delegate() -> str:
+        """Asks the desk."""
+        run = RunContext(tenant="acme", principal="u-1", run_id=f"{name}-{n}-nested")
+        result = await desk.call("get_order", {"order_id": "ACME-9"}, run=run, call_id=f"{name}-{n}-child")
+        return result.to_model_text()
+
+    outer = gate.agent("outer", tools=[delegate])
+    acme = RunContext(tenant="acme", principal=f"u-{n % 2}", run_id=f"run-{name}-{n}")
+    globex = RunContext(tenant="globex", principal="u-9", run_id=f"run-{name}-{n}-g")
+
+    async def day() -> None:
+        c = f"{name}-{n}"
+        await desk.call("get_order", {"order_id": "ACME-1"}, run=acme, call_id=f"{c}-ok")
+        await desk.call("get_order", {"order_id": f"GLOBEX-{n}"}, run=acme, call_id=f"{c}-deny")
+        await desk.call("get_order", {"order_id": "ACME-3"}, run=globex, call_id=f"{c}-deny-globex")
+        await desk.call("get_order", {"order_id": "GLOBEX-3"}, run=globex, call_id=f"{c}-globex-ok")
+        await desk.call("refund", {"order_id": "ACME-1", "amount_cents": 500}, run=acme, call_id=f"{c}-approved")
+        await desk.call("refund", {"order_id": "ACME-2", "amount_cents": 5000}, run=acme, call_id=f"{c}-refused")
+        with pytest.raises(ToolBlockedError):
+            await desk.call("run_sql", {"query": "DROP TABLE orders"}, run=acme, call_id=f"{c}-blocked")
+        await desk.call("quote", {"order_id": "ACME-4"}, run=acme, call_id=f"{c}-quote")
+        await outer.call("delegate", {}, run=acme, call_id=f"{c}-parent")
+        if n % 2 == 0:
+            with pytest.raises(UnmediatedAccessError):
+                payments["balance"]
+        await gate.close()
+
+    asyncio.run(day())
+    return list(sink.events)
+
+
+def partition_of(producer_id: str) -> int:
+    return zlib.crc32(producer_id.encode()) % PARTITIONS
+
+
+def records(events: list[EventBase], *, offsets: dict[int, int]) -> list[RawRecord]:
+    """The events as Kafka records of their producer's partition, numbered on from `offsets`."""
+    out = []
+    for event in events:
+        partition = partition_of(event.producer_id)
+        offset = offsets.get(partition, 0)
+        offsets[partition] = offset + 1
+        out.append(RawRecord(TOPIC, partition, offset, event.producer_id.encode(), encode_event(event)))
+    return out
+
+
+def dead_records(offsets: dict[int, int]) -> list[RawRecord]:
+    """Two records that are not events, on partitions 0 and 1."""
+    out = []
+    for partition, value in ((0, b"not json"), (1, b'{"type": "Teleported"}')):
+        offset = offsets.get(partition, 0)
+        offsets[partition] = offset + 1
+        out.append(RawRecord(TOPIC, partition, offset, b"k", value))
+    return out
+
+
+def fill(path: Path, batch: list[RawRecord]) -> AuditStore:
+    """A store of `batch`: the events in one ingest, then each dead letter in one of its own (stores are
+    filled one after the other, so dead letters are received in the same order in all of them)."""
+    store = AuditStore(path, trusted_keys=TRUSTED)
+    events = [r for r in batch if r.key != b"k"]
+    for part in ([events] if events else []) + [[r] for r in batch if r.key == b"k"]:
+        store.ingest(part, {(r.topic, r.partition): r.offset + 1 for r in part})
+    return store
+
+
+def serve_store(store: AuditStore, **options: Any) -> ApiServer:
+    """A shard: the read API of consumers/api.py over `store`."""
+    app = build_app(StoreQueryRunner(store), MaterializerMetrics(), lambda: HealthStatus(ok=True), **options)
+    server = ApiServer(app)
+    server.start()
+    return server
+
+
+def serve_federation(urls: list[str], token: str | None = None, **options: Any) -> tuple[ApiServer, FederatedRunner]:
+    runner = FederatedRunner([Shard(url, token) for url in urls], timeout_s=10)
+    server = ApiServer(build_app(runner, MaterializerMetrics(), runner.health, **options))
+    server.start()
+    return server, runner
+
+
+class Deployment:
+    """Three shards holding disjoint partitions of one event stream, serve over them, and one store
+    holding all of it."""
+
+    def __init__(self, root: Path, events: list[EventBase]) -> None:
+        offsets: dict[int, int] = {}
+        batch = records(events, offsets=offsets) + dead_records(offsets)
+        self.events = events
+        self.single = fill(root / "single.duckdb", batch)
+        self.shards = [fill(root / f"shard-{i}.duckdb", [r for r in batch if r.partition % 3 == i]) for i in range(3)]
+        for store in (self.single, *self.shards):
+            store.close_open_gaps()
+            store.close_checkpoints()
+        self.servers = [serve_store(store) for store in self.shards]
+        self.serve, self.runner = serve_federation([s.url for s in self.servers])
+        self.client = httpx.Client(base_url=self.serve.url, timeout=30)
+
+    def federated(self, name: str, params: dict[str, Any]) -> httpx.Response:
+        return self.client.get(f"/v1/queries/{name}", params={k: _text(v) for k, v in params.items()})
+
+    def expected(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        con = self.single.cursor()
+        try:
+            return run_query(con, name, params).to_dict()
+        finally:
+            con.close()
+
+    def close(self) -> None:
+        self.client.close()
+        self.serve.stop()
+        self.runner.close()
+        for server in self.servers:
+            server.stop()
+        for store in (self.single, *self.shards):
+            store.close()
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    gates = [("shop", True), ("shop", False), ("shop", True), ("lab", False), ("lab", True), ("shop", False)]
+    events = [e for i, (name, signed) in enumerate(gates) for e in gate_events(name, i, signed=signed)]
+    deployed = Deployment(tmp_path_factory.mktemp("federation"), events)
+    yield deployed
+    deployed.close()
+
+
+# Columns that depend on the store's own clock (ingest and commit times, now()): one store and three
+# shards filled a moment apart differ there, whatever the federation does.
+VOLATILE = {
+    "dead_letters": {"first_received", "last_received"},
+    "dead_letter_records": {"received_at"},
+    "pipeline_health": {"offset_updated_at", "last_ingested_at", "seconds_since_last_ingest"},
+    "ingest_lag": {"offset_updated_at", "seconds_since_commit", "last_ingested_at"}
+    | {"median_delay_s", "p95_delay_s", "max_delay_s"},
+}
+# Columns bounded by now() when no window is given: the federation pins its own now for every shard.
+NOW_BOUND = {"since", "until", "previous_since"}
+
+
+def cases(d: Deployment) -> dict[str, list[dict[str, Any]]]:
+    """Each query's parameter sets: its defaults and the filters and pages that merge differently."""
+    times = sorted(e.time for e in d.events)
+    start, end = times[0] - timedelta(seconds=1), times[-1] + timedelta(seconds=1)
+    middle = times[len(times) // 2]
+    window = {"since": start, "until": end}
+    outcome = next(e for e in d.events if e.type == "ToolUse")
+    checkpointed = next(e for e in d.events if e.type == "ToolUse" and e.producer_id == _signed_producer(d))
+    out: dict[str, list[dict[str, Any]]] = {name: [{}] for name in QUERIES}
+    paged = [{"limit": 3}, {"limit": 4, "offset": 5}, {"limit": 2, "offset": 1000}]
+    for name, query in QUERIES.items():
+        if "offset" in query.params:
+            out[name] += paged
+        if "until" in query.params and "since" in query.params and not name.startswith("dead_letter"):
+            out[name].append(window)  # (dead letters are windowed by the time each store received them)
+        if "tenant" in query.params:
+            out[name].append({"tenant": "globex"})
+    out["decision_trends"] += [{"bucket_seconds": 1}, {"bucket_seconds": 1, "limit": 3, "offset": 2}]
+    out["denial_rate"] += [{"by": "interceptor"}, {"by": "interceptor", "bucket_seconds": 1}, {"bucket_seconds": 1}]
+    out["top_denied"] += [{"by": by} for by in ("tenant", "principal", "agent", "decided_by")] + [{"limit": 1}]
+    out["call_detail"] = [{"call_id": outcome.call_id}, {"call_id": "shop-0-parent"}, {"call_id": "lab-3-deny"}]
+    out["chain_status"] += [{"only_broken": True}, {"since": middle}]
+    out["shadow_divergence"] += [{"bucket_seconds": 1}]
+    out["shadow_calls"] += [{"divergent_only": True}, {"shadow_outcome": "blocked", "limit": 2, "offset": 1}]
+    out["replay_calls"] = [{}, {"limit": 5}, {"limit": 4, "after_time": middle, "after_event_id": "0"}]
+    out["inclusion_material"] = [{"event_id": checkpointed.event_id}, {"event_id": "nope"}]
+    out["tool_exercise"] += [{"only_unexercised": True}, {"gate": "lab"}]
+    out["exercised_tools"] += [{"gate": "shop"}]
+    out["registered_tools"] += [{"gate": "lab"}, {"agent": "outer"}]
+    out["producer_signatures"] += [{"only_failing": True}]
+    out["run_events"] = [{"run_id": "run-shop-0"}, {"run_id": "shop-2-nested"}, {"run_id": "run-lab-3", "limit": 2}]
+    out["runs"] += [{"principal": "u-1"}, {"run_id": "run-shop"}]
+    out["new_denial_reasons"] += [{"since": middle, "until": end}]
+    return out
+
+
+def _signed_producer(d: Deployment) -> str:
+    return next(e.producer_id for e in d.events if e.type == "Checkpoint")
+
+
+def comparable(name: str, result: dict[str, Any], params: dict[str, Any]) -> list[dict[str, Any]]:
+    drop = set(VOLATILE.get(name, ()))
+    if "until" in QUERIES[name].params and "until" not in params:
+        drop |= NOW_BOUND
+    return [{k: v for k, v in row.items() if k not in drop} for row in result["rows"]]
+
+
+class TestEveryQuery:
+    """Every named query, federated over three shards, answers what one store of the same events does."""
+
+    @pytest.mark.parametrize("name", sorted(QUERIES))
+    def test_the_federated_answer_equals_the_single_store(self, deployment: Deployment, name: str) -> None:
+        """For each parameter set: the same columns and rows (same order) through serve as from one store."""
+        for params in cases(deployment)[name]:
+            response = deployment.federated(name, params)
+            assert response.status_code == 200, (params, response.text)
+            got, want = response.json(), deployment.expected(name, params)
+            assert got["columns"] == want["columns"], params
+            assert comparable(name, got, params) == comparable(name, want, params), params
+            if "until" in params:
+                assert got["params"] == want["params"], params
+
+    def test_the_cases_are_not_all_empty(self, deployment: Deployment) -> None:
+        """The fixture has rows for every query but the access log (nothing was read through a logged API),
+        chain breaks and unverified tool uses (real gates write whole chains; TestChainSplitAcrossShards
+        federates breaks)."""
+        empty = [n for n in QUERIES if not any(deployment.expected(n, p)["rows"] for p in cases(deployment)[n])]
+        assert sorted(empty) == ["access_log", "chain_breaks", "unverified_tool_uses"]
+
+
+class TestDeclarations:
+    """Every query says how it merges, and the declaration fits what it returns."""
+
+    def test_every_groups_merge_names_every_column(self, deployment: Deployment) -> None:
+        """A groups declaration has a rule for each column the query returns."""
+        for name, query in QUERIES.items():
+            if query.merge.kind == "groups":
+                columns = deployment.expected(name, cases(deployment)[name][0])["columns"]
+                missing = [c for c in columns if c not in query.merge.keys and c not in query.merge.columns]
+                assert not missing, (name, missing)
+
+    def test_every_custom_merge_has_its_function(self) -> None:
+        """A query declared custom is one serve knows how to merge."""
+        declared = {n for n, q in QUERIES.items() if q.merge.kind == "custom"}
+        assert declared == set(_CUSTOM)
+
+    def test_the_listing_shows_each_merge(self, deployment: Deployment) -> None:
+        """/v1/queries of serve lists every query with its merge kind."""
+        listing = deployment.client.get("/v1/queries").json()["queries"]
+        assert {q["name"]: q["merge"]["kind"] for q in listing} == {n: q.merge.kind for n, q in QUERIES.items()}
+
+
+class TestCoverageThroughServe:
+    """`callgate coverage --api` and its checks read serve as they read one store."""
+
+    def test_the_report_equals_the_single_stores(self, deployment: Deployment, tmp_path: Path) -> None:
+        """Every check's status, summary and violation count through serve equal those over the file."""
+        via_serve = run_checks(ApiReader(deployment.serve.url), require_exercised=True, require_signed=True)
+        deployment.single.close()
+        try:
+            with FileReader(deployment.single.path) as reader:
+                direct = run_checks(reader, require_exercised=True, require_signed=True)
+        finally:
+            deployment.single = AuditStore(deployment.single.path, trusted_keys=TRUSTED)
+        assert [(c.name, c.status, c.summary, c.total) for c in via_serve.checks] == [
+            (c.name, c.status, c.summary, c.total) for c in direct.checks
+        ]
+        assert via_serve.facts == direct.facts
+
+    def test_the_command_exits_as_over_the_file(self, deployment: Deployment) -> None:
+        """run_coverage --api serve exits 1 (the fixture has unmediated uses), as over the file."""
+        from callgate.coverage import run_coverage
+
+        out = io.StringIO()
+        console = Console(file=out, width=200)
+        code = run_coverage(api=deployment.serve.url, db=None, require_exercised=False, since=None, junit=None,
+                            json_path=None, console=console, err=console)  # fmt: skip
+        assert code == 1, out.getvalue()
+        assert "use(s) of guarded clients outside the gate" in out.getvalue()
+
+
+def chain(n: int) -> list[EventBase]:
+    """One producer's chain of about `n` events (a gate making n // 2 calls)."""
+    sink = MemorySink()
+    desk = Gate("split", sinks=[sink]).agent("desk", tools=[quote])
+
+    async def run() -> None:
+        for i in range(n // 2):
+            await desk.call("quote", {"order_id": f"ACME-{i}"}, run=RunContext(tenant="acme"))
+
+    asyncio.run(run())
+    return sorted(sink.events, key=lambda e: e.seq)
+
+
+class TestChainSplitAcrossShards:
+    """A producer's first seqs in one shard and the rest in another (a partition handed over)."""
+
+    def deploy(self, root: Path, first: list[EventBase], rest: list[EventBase]) -> tuple[list[AuditStore], list[Any]]:
+        offsets: dict[int, int] = {}
+        a, b = records(first, offsets=offsets), records(rest, offsets=offsets)
+        stores = [fill(root / "a.duckdb", a), fill(root / "b.duckdb", b), fill(root / "single.duckdb", a + b)]
+        for store in stores:
+            store.close_open_gaps()
+        servers = [serve_store(s) for s in stores[:2]]
+        serve, runner = serve_federation([s.url for s in servers])
+        client = httpx.Client(base_url=serve.url, timeout=30)
+        return stores, [client, serve, runner, *servers]
+
+    def federated(self, parts: list[Any], name: str, **params: Any) -> list[dict[str, Any]]:
+        response = parts[0].get(f"/v1/queries/{name}", params={k: _text(v) for k, v in params.items()})
+        assert response.status_code == 200, response.text
+        return list(response.json()["rows"])
+
+    def close(self, stores: Any, parts: list[Any]) -> None:
+        parts[0].close()
+        for part in parts[1:]:
+            (part.close if isinstance(part, FederatedRunner) else part.stop)()
+        for store in stores:
+            store.close()
+
+    def test_no_false_gap(self, tmp_path: Path) -> None:
+        """Each shard alone sees a hole (the second even records gaps); federated the chain is whole."""
+        events = chain(40)
+        stores, parts = self.deploy(tmp_path, events[:15], events[15:])
+        try:
+            assert stores[1].counts().chain_breaks.get("gap", 0) == 15  # seqs 1..15, as shard b sees it
+            (status,) = self.federated(parts, "chain_status")
+            assert (status["max_seq"], status["events"], status["missing"], status["gaps_recorded"], status["ok"]) == (
+                len(events), len(events), 0, 0, True)  # fmt: skip
+            assert self.federated(parts, "chain_breaks") == []
+            (facts,) = self.federated(parts, "coverage_summary")
+            assert (facts["producers"], facts["broken_producers"], facts["missing_seqs"], facts["gaps_recorded"]) == (
+                1, 0, 0, 0)  # fmt: skip
+        finally:
+            self.close(stores, parts)
+
+    def test_a_real_gap_is_still_reported(self, tmp_path: Path) -> None:
+        """An event missing from both shards is a gap federated, as in one store without it."""
+        events = chain(40)
+        lost = events[18]
+        stores, parts = self.deploy(tmp_path, events[:15], [e for e in events[15:] if e is not lost])
+        try:
+            (status,) = self.federated(parts, "chain_status")
+            assert (status["missing"], status["gaps_recorded"], status["ok"]) == (1, 1, False)
+            breaks = self.federated(parts, "chain_breaks")
+            assert [(b["kind"], b["seq"]) for b in breaks] == [("gap", lost.seq)]
+            con = stores[2].cursor()
+            want = run_query(con, "chain_status").rows
+            con.close()
+            drop = {"first_time", "last_time"}
+            assert [{k: v for k, v in r.items() if k not in drop} for r in want] == [
+                {k: v for k, v in status.items() if k not in drop}
+            ]
+            (facts,) = self.federated(parts, "coverage_summary")
+            assert (facts["broken_producers"], facts["missing_seqs"], facts["gaps_recorded"]) == (1, 1, 1)
+        finally:
+            self.close(stores, parts)
+
+
+class TestChainSegments:
+    """Stitching by the shards' chain_segments (first seq and prev_hash, last seq and hash, holes)."""
+
+    def test_held_ranges_leave_out_the_holes(self) -> None:
+        """first..last minus the holes, in any of the hole shapes."""
+        segment = {"first_seq": 5, "last_seq": 20, "holes": [[8, 9], {"first": 12, "last": 12}, 15]}
+        assert held_seqs(segment) == [(5, 7), (10, 11), (13, 14), (16, 20)]
+
+    def test_segments_that_link_make_one_range(self) -> None:
+        """Shard 0 holds 1..10, shard 1 11..30 linking to it: one range, no link break."""
+        union, breaks = stitch_segments({
+            0: [{"first_seq": 1, "first_prev_hash": "0" * 64, "last_seq": 10, "last_hash": "h10"}],
+            1: [{"first_seq": 11, "first_prev_hash": "h10", "last_seq": 30, "last_hash": "h30"}],
+        })  # fmt: skip
+        assert (union, breaks) == ([(1, 30)], [])
+
+    def test_a_link_that_does_not_hold_is_a_break(self) -> None:
+        """Shard 1's first event names another hash than shard 0's last: a break naming both."""
+        _, breaks = stitch_segments({
+            0: [{"first_seq": 1, "first_prev_hash": "0" * 64, "last_seq": 10, "last_hash": "h10"}],
+            1: [{"first_seq": 11, "first_prev_hash": "forged", "last_seq": 30, "last_hash": "h30"}],
+        })  # fmt: skip
+        assert breaks == ["seq 11 (shard 1) does not link to the hash of seq 10 (shard 0)"]
+
+
+class TestShardDown:
+    """A shard that cannot be reached fails the query, naming it; never a partial answer."""
+
+    def test_a_query_answers_503_naming_the_shard(self, tmp_path: Path) -> None:
+        """With one shard stopped, counts through serve are 503 and the error names that shard's URL."""
+        events = chain(10)
+        stores = [fill(tmp_path / f"{i}.duckdb", records(events, offsets={}) if i == 0 else []) for i in range(2)]
+        servers = [serve_store(s) for s in stores]
+        serve, runner = serve_federation([s.url for s in servers])
+        try:
+            with httpx.Client(base_url=serve.url, timeout=30) as client:
+                assert client.get("/v1/queries/blocked_attempts_count").status_code == 200
+                assert client.get("/healthz").status_code == 200
+                down = servers[1].url
+                servers[1].stop()
+                response = client.get("/v1/queries/blocked_attempts_count")
+                assert response.status_code == 503
+                assert down in response.json()["error"]
+                health = client.get("/healthz")
+                assert health.status_code == 503
+                assert [(s["url"], s["reachable"]) for s in health.json()["shards"]] == [
+                    (servers[0].url, True), (down, False)]  # fmt: skip
+        finally:
+            serve.stop()
+            runner.close()
+            servers[0].stop()
+            for store in stores:
+                store.close()
+
+
+class TestAuthThroughServe:
+    """Clients authenticate to serve with serve's tokens; serve reads the shards with its own."""
+
+    def test_a_tenant_token_sees_only_its_tenant(self, tmp_path: Path) -> None:
+        """A tenant:globex token through serve gets globex's rows only, what one store gives for tenant=globex;
+        a global query is 403; the shards refuse serve without its shard token."""
+        events = gate_events("shop", 0, signed=False) + gate_events("lab", 1, signed=False)
+        offsets: dict[int, int] = {}
+        batch = records(events, offsets=offsets)
+        shard_tokens = tmp_path / "shard-tokens.yaml"
+        shard_tokens.write_text(f"tokens: [{{subject: serve, sha256: {hash_token('serve-secret')}, roles: [admin]}}]\n")
+        client_tokens = tmp_path / "tokens.yaml"
+        client_tokens.write_text(
+            f"tokens: [{{subject: globex-admin, sha256: {hash_token('globex-secret')}, roles: ['tenant:globex']}}]\n"
+        )
+        stores = [fill(tmp_path / f"{i}.duckdb", [r for r in batch if r.partition % 2 == i]) for i in range(2)]
+        single = fill(tmp_path / "single.duckdb", batch)
+        servers = [serve_store(s, auth=TokenFile(shard_tokens)) for s in stores]
+        serve, runner = serve_federation([s.url for s in servers], "serve-secret", auth=TokenFile(client_tokens))
+        tokenless, tokenless_runner = serve_federation([s.url for s in servers])
+        try:
+            with httpx.Client(base_url=serve.url, headers={"Authorization": "Bearer globex-secret"}) as client:
+                got = client.get("/v1/queries/blocked_attempts", params={"limit": 1000}).json()
+                con = single.cursor()
+                want = run_query(con, "blocked_attempts", {"tenant": "globex", "limit": 1000}).rows
+                con.close()
+                assert want
+                assert got["rows"] == want
+                assert {r["tenant"] for r in got["rows"]} == {"globex"}
+                assert client.get("/v1/queries/chain_status").status_code == 403
+                assert client.get("/v1/queries/blocked_attempts", params={"tenant": "acme"}).status_code == 403
+            assert httpx.get(f"{serve.url}/v1/queries/blocked_attempts").status_code == 401
+            refused = httpx.get(f"{tokenless.url}/v1/queries/blocked_attempts")
+            assert refused.status_code == 502
+            assert servers[0].url in refused.json()["error"]
+        finally:
+            for server in (serve, tokenless, *servers):
+                server.stop()
+            runner.close()
+            tokenless_runner.close()
+            for store in (*stores, single):
+                store.close()
