@@ -30,9 +30,9 @@ GLOBAL_PAGES: Final = ("coverage", "pipeline")
 """The pages made only of queries that read every tenant (shown to admins and auditors only)."""
 
 # A tenant query every role that reads anything may run: what a login is checked with through the API.
-_PROBE: Final = ("runs", {"limit": 1})
+_PROBE: Final[tuple[str, dict[str, Any]]] = ("runs", {"limit": 1})
 # A global query: refused (403) for a token limited to tenants.
-_GLOBAL_PROBE: Final = ("pipeline_health", {})
+_GLOBAL_PROBE: Final[tuple[str, dict[str, Any]]] = ("pipeline_health", {})
 
 
 @dataclass(frozen=True, slots=True)

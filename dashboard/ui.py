@@ -527,7 +527,7 @@ def time_chart(
     base = alt.Chart(frame)
     chart: Any
     if rate:
-        encode = {
+        encode: dict[str, Any] = {
             "x": alt.X("middle:T", title=axis_title, scale=scale, axis=axis),
             "y": alt.Y(f"{value}:Q", title=title),
             "color": alt.Color(f"{color}:N", title=color),
