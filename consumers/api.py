@@ -385,7 +385,11 @@ class _Server(uvicorn.Server):
 
 def _bind(host: str, port: int) -> socket.socket:
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    return socket.create_server(address, family=family)
+    sock = socket.create_server(address, family=family)
+    # Accepted connections inherit it: without it a keep-alive client (httpx, callgate serve reading its
+    # shards) waits out its delayed ACK, about 40 ms, on every answer written in two parts.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class ApiServer:
