@@ -52,7 +52,8 @@ from typing import Any, Final, TypeVar
 import httpx
 
 from consumers.api import RunnerError
-from consumers.queries import QUERIES, Merge, NamedQuery, describe_queries
+from consumers.archive import ARCHIVE_PARAM
+from consumers.queries import INCLUDE_ARCHIVE, QUERIES, Merge, NamedQuery, _coerce, describe_queries
 from events.models import OUTCOME_TYPES
 
 __all__ = [
@@ -207,9 +208,12 @@ class FederatedRunner:
             from consumers.queries import UnknownQueryError
 
             raise UnknownQueryError(f"unknown query {name!r}; known: {', '.join(sorted(QUERIES))}", query=name)
-        bound = query.bind(params)
+        given = dict(params)
+        # Every query takes it besides its own parameters (consumers.archive): each shard reads its archive.
+        archived = bool(_coerce(name, ARCHIVE_PARAM, INCLUDE_ARCHIVE, given.pop(ARCHIVE_PARAM, None)))
+        bound = query.bind(given)
         merge = query.merge
-        call = _Call(self, query, bound)
+        call = _Call(self, query, bound, archived=archived)
         match merge.kind:
             case "not_federatable":
                 raise RunnerError(
@@ -234,7 +238,7 @@ class FederatedRunner:
                 raise RunnerError(f"query {name!r}: unknown merge kind {merge.kind!r}", status_code=501)
         return {
             "query": name,
-            "params": {k: _json_value(v) for k, v in bound.items()},
+            "params": {k: _json_value(v) for k, v in bound.items()} | ({ARCHIVE_PARAM: True} if archived else {}),
             "columns": columns,
             "rows": rows,
         }
@@ -336,8 +340,9 @@ class FederatedRunner:
 class _Call:
     """One federated query: its spec, bound parameters and the shards' runner."""
 
-    def __init__(self, runner: FederatedRunner, query: NamedQuery, bound: dict[str, Any]) -> None:
+    def __init__(self, runner: FederatedRunner, query: NamedQuery, bound: dict[str, Any], *, archived: bool) -> None:
         self.runner = runner
+        self.archived = archived
         self.query = query
         self.bound = bound
         self.merge: Merge = query.merge
@@ -363,11 +368,12 @@ class _Call:
         return rows[offset : offset + int(self.bound["limit"])]
 
     def page(self) -> tuple[list[str], list[Row]]:
-        columns, per_shard = self.runner.gather(self.query.name, self.fan, self.wanted)
+        columns, per_shard = self.gather(self.query.name, self.fan, self.wanted)
         return columns, self.cut(sort_rows([row for rows in per_shard for row in rows], self.merge.order))
 
     def cursor(self) -> tuple[list[str], list[Row]]:
         params = {**self.fan, "limit": self.bound["limit"]}
+        params = self.with_archive(params)
         answers = self.runner.each(lambda shard: self.runner.ask(shard, self.query.name, params))
         columns = next((list(a["columns"]) for a in answers if a["columns"]), [])
         rows = sort_rows([row for a in answers for row in a["rows"]], self.merge.order)
@@ -375,12 +381,12 @@ class _Call:
 
     def groups(self) -> tuple[list[str], list[Row]]:
         keys_only = bool(self.merge.order) and all(_term(t)[0] in self.merge.keys for t in self.merge.order)
-        columns, per_shard = self.runner.gather(self.query.name, self.fan, self.wanted if keys_only else math.inf)
+        columns, per_shard = self.gather(self.query.name, self.fan, self.wanted if keys_only else math.inf)
         rows = combine(per_shard, self.merge, columns)
         return columns, self.cut(sort_rows(rows, self.merge.order) if self.merge.order else rows)
 
     def lookup(self) -> tuple[list[str], list[Row]]:
-        columns, per_shard = self.runner.gather(self.query.name, self.fan, self.wanted)
+        columns, per_shard = self.gather(self.query.name, self.fan, self.wanted)
         found = [rows for rows in per_shard if rows]
         if not found:
             return columns, []
@@ -389,7 +395,12 @@ class _Call:
         return columns, self.cut(best)
 
     def gather(self, name: str, params: Mapping[str, Any], n: float = math.inf) -> tuple[list[str], list[list[Row]]]:
-        return self.runner.gather(name, params, n)
+        """`FederatedRunner.gather` with this call's archive choice."""
+        return self.runner.gather(name, self.with_archive(params), n)
+
+    def with_archive(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`params`, reading each shard's archive too when the call asked for it."""
+        return {**params, ARCHIVE_PARAM: True} if self.archived else dict(params)
 
 
 # -- merging ----------------------------------------------------------------------------------------
@@ -595,9 +606,8 @@ class _Chains:
 
     def _gap_rows(self, producer: str) -> dict[int, set[int]]:
         def gaps(shard: Shard) -> set[int]:
-            _, rows = self.call.runner.prefix(
-                shard, QUERIES["chain_breaks"], {"producer_id": producer, "kind": "gap"}, math.inf
-            )
+            params = self.call.with_archive({"producer_id": producer, "kind": "gap"})
+            _, rows = self.call.runner.prefix(shard, QUERIES["chain_breaks"], params, math.inf)
             return {int(r["seq"]) for r in rows}
 
         found = self.call.runner.each(gaps)

@@ -311,6 +311,8 @@ def cases(d: Deployment) -> dict[str, list[dict[str, Any]]]:
     out["run_events"] = [{"run_id": "run-shop-0"}, {"run_id": "shop-2-nested"}, {"run_id": "run-lab-3", "limit": 2}]
     out["runs"] += [{"principal": "u-1"}, {"run_id": "run-shop"}]
     out["new_denial_reasons"] += [{"since": middle, "until": end}]
+    for name in ("blocked_attempts", "chain_status", "coverage_summary", "top_denied"):
+        out[name].append({"include_archive": True, **window})  # each shard reads its archive too
     return out
 
 
