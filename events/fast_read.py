@@ -1,0 +1,188 @@
+"""A cheaper reader of version 2 wire bytes, for consumers: msgspec validates, pydantic decides the rest.
+
+`read_wire(data)` decodes the bytes with msgspec structs generated from the pydantic models of
+`events.models` (same field names, types, defaults, bounds and `extra="forbid"`), then hashes the
+body as `events.codec.read_event` does. It answers only when it is sure: whatever it accepts,
+`read_event` accepts too, with the same field values; for anything else (a version 1 event, an
+invalid one, or one of the inputs where the two parsers could disagree) it returns None and the
+caller takes `read_event`'s road, which gives the detailed reasons dead letters keep. Where they
+could disagree, the generated structs are stricter than pydantic:
+
+- a JSON integer where a float is wanted is accepted by both; a float where an integer is wanted
+  (`1.0`), a string where a number is wanted (`"1"`), `NaN`, numbers beyond 64 bits: pydantic's road;
+- `time` only in the RFC 3339 form with up to 6 fraction digits and an offset (msgspec rounds 7 and
+  more digits where pydantic truncates; pydantic also reads Unix times and naive times);
+- values with more than `MAX_BRACKETS` brackets (pydantic refuses nesting deeper than about 200
+  levels, msgspec does not) or with a `\\ud...` escape (surrogates): pydantic's road.
+
+`tests/events/test_fast_read.py` checks the equivalence on valid events, on every malformed input of
+the store's tests and on generated ones. Pure, safe from any thread; imports msgspec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import types
+import typing
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Final, Literal, Union
+
+import annotated_types
+import msgspec
+from pydantic import BaseModel
+
+from events.chain import split_wire
+from events.models import EVENT_TYPES, SCHEMA_VERSION
+
+__all__ = ["MAX_BRACKETS", "WireRead", "read_wire"]
+
+MAX_BRACKETS: Final = 128
+"""Values with more `[` and `{` bytes than this (in strings too) are left to pydantic's road."""
+
+_INT64_MAX: Final = 2**63 - 1
+
+# RFC 3339 as `events.models` writes `time` (and as pydantic reads it identically): date, `T`, time
+# with 0 to 6 fraction digits, `Z` or a numeric offset; ASCII digits only, nothing after (`\Z`: `$` would
+# let a final newline through).
+_RFC3339: Final = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})\Z"
+
+
+class _Unsupported(Exception):
+    """A model field whose pydantic semantics the generated structs do not reproduce."""
+
+
+def _bounds(metadata: list[Any]) -> dict[str, Any]:
+    bounds: dict[str, Any] = {}
+    for item in metadata:
+        if isinstance(item, annotated_types.Ge):
+            bounds["ge"] = item.ge
+        elif isinstance(item, annotated_types.Le):
+            bounds["le"] = item.le
+        elif isinstance(item, annotated_types.Gt):
+            bounds["gt"] = item.gt
+        elif isinstance(item, annotated_types.Lt):
+            bounds["lt"] = item.lt
+        else:
+            raise _Unsupported(f"constraint {item!r}")
+    return bounds
+
+
+def _translate(annotation: Any, metadata: list[Any], structs: dict[type[BaseModel], Any]) -> Any:
+    """The msgspec type accepting a subset of what pydantic accepts for `annotation`, same values."""
+    origin = typing.get_origin(annotation)
+    if annotation is int:
+        bounds = _bounds(metadata)
+        # Integers beyond 64 bits are valid for pydantic but not for the store's columns: its road.
+        bounds.setdefault("le", _INT64_MAX)
+        return Annotated[int, msgspec.Meta(**bounds)]
+    if metadata:
+        if annotation is not float:
+            raise _Unsupported(f"constraints on {annotation!r}")
+        return Annotated[float, msgspec.Meta(**_bounds(metadata))]
+    if annotation in (str, float, bool) or annotation is Any:
+        return annotation
+    if annotation is datetime:
+        # Decoded as text of the strict form, turned into a datetime by `read_wire`.
+        return Annotated[str, msgspec.Meta(pattern=_RFC3339)]
+    if origin is Literal:
+        if not all(isinstance(value, str) for value in typing.get_args(annotation)):
+            raise _Unsupported(f"non-text literal {annotation!r}")
+        return annotation
+    if origin in (Union, types.UnionType):
+        members = typing.get_args(annotation)
+        others = [m for m in members if m is not type(None)]
+        if len(members) != 2 or len(others) != 1:
+            raise _Unsupported(f"union {annotation!r}")
+        if others[0] is datetime:
+            raise _Unsupported("optional datetime")
+        return _translate(others[0], [], structs) | None
+    if origin is tuple:
+        args = typing.get_args(annotation)
+        if len(args) != 2 or args[1] is not Ellipsis:
+            raise _Unsupported(f"tuple {annotation!r}")
+        return tuple[_translate(args[0], [], structs), ...]  # type: ignore[misc]
+    if origin is dict:
+        key, value = typing.get_args(annotation)
+        if key is not str:
+            raise _Unsupported(f"dict keys {key!r}")
+        return dict[str, _translate(value, [], structs)]  # type: ignore[misc]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _struct(annotation, structs)
+    raise _Unsupported(f"type {annotation!r}")
+
+
+def _struct(model: type[BaseModel], structs: dict[type[BaseModel], Any], tag: str | None = None) -> Any:
+    if model in structs:
+        return structs[model]
+    decorators = model.__pydantic_decorators__
+    if any((decorators.validators, decorators.field_validators, decorators.root_validators,
+            decorators.model_validators)):  # fmt: skip
+        raise _Unsupported(f"{model.__name__} has validators")
+    fields: list[tuple[str, Any, Any]] = []
+    for name, info in model.model_fields.items():
+        if info.alias not in (None, name) or info.validation_alias not in (None, name):
+            raise _Unsupported(f"{model.__name__}.{name} has an alias")
+        if tag is not None and name == "type":
+            continue  # the union's tag
+        kind = _translate(info.annotation, list(info.metadata), structs)
+        if info.is_required():
+            fields.append((name, kind, msgspec.NODEFAULT))
+        elif info.default_factory is not None:
+            fields.append((name, kind, msgspec.field(default_factory=info.default_factory)))  # type: ignore[arg-type]
+        else:
+            fields.append((name, kind, info.default))
+    options: dict[str, Any] = {}
+    if tag is not None:
+        options = {"tag_field": "type", "tag": tag, "namespace": {"type": tag}}
+    # A model that ignores or keeps unknown fields would take them; forbidding them is only stricter.
+    struct = msgspec.defstruct(
+        f"Wire{model.__name__}",
+        [(n, k) if d is msgspec.NODEFAULT else (n, k, d) for n, k, d in fields],
+        kw_only=True,
+        forbid_unknown_fields=True,
+        **options,
+    )
+    structs[model] = struct
+    return struct
+
+
+def _decoder() -> msgspec.json.Decoder[Any] | None:
+    structs: dict[type[BaseModel], Any] = {}
+    try:
+        members = tuple(_struct(model, structs, tag=name) for name, model in EVENT_TYPES.items())
+    except _Unsupported:
+        return None  # every read takes pydantic's road: slower, never wrong
+    return msgspec.json.Decoder(Union[members])  # noqa: UP007 (a union built at run time)
+
+
+_DECODER: Final = _decoder()
+
+
+@dataclass(frozen=True, slots=True)
+class WireRead:
+    """What `read_wire` gives: the event's fields (`event`, a msgspec struct with the attributes of
+    the pydantic model, `type` included, `time` a datetime), as `events.codec.ReadEvent` has them."""
+
+    event: Any
+    content_hash: str
+    """SHA-256 hex of the body of the bytes ("" when they do not end with the hash member)."""
+    normalized: str
+    """The wire bytes as received, as text (what a store keeps)."""
+
+
+def read_wire(data: bytes) -> WireRead | None:
+    """The event in version 2 wire bytes, or None when only `events.codec.read_event` can tell
+    (see the module's docstring). Never raises."""
+    if _DECODER is None or data.count(b"[") + data.count(b"{") > MAX_BRACKETS or b"\\ud" in data or b"\\uD" in data:
+        return None
+    try:
+        event = _DECODER.decode(data)
+        if event.schema_version != SCHEMA_VERSION:
+            return None
+        event.time = datetime.fromisoformat(event.time)
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError):
+        return None
+    wire = data.rstrip(b"\r\n")
+    split = split_wire(wire)
+    return WireRead(event, "" if split is None else hashlib.sha256(split[0]).hexdigest(), wire.decode("utf-8"))
