@@ -1347,7 +1347,7 @@ LIMIT $limit OFFSET $offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 # The page of runs first (on the narrow columns, newest last event first), then only their events
-# are read whole for the counts, the turn decisions' JSON included.
+# are read for the counts.
 _RUNS = f"""
 WITH page AS (
     SELECT run_id, max(time) AS last_time
@@ -1362,10 +1362,23 @@ WITH page AS (
     LIMIT $limit OFFSET $offset
 ),
 run_rows AS (
-    SELECT e.run_id, e.time, e.type, e.gate, e.agent, e.tenant, e.principal, e.thread_id,
-           CASE WHEN e.type = 'TurnDecision' THEN json_extract_string(e.event, '$.decision') END AS turn_decision
+    SELECT e.run_id, e.time, e.type, e.gate, e.agent, e.tenant, e.principal, e.thread_id
     FROM events e JOIN page p USING (run_id)
     WHERE ($tenant IS NULL OR e.tenant = $tenant)
+),
+-- The turn decisions' JSON apart, on a constant type filter: then only those rows' JSON is read
+-- (in run_rows it was read for every event: 0.9 s against 0.1 s over 1,000,000 events).
+turns AS (
+    SELECT e.run_id, json_extract_string(e.event, '$.decision') AS turn_decision
+    FROM events e
+    WHERE e.type = 'TurnDecision' AND e.run_id IN (SELECT run_id FROM page) AND ($tenant IS NULL OR e.tenant = $tenant)
+),
+stopped AS (
+    SELECT run_id,
+           count(*) FILTER (WHERE turn_decision IN ('deny', 'error')) AS turns_denied,
+           count(*) FILTER (WHERE turn_decision = 'substitute') AS turns_substituted
+    FROM turns
+    GROUP BY run_id
 ),
 counted AS (
     SELECT run_id,
@@ -1383,20 +1396,18 @@ counted AS (
            count(*) FILTER (WHERE type = 'ToolDenied') AS denied,
            count(*) FILTER (WHERE type = 'Substitute') AS substituted,
            count(*) FILTER (WHERE type = 'Blocked') AS blocked,
-           count(*) FILTER (WHERE type = 'ApprovalRequested') AS approvals_asked,
-           count(*) FILTER (WHERE turn_decision IN ('deny', 'error')) AS turns_denied,
-           count(*) FILTER (WHERE turn_decision = 'substitute') AS turns_substituted
+           count(*) FILTER (WHERE type = 'ApprovalRequested') AS approvals_asked
     FROM run_rows
     GROUP BY run_id
 )
 SELECT run_id, tenant, principal, thread_id, gate, agents, started_at, last_time, events, turns, calls,
        allowed, denied, substituted, blocked, approvals_asked,
        CASE WHEN blocked > 0 THEN 'blocked'
-            WHEN turns_denied > 0 THEN 'turn_denied'
-            WHEN turns_substituted > 0 THEN 'turn_substituted'
+            WHEN coalesce(turns_denied, 0) > 0 THEN 'turn_denied'
+            WHEN coalesce(turns_substituted, 0) > 0 THEN 'turn_substituted'
             WHEN denied > 0 THEN 'had_denials'
             ELSE 'clean' END AS outcome
-FROM counted
+FROM counted LEFT JOIN stopped USING (run_id)
 ORDER BY last_time DESC, run_id
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 

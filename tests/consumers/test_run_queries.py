@@ -31,6 +31,7 @@ from interceptor_core import (
     ToolCall,
     ToolCallRequest,
     ToolContext,
+    TurnDeniedError,
     tool,
 )
 
@@ -38,6 +39,7 @@ TOPIC = "callgate.events"
 DESK = RunContext(tenant="acme", principal="u-1", thread_id="t-1", run_id="run-desk")
 OTHER = RunContext(tenant="globex", principal="u-2", thread_id="t-2", run_id="run-globex")
 HELPER_RUN = "run-helper"
+DENIED_TURN = RunContext(tenant="globex", principal="u-3", run_id="run-denied-turn")
 
 
 @tool
@@ -77,6 +79,13 @@ class TurnGuard:
 
     def before_turn(self, messages: list[Any]) -> None:
         return None
+
+
+class NoRefundTalk:
+    name = "no-refund-talk"
+
+    def before_turn(self, messages: list[Any]) -> Any:
+        return Deny("refunds are not discussed here")
 
 
 async def lead(request: ApprovalRequest) -> Approval:
@@ -136,10 +145,14 @@ def run_events() -> list[EventBase]:
         ScriptedModel([ModelTurn(tool_calls=[call("get_order", "c-globex", order_id="ACME-9")]), ModelTurn("sorry")]),
     )
 
+    guarded = Agent(gate.agent("guarded", tools=[get_order]), ScriptedModel([]), before_turn=[NoRefundTalk()])
+
     async def day() -> None:
         with pytest.raises(ToolBlockedError):
             await desk.run("refund my order", run=DESK)
         await other.run("where is ACME-9?", run=OTHER)
+        with pytest.raises(TurnDeniedError):
+            await guarded.run("refund?", run=DENIED_TURN)
 
     asyncio.run(day())
     return list(sink.events)
@@ -240,7 +253,7 @@ class TestRuns:
         """Each run's figures are the store's counts over its events; a blocked run says blocked,
         a run with a denial had_denials."""
         rows = {r["run_id"]: r for r in run("runs")}
-        assert set(rows) == {"run-desk", HELPER_RUN, "run-globex"}
+        assert set(rows) == {"run-desk", HELPER_RUN, "run-globex", "run-denied-turn"}
         desk = rows["run-desk"]
         count = store.scalar
         assert desk["events"] == count("select count(*) from events where run_id = 'run-desk'")
@@ -258,6 +271,7 @@ class TestRuns:
         assert desk["agents"] == ["desk", "research"]
         assert rows[HELPER_RUN]["outcome"] == "had_denials"
         assert rows["run-globex"]["outcome"] == "had_denials"
+        assert (rows["run-denied-turn"]["outcome"], rows["run-denied-turn"]["turns"]) == ("turn_denied", 1)
 
     def test_newest_first_and_paged(self, run: Any) -> None:
         """Runs come newest last event first; limit and offset page them."""
@@ -268,8 +282,9 @@ class TestRuns:
     @pytest.mark.parametrize(
         ("params", "found"),
         [
-            ({"run_id": "run-de"}, {"run-desk"}),
+            ({"run_id": "run-des"}, {"run-desk"}),
             ({"principal": "u-2"}, {"run-globex"}),
+            ({"tenant": "globex"}, {"run-globex", "run-denied-turn"}),
             ({"thread_id": "t-1"}, {"run-desk"}),
             ({"tenant": "acme"}, {"run-desk", HELPER_RUN}),
             ({"since": "2999-01-01T00:00:00Z"}, set()),
