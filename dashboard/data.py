@@ -729,7 +729,8 @@ def _event_step(event: Mapping[str, Any], depth: int) -> dict[str, Any]:
             kind="turn", step=f"turn {event.get('turn')} ({count} messages)", decision=event.get("turn_decision")
         )
     elif kind == "ApprovalRequested":
-        step.update(kind="approval asked", step="approval asked", decision="asked")
+        # The trail so far is the call's own (on its row); the approval rows say who and why.
+        step.update(kind="approval asked", step="approval asked", decision="asked", trail="")
     elif kind == "ApprovalResolved":
         by = event.get("approved_by")
         step.update(
@@ -738,6 +739,7 @@ def _event_step(event: Mapping[str, Any], depth: int) -> dict[str, Any]:
             decision=str(event.get("outcome") or "answered"),
             decided_by=f"by {by}" if by else "no answer",
             detail=event.get("note") or event.get("message"),
+            trail="",
         )
     elif kind == "Unmediated":
         step.update(kind="unmediated", step="unmediated use", decision="unmediated")
