@@ -674,36 +674,43 @@ def load_run(query: Query, run_id: str, tenant: str | None = None) -> RunStory:
     steps: list[dict[str, Any]] = []
     seen: set[str] = set()
 
+    def emit_call(key: str, depth: int) -> None:
+        if key in seen or depth > _MAX_DEPTH:
+            return
+        seen.add(key)
+        own = calls[key]["events"]
+        outcome = next((e for e in own if e["type"] in _CALL_OUTCOMES), None)
+        head = outcome or own[0]
+        steps.append(
+            {
+                "kind": "call",
+                "depth": depth,
+                "time": start(("call", key))[0],
+                "step": f"{head.get('tool')}",
+                "decision": _call_decision(outcome),
+                "decided_by": head.get("decided_by"),
+                "detail": head.get("message"),
+                "trail": trail_text(head.get("decisions")),
+                "agent": head.get("agent"),
+                "call_id": key,
+                "run_id": head.get("run_id"),
+                "event_id": head.get("event_id"),
+            }
+        )
+        emit(key, depth + 1)
+
     def emit(parent: str | None, depth: int) -> None:
         for kind, key in sorted(children.get(parent, []), key=start):
             if kind == "event":
                 steps.append(_event_step(events[key], depth))
-                continue
-            if key in seen or depth > _MAX_DEPTH:
-                continue
-            seen.add(key)
-            own = calls[key]["events"]
-            outcome = next((e for e in own if e["type"] in _CALL_OUTCOMES), None)
-            head = outcome or own[0]
-            steps.append(
-                {
-                    "kind": "call",
-                    "depth": depth,
-                    "time": start(("call", key))[0],
-                    "step": f"{head.get('tool')}",
-                    "decision": _call_decision(outcome),
-                    "decided_by": head.get("decided_by"),
-                    "detail": head.get("message"),
-                    "trail": trail_text(head.get("decisions")),
-                    "agent": head.get("agent"),
-                    "call_id": key,
-                    "run_id": head.get("run_id"),
-                    "event_id": head.get("event_id"),
-                }
-            )
-            emit(key, depth + 1)
+            else:
+                emit_call(key, depth)
 
     emit(None, 0)
+    # Calls whose parents name each other (forged events can) are reachable from no root: they are
+    # told at the top level rather than left out.
+    for key in calls:
+        emit_call(key, 0)
     for number, step in enumerate(steps, start=1):
         step["number"] = number
     outcome, deciding = _run_outcome(events)

@@ -26,6 +26,7 @@ from dashboard.data import (
     check_proof_steps,
     load_coverage,
     load_proof,
+    load_run,
     replay_command,
 )
 from events.proofs import check_proof
@@ -287,3 +288,40 @@ class TestBuckets:
         with FileReader(empty_store) as reader:
             result = bucketed(_query(reader), "decision_trends", {}, Window.named("Last hour"), buckets=48)
         assert (result.rows, result.seconds) == ([], 120)
+
+
+class TestRunStory:
+    def test_calls_whose_parents_name_each_other_are_still_told(self, tmp_path: Path) -> None:
+        """Forged events whose calls name each other as parent (a cycle) leave no call out of the story."""
+        from datetime import UTC, datetime
+
+        from consumers.store import AuditStore, RawRecord
+        from events import Producer, ToolUseEvent, encode_event
+
+        producer = Producer()
+        events = [
+            producer.seal(
+                ToolUseEvent,
+                {
+                    "event_id": uuid.uuid4().hex,
+                    "time": datetime.now(UTC),
+                    "gate": "shop",
+                    "agent": "desk",
+                    "tool": tool_name,
+                    "call_id": call_id,
+                    "parent_call_id": parent,
+                    "run_id": "run-forged",
+                    "outcome": "ok",
+                    "duration_ms": 1.0,
+                },
+            )
+            for tool_name, call_id, parent in (("a", "c-a", "c-b"), ("b", "c-b", "c-a"), ("c", "c-c", None))
+        ]
+        path = tmp_path / "forged.duckdb"
+        with AuditStore(path) as store:
+            batch = [RawRecord("t", 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(events)]
+            store.ingest(batch, {("t", 0): len(batch)})
+        with FileReader(path) as reader:
+            story = load_run(_query(reader), "run-forged")
+        assert sorted(step["call_id"] for step in story.steps) == ["c-a", "c-b", "c-c"]
+        assert story.outcome == "clean"
