@@ -53,9 +53,15 @@ with st.sidebar:
     if "window" not in st.session_state:
         st.session_state["window"] = DEFAULT_WINDOW
     st.selectbox("Window", list(WINDOWS), key="window")
+    held = sorted(session.identity.tenants) if session.identity is not None and not session.all_tenants else []
     if session.tenant is not None:
         st.caption("Tenant (your login reads this tenant only)")
         st.text(session.tenant)
+    elif len(held) > 1:
+        # A login for several tenants reads one at a time: every query names the one picked here.
+        if st.session_state.get("tenant") not in held:
+            st.session_state["tenant"] = held[0]
+        st.selectbox("Tenant", held, key="tenant", help="Your login reads these tenants, one at a time.")
     else:
         st.text_input(
             "Tenant",

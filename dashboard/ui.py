@@ -23,7 +23,7 @@ import pandas as pd
 import streamlit as st
 
 from consumers.auth import AuthError, Forbidden, TokenFile, scope_params
-from consumers.queries import QueryError
+from consumers.queries import QUERIES, QueryError
 from consumers.reader import AccessDeniedError, ApiReader, AuditReader, FileReader, SourceUnavailableError
 from dashboard.config import DEFAULT_REFRESH_S, ENV_REFRESH, ConfigurationError, DashboardConfig, valid_zone
 from dashboard.data import (
@@ -130,13 +130,26 @@ def query(name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
     parameters go through `consumers.auth.scope_params` first (a tenant bound, a query the roles do
     not allow refused with `Forbidden`). Raises `SourceUnavailableError` (`AccessDeniedError` when
     the read API refuses) and `QueryError` as the reader does (errors are never cached)."""
-    return _query_as(access(), name, params)
+    session = access()
+    return _query_as(session, name, _chosen_tenant(session, name, params, filters_tenant()))
 
 
 def query_as(session: Access) -> Query:
-    """`query` for `session`, usable outside the page's run (a download's deferred data runs on a
-    thread of its own, where the session state is not this session's)."""
-    return lambda name, params: _query_as(session, name, params)
+    """`query` for `session` (and the tenant picked now), usable outside the page's run: a
+    download's deferred data runs on a thread of its own, where the session state is not this
+    session's."""
+    chosen = filters_tenant()
+    return lambda name, params: _query_as(session, name, _chosen_tenant(session, name, params, chosen))
+
+
+def _chosen_tenant(session: Access, name: str, params: Mapping[str, Any], chosen: str | None) -> Mapping[str, Any]:
+    # A login for several tenants reads one at a time: a tenant query that names none reads the
+    # one picked in the sidebar (scope_params would refuse it without one).
+    spec = QUERIES.get(name)
+    several = session.identity is not None and not session.all_tenants and len(session.identity.tenants) > 1
+    if several and spec is not None and spec.scope == "tenant" and not params.get("tenant") and chosen:
+        return {**params, "tenant": chosen}
+    return params
 
 
 def _query_as(session: Access, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -486,14 +486,24 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> SeededStore:
 
 # -- logins: a token file with an auditor and a tenant administrator ----------------------------------
 
-TOKENS = {"auditor": "tok-auditor-7f3a", "globex-admin": "tok-globex-91c2", "acme-admin": "tok-acme-55d0"}
-ROLES = {"auditor": ["auditor"], "globex-admin": ["tenant:globex"], "acme-admin": ["tenant:acme"]}
+TOKENS = {
+    "auditor": "tok-auditor-7f3a",
+    "globex-admin": "tok-globex-91c2",
+    "acme-admin": "tok-acme-55d0",
+    "pair-admin": "tok-pair-0b7e",
+}
+ROLES = {
+    "auditor": ["auditor"],
+    "globex-admin": ["tenant:globex"],
+    "acme-admin": ["tenant:acme"],
+    "pair-admin": ["tenant:acme", "tenant:globex"],
+}
 
 
 @pytest.fixture(scope="session")
 def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A token file (`callgate token new`'s format) with an auditor and two tenant administrators;
-    the tokens themselves are `TOKENS`."""
+    """A token file (`callgate token new`'s format) with an auditor, two tenant administrators and
+    one of both tenants; the tokens themselves are `TOKENS`."""
     import yaml
 
     from consumers.auth import hash_token

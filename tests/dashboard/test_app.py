@@ -834,6 +834,21 @@ def guarded_api(seeded_store: Any, token_file: Path) -> Iterator[str]:
         copy.unlink()
 
 
+class TestSeveralTenants:
+    def test_a_login_for_two_tenants_picks_one_at_a_time(
+        self, seeded_store: Any, token_file: Path, monkeypatch: pytest.MonkeyPatch, tokens: dict[str, str]
+    ) -> None:
+        """A token for acme and globex offers those two in the sidebar and reads the one picked."""
+        env = {"CALLGATE_DB": str(seeded_store.path), "CALLGATE_DASHBOARD_AUTH": str(token_file)}
+        at = TestLogin.log_in(open_app(env, monkeypatch), tokens["pair-admin"])
+        picker = at.sidebar.selectbox(key="tenant")
+        assert (picker.options, picker.value) == (["acme", "globex"], "acme")
+        picker.set_value("globex").run()
+        at.switch_page("views/blocked.py").run()
+        (table,) = [df.value for df in at.dataframe]
+        assert set(table["tenant"]) == {"globex"}
+
+
 class TestLoginThroughTheApi:
     def test_a_typed_token_is_forwarded_and_the_api_scopes_it(
         self, seeded_store: Any, guarded_api: str, monkeypatch: pytest.MonkeyPatch, tokens: dict[str, str]
