@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _PAGE_CAP: Final = 1000
 """Rows asked of a shard per request when paging through it (the named queries' usual maximum)."""
+_WAVE: Final = 4
+"""Pages asked of one shard at once when every row is needed."""
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -178,6 +180,9 @@ class FederatedRunner:
             for shard in self.shards
         }
         self._pool = ThreadPoolExecutor(max_workers or 4 * len(self.shards), thread_name_prefix="callgate-serve")
+        # Pages are asked from inside the pool's tasks: a pool of their own, so they never wait for a free
+        # worker held by the task waiting for them.
+        self._pages = ThreadPoolExecutor(_WAVE * len(self.shards) * 2, thread_name_prefix="callgate-serve-page")
         self._closed = threading.Event()
 
     def close(self) -> None:
@@ -186,6 +191,7 @@ class FederatedRunner:
             return
         self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pages.shutdown(wait=False, cancel_futures=True)
         for client in self._clients.values():
             client.close()
 
@@ -318,16 +324,29 @@ class FederatedRunner:
         columns: list[str] = []
         while len(rows) < n:
             size = int(min(cap, n - len(rows)))
-            page_params = {**params, "limit": size}
-            if "offset" in query.params:
-                page_params["offset"] = len(rows)
-            data = self.ask(shard, query.name, page_params)
-            columns = list(data["columns"])
-            page = list(data["rows"])
-            rows.extend(page)
-            if len(page) < size or "offset" not in query.params:
+            # Past the first page of a long read, the next pages are asked at once: a shard answers each
+            # with the whole query again, and waiting for them one by one added their times.
+            wave = 1 if not rows or "offset" not in query.params else int(min(_WAVE, -(-(n - len(rows)) // cap)))
+            asked = [
+                {**params, "limit": size} | ({"offset": len(rows) + i * size} if "offset" in query.params else {})
+                for i in range(wave)
+            ]
+            if wave == 1:
+                answers = [self.ask(shard, query.name, asked[0])]
+            else:
+                futures = [self._pages.submit(self.ask, shard, query.name, page) for page in asked]
+                answers = [future.result() for future in futures]
+            short = False
+            for data in answers:
+                columns = list(data["columns"])
+                page = list(data["rows"])
+                rows.extend(page)
+                if len(page) < size:
+                    short = True
+                    break
+            if short or "offset" not in query.params:
                 break
-        return columns, rows
+        return columns, rows[: int(n)] if n != math.inf else rows
 
     def gather(self, name: str, params: Mapping[str, Any], n: float = math.inf) -> tuple[list[str], list[list[Row]]]:
         """`prefix` of query `name` on every shard in parallel: the columns and each shard's rows."""
@@ -380,7 +399,9 @@ class _Call:
         return columns, rows[: int(self.bound["limit"])]
 
     def groups(self) -> tuple[list[str], list[Row]]:
-        keys_only = bool(self.merge.order) and all(_term(t)[0] in self.merge.keys for t in self.merge.order)
+        keys_only = self.merge.prefix or (
+            bool(self.merge.order) and all(_term(t)[0] in self.merge.keys for t in self.merge.order)
+        )
         columns, per_shard = self.gather(self.query.name, self.fan, self.wanted if keys_only else math.inf)
         rows = combine(per_shard, self.merge, columns)
         return columns, self.cut(sort_rows(rows, self.merge.order) if self.merge.order else rows)

@@ -168,6 +168,8 @@ class Merge:
     derive: Mapping[str, Callable[[Mapping[str, Any]], Any]] = field(default_factory=dict)
     note: str = ""
     pin_until: bool = False
+    prefix: bool = False
+    """groups ordered by an aggregate: each shard's first offset + limit groups suffice anyway (`note` says why)."""
 
     def __post_init__(self) -> None:
         if self.kind not in MERGE_KINDS:
@@ -212,11 +214,17 @@ def groups(
     derive: Mapping[str, Callable[[Mapping[str, Any]], Any]] | None = None,
     *,
     pin_until: bool = False,
+    prefix: str = "",
 ) -> Merge:
-    """Rows of equal `keys` combined per column, `derive` computed again, sorted by `order` and paged."""
+    """Rows of equal `keys` combined per column, `derive` computed again, sorted by `order` and paged;
+    `prefix` (why) declares that each shard's first offset + limit groups suffice though the order is on
+    an aggregate."""
     derive = dict(derive or {})
     columns = {**columns, **dict.fromkeys(derive, "derived")}
-    return Merge("groups", order=order, keys=keys, columns=columns, derive=derive, pin_until=pin_until)
+    return Merge(
+        "groups", order=order, keys=keys, columns=columns, derive=derive, pin_until=pin_until,
+        prefix=bool(prefix), note=prefix,
+    )  # fmt: skip
 
 
 def lookup() -> Merge:
@@ -2058,6 +2066,9 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                     "outcome": "rank:blocked,turn_denied,turn_substituted,had_denials,clean",
                 },
                 ("-last_time", "run_id"),
+                prefix="ordered by the latest event, which each shard's own first runs hold; a run's other "
+                "events are counted from the shards where it is among the first offset + limit (a run's events "
+                "are in one shard unless its producer's partition moved)",
             ),
         ),
     ]
