@@ -48,7 +48,7 @@ EXPECTED_COMMANDS = {
         "/data/audit.duckdb",
         "--api",
         "0.0.0.0:8765",
-        "--allow-remote",
+        "--insecure-no-auth",
     ],
     "dashboard": [
         "dashboard",
