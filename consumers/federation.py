@@ -310,6 +310,11 @@ class FederatedRunner:
             raise RunnerError(f"{first} (and shards {others})", status_code=first.status_code) from first
         return results
 
+    def each_indexed(self, work: Callable[[int, Shard], T]) -> list[T]:
+        """`each` with the shard's index."""
+        index = {shard.url: i for i, shard in enumerate(self.shards)}
+        return self.each(lambda shard: work(index[shard.url], shard))
+
     def prefix(
         self, shard: Shard, query: NamedQuery, params: Mapping[str, Any], n: float
     ) -> tuple[list[str], list[Row]]:
@@ -402,9 +407,52 @@ class _Call:
         keys_only = self.merge.prefix or (
             bool(self.merge.order) and all(_term(t)[0] in self.merge.keys for t in self.merge.order)
         )
-        columns, per_shard = self.gather(self.query.name, self.fan, self.wanted if keys_only else math.inf)
+        if keys_only:
+            columns, per_shard = self.gather(self.query.name, self.fan, self.wanted)
+        elif self.merge.order and _term(self.merge.order[0])[0] in self.merge.keys:
+            columns, per_shard = self.leading(self.query.name, self.fan, self.merge.order[0])
+        else:
+            columns, per_shard = self.gather(self.query.name, self.fan)
         rows = combine(per_shard, self.merge, columns)
         return columns, self.cut(sort_rows(rows, self.merge.order) if self.merge.order else rows)
+
+    def leading(self, name: str, params: Mapping[str, Any], term: str) -> tuple[list[str], list[list[Row]]]:
+        """Every shard's rows of the groups that can make the page, for an order led by the key `term`
+        (a time bucket) and followed by aggregates: each shard's first offset + limit rows; the boundary
+        is the tightest value of the lead among the shards those rows did not exhaust (the merged page
+        lies at or before it, since that shard alone has offset + limit groups up to it); the shards
+        cut at the boundary are read on past it; then only the rows up to it are kept, each complete."""
+        lead, descending, nulls_first = _term(term)
+        query = QUERIES[name]
+        n = self.wanted
+        params = self.with_archive(params)
+        columns, per_shard = self.runner.gather(name, params, n)
+        last = [rows[-1].get(lead) for rows in per_shard if len(rows) >= n]
+        if (
+            n == math.inf
+            or not last
+            or nulls_first
+            or any(v is None for rows in per_shard for v in (r.get(lead) for r in rows))
+        ):
+            return self.gather(name, params) if last else (columns, per_shard)
+        boundary = max(last) if descending else min(last)
+
+        def before(value: Any) -> bool:
+            return bool(value > boundary) if descending else bool(value < boundary)
+
+        def read_on(index: int, shard: Shard) -> list[Row]:
+            rows = list(per_shard[index])
+            if len(rows) < n or before(rows[-1][lead]) or rows[-1][lead] != boundary:
+                return rows
+            cap = query.params["limit"].maximum or _PAGE_CAP
+            while True:
+                page = self.runner.ask(shard, name, {**params, "limit": cap, "offset": len(rows)})["rows"]
+                rows.extend(page)
+                if len(page) < cap or page[-1][lead] != boundary:
+                    return rows
+
+        complete = self.runner.each_indexed(read_on)
+        return columns, [[r for r in rows if r[lead] == boundary or before(r[lead])] for rows in complete]
 
     def lookup(self) -> tuple[list[str], list[Row]]:
         columns, per_shard = self.gather(self.query.name, self.fan, self.wanted)
@@ -819,7 +867,7 @@ def _producer_signatures(call: _Call) -> tuple[list[str], list[Row]]:
 
 
 def _denial_rate(call: _Call) -> tuple[list[str], list[Row]]:
-    columns, per_shard = call.gather("denial_rate", call.fan)
+    columns, per_shard = call.leading("denial_rate", call.fan, "-bucket")
     by_tool = call.bound["by"] == "tool"
     merge = Merge("groups", keys=("bucket", "key"), columns={"calls": "sum", "denied": "sum", "rate": "any"})
     rows = combine(per_shard, merge, columns)
