@@ -32,7 +32,7 @@ import annotated_types
 import msgspec
 from pydantic import BaseModel
 
-from events.chain import split_wire
+from events.chain import _SUFFIX, SUFFIX_BYTES
 from events.models import EVENT_TYPES, SCHEMA_VERSION
 
 __all__ = ["MAX_BRACKETS", "WireRead", "read_wire"]
@@ -184,5 +184,12 @@ def read_wire(data: bytes) -> WireRead | None:
     except (msgspec.ValidationError, msgspec.DecodeError, ValueError):
         return None
     wire = data.rstrip(b"\r\n")
-    split = split_wire(wire)
-    return WireRead(event, "" if split is None else hashlib.sha256(split[0]).hexdigest(), wire.decode("utf-8"))
+    end = len(wire) - SUFFIX_BYTES
+    if end > 0 and _SUFFIX.match(wire, end):
+        # `split_wire`'s body without copying it: the wire up to its hash member, then the `}`.
+        digest = hashlib.sha256(memoryview(wire)[:end])
+        digest.update(b"}")
+        content_hash = digest.hexdigest()
+    else:
+        content_hash = ""
+    return WireRead(event, content_hash, wire.decode("utf-8"))
