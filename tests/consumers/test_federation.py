@@ -8,6 +8,7 @@ and served by the read API of consumers/api.py, serve's app over them, all over 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import zlib
 from collections.abc import Iterator
@@ -576,3 +577,53 @@ class TestAuthThroughServe:
             tokenless_runner.close()
             for store in (*stores, single):
                 store.close()
+
+
+class TestDashboardThroughServe:
+    """The dashboard's loaders (dashboard/data.py) read serve as they read one store."""
+
+    def test_its_pages_equal_the_single_stores(self, deployment: Deployment) -> None:
+        """Overview, trends, the blocked attempts page, a call and a run: the same through serve."""
+        from dashboard.data import (
+            BlockedFilters,
+            RunFilters,
+            Window,
+            load_blocked,
+            load_call,
+            load_overview,
+            load_run,
+            load_runs,
+            load_trends,
+        )
+
+        reader = ApiReader(deployment.serve.url)
+
+        def federated(name: str, params: Any) -> list[dict[str, Any]]:
+            return reader.query(name, params).rows
+
+        def single(name: str, params: Any) -> list[dict[str, Any]]:
+            return list(deployment.expected(name, dict(params))["rows"])
+
+        now = max(e.time for e in deployment.events) + timedelta(seconds=1)
+        window = Window.named("Last hour", now=now)
+        for load in (
+            lambda q: load_overview(q, window, now=now),
+            lambda q: load_trends(q, window, now=now),
+            lambda q: load_trends(q, window, "globex", now=now),
+            lambda q: load_blocked(q, BlockedFilters(), page=2, page_size=5),
+            lambda q: load_call(q, "shop-0-parent"),
+            lambda q: load_runs(q, window, RunFilters(), page=1, page_size=5),
+            lambda q: load_run(q, "run-lab-3"),
+        ):
+            assert settled(load(federated)) == settled(load(single))
+
+
+def settled(value: Any) -> Any:
+    """`value` as plain data without the window ends bound to now() (serve's clock and the store's differ)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: settled(v) for k, v in value.items() if k not in ("until", "previous_since")}
+    if isinstance(value, list | tuple):
+        return [settled(v) for v in value]
+    return value
