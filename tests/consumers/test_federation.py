@@ -27,6 +27,7 @@ from consumers.auth import TokenFile, hash_token
 from consumers.coverage import run_checks
 from consumers.federation import _CUSTOM, FederatedRunner, Shard, held_seqs, stitch_segments
 from consumers.metrics import MaterializerMetrics
+from consumers.queries import NamedQuery
 from consumers.reader import ApiReader, FileReader
 from consumers.runner import StoreQueryRunner
 from events import EventBase, MemorySink, encode_event
@@ -361,6 +362,13 @@ class TestDeclarations:
                 columns = deployment.expected(name, cases(deployment)[name][0])["columns"]
                 missing = [c for c in columns if c not in query.merge.keys and c not in query.merge.columns]
                 assert not missing, (name, missing)
+
+    def test_a_query_cannot_be_made_without_a_merge(self) -> None:
+        """`merge` is a constructor argument without a default, and must be a Merge."""
+        with pytest.raises(TypeError, match="merge"):
+            NamedQuery("q", "d", "SELECT 1", {}, scope="global")  # type: ignore[call-arg]
+        with pytest.raises(ValueError, match="merge must be a Merge"):
+            NamedQuery("q", "d", "SELECT 1", {}, scope="global", merge="sum")  # type: ignore[arg-type]
 
     def test_every_custom_merge_has_its_function(self) -> None:
         """A query declared custom is one serve knows how to merge."""
