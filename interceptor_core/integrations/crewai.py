@@ -45,7 +45,9 @@ which this module registers once (`crewai.hooks.register_before_tool_call_hook`)
 refuses a call and never raises. The gate itself runs inside the tool, so a hook registry cleared
 by someone else loses only the retry budget above, never the gate.
 
-Every call is made with `run` (one `RunContext` for the tools), else a default one. The chain runs
+The `RunContext` of a call is `run`: a fixed one, or a function of CrewAI's hook context of the
+call (`ToolCallHookContext`: `agent`, `task`, `crew`; None when the hook did not run, as for a
+direct `GatedTool.run`), else a default one. The chain runs
 on an event loop of the calling thread (CrewAI calls tools from sync code); a sync original runs
 in that thread with no loop visible to it, as ungated, so `timeout_s` cannot interrupt it.
 
@@ -222,7 +224,23 @@ class _Gating(NamedTuple):
     scope: AgentScope
     name: str
     """The tool's name in the gate (`gate_name` of CrewAI's)."""
-    run: RunContext
+    run: RunSource
+    default_run: RunContext
+
+
+RunSource = RunContext | Callable[[ToolCallHookContext | None], RunContext] | None
+"""Where the `RunContext` of a call comes from: a fixed one, a function of CrewAI's hook context of
+the call (None where the hook did not run; what it raises fails the call before the gate, and
+CrewAI handles it as a tool's error), or None (a default one)."""
+
+
+def _run_of(gating: _Gating, context: ToolCallHookContext | None) -> RunContext:
+    source = gating.run
+    if isinstance(source, RunContext):
+        return source
+    if source is not None:
+        return source(context)
+    return gating.default_run
 
 
 class _Marked(str):
@@ -241,14 +259,15 @@ def _observation(result: ToolResult) -> Any:
             assert_never(result.kind)
 
 
-def _call(gating: _Gating, args: dict[str, Any]) -> Any:
+def _call(gating: _Gating, args: dict[str, Any], context: ToolCallHookContext | None) -> Any:
     """One call through the gate: CrewAI's validated `args` in, the observation (or the original's
     exception) out. Raises `ToolBlockedError` / `ToolApprovalRequiredError`."""
     sent = pydantic_core.to_jsonable_python(args)
+    run = _run_of(gating, context)
     pending = _Pending(args, sent)
     token = _pending.set(pending)
     try:
-        result = _run_sync(lambda: gating.scope.call(gating.name, sent, run=gating.run))
+        result = _run_sync(lambda: gating.scope.call(gating.name, sent, run=run))
     finally:
         _pending.reset(token)
     if pending.raised is not None:
@@ -263,8 +282,8 @@ class _ExecutorTool(CrewStructuredTool):  # type: ignore[misc, unused-ignore]
     def __init__(self, gated: GatedTool) -> None:
         self._stopped: BaseException | None = None
         self._answer: bool = gated.result_as_answer
-        self.agent: Any = None
-        """The CrewAI agent of the call in flight, set by the before-tool-call hook."""
+        self.hooked: ToolCallHookContext | None = None
+        """CrewAI's hook context of the call in flight (its agent, task, crew), set by the hook."""
         super().__init__(
             name=gated.name,
             description=gated.description,
@@ -300,10 +319,10 @@ class _ExecutorTool(CrewStructuredTool):  # type: ignore[misc, unused-ignore]
         if stopped is not None:
             raise stopped
         try:
-            return _call(self._gating, args)
+            return _call(self._gating, args, self.hooked)
         except _STOPPING as exc:
             self._stopped = exc
-            _spend_retries(self.agent)
+            _spend_retries(getattr(self.hooked, "agent", None))
             raise
 
 
@@ -325,8 +344,16 @@ class GatedTool(BaseTool):  # type: ignore[misc, unused-ignore]
     _gating: _Gating = PrivateAttr()
 
     @classmethod
-    def wrap(cls, original: BaseTool, scope: AgentScope, name: str, run: RunContext) -> GatedTool:
-        """`original` gated by `scope`, where it is registered as `name`."""
+    def wrap(
+        cls,
+        original: BaseTool,
+        scope: AgentScope,
+        name: str,
+        run: RunSource = None,
+        default_run: RunContext | None = None,
+    ) -> GatedTool:
+        """`original` gated by `scope`, where it is registered as `name`; `run` as for `gate_tools`,
+        `default_run` for calls `run` says nothing about."""
         gated = cls(
             name=original.name,
             description=original.description,
@@ -339,7 +366,7 @@ class GatedTool(BaseTool):  # type: ignore[misc, unused-ignore]
         # BaseTool renders its description ("Tool Name: ... Tool Arguments: ...") when built: the
         # original's was rendered already, and is what the model reads ungated.
         gated.description = original.description
-        gated._gating = _Gating(original, scope, name, run)
+        gated._gating = _Gating(original, scope, name, run, default_run or RunContext())
         return gated
 
     @property
@@ -353,7 +380,7 @@ class GatedTool(BaseTool):  # type: ignore[misc, unused-ignore]
         return self._gating.original
 
     def _run(self, **kwargs: Any) -> Any:
-        return _call(self._gating, self.args_schema.model_validate(kwargs).model_dump())
+        return _call(self._gating, self.args_schema.model_validate(kwargs).model_dump(), None)
 
     def to_structured_tool(self) -> CrewStructuredTool:
         _register_hook()
@@ -364,12 +391,12 @@ class GatedTool(BaseTool):  # type: ignore[misc, unused-ignore]
 
 
 def _note_agent(context: ToolCallHookContext) -> None:
-    """Tell a gated tool which agent calls it. Never refuses, never raises (CrewAI would log it
-    and run the tool anyway)."""
+    """Tell a gated tool which agent, task and crew call it. Never refuses, never raises (CrewAI
+    would log it and run the tool anyway)."""
     try:
         tool = context.tool
         if isinstance(tool, _ExecutorTool):
-            tool.agent = context.agent
+            tool.hooked = context
     except Exception:  # noqa: S110 - a hook must not fail; the gate decides in the tool itself
         pass
 
@@ -437,19 +464,19 @@ def gate_tools(
     *,
     gate: Gate | Workflow,
     agent: str = "crewai",
-    run: RunContext | None = None,
+    run: RunSource = None,
     interceptors: Sequence[object] = (),
     timeout_s: float | None = None,
 ) -> list[GatedTool]:
     """Wrap CrewAI `tools` so their calls pass the gate; registers them in `gate.agent(agent)` (one
     `ToolsRegistered` event, each under `gate_name` of its CrewAI name) before returning. Raises
     `ConfigurationError` for names or schemas the gate cannot take (two tools whose gate names
-    are the same, say). Hand only the returned tools to CrewAI agents; every call is made with
-    `run` (default: one `RunContext` for all of them)."""
+    are the same, say). Hand only the returned tools to CrewAI agents. `run`: the calls'
+    `RunContext`, or a function of CrewAI's hook context of each call (see the module docstring)."""
     names = [gate_name(t.name) for t in tools]
     scope = gate.agent(
         agent, tools=[_gate_tool(t, n, timeout_s) for t, n in zip(tools, names, strict=True)], interceptors=interceptors
     )
-    default_run = run if run is not None else RunContext()
     _register_hook()
-    return [GatedTool.wrap(t, scope, n, default_run) for t, n in zip(tools, names, strict=True)]
+    default_run = RunContext()
+    return [GatedTool.wrap(t, scope, n, run, default_run) for t, n in zip(tools, names, strict=True)]

@@ -7,6 +7,7 @@ compares what the model read or what the kickoff raised."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -168,6 +169,25 @@ class TestGateTools:
         assert (use.outcome, use.tenant) == ("ok", "acme")
         assert use.call_id
         assert_chain_whole(memory)
+
+    def test_run_from_the_crew(self, root: Path) -> None:
+        """`run` as a function of CrewAI's hook context: each call carries what it derives from the
+        calling crew, agent and task (here: the crew's name as tenant, the agent's role as principal)."""
+        memory, done = MemorySink(), []
+        seen: list[str] = []
+
+        def run_of(call: Any) -> RunContext:
+            seen.append(call.task.description)
+            return RunContext(tenant=call.crew.name, principal=call.agent.role)
+
+        tools = gate_tools(file_tools(root, done), gate=Gate("files", sinks=[memory]), run=run_of)
+        llm = ScriptedLLM([action("write_file", {"path": "note.txt", "text": "hi"}), echo_observation])
+        writer = Agent(role="writer", goal="tidy up", backstory="keeps files tidy", llm=llm, tools=tools)
+        task = Task(description="tidy up for {tenant}", expected_output="one line", agent=writer)
+        Crew(name="acme", agents=[writer], tasks=[task]).kickoff(inputs={"tenant": "acme"})
+        (use,) = [e for e in memory.events if e.type in OUTCOMES]
+        assert (use.type, use.tenant, use.principal) == ("ToolUse", "acme", "writer")
+        assert seen == ["tidy up for acme"]
 
     def test_denied_call_never_runs_and_the_model_reads_why(self, root: Path) -> None:
         """A denied call never runs; the model's next prompt holds the denial message; one ToolDenied."""
@@ -384,6 +404,45 @@ class TestCrewAIHandling:
         assert outcomes(memory) == []
 
 
+class Stuck(BaseTool):
+    """An async tool that never finishes, and counts its starts."""
+
+    name: str = "wait_for_report"
+    description: str = "Waits for a report that never comes."
+    starts: int = 0
+
+    async def _run(self, path: str) -> str:
+        self.starts += 1
+        await asyncio.Event().wait()
+        return path
+
+
+class TestGateOutcomes:
+    def test_gate_timeout_is_text_not_a_retry(self) -> None:
+        """A call the gate times out is the observation text, not an exception: CrewAI does not run
+        the tool again; one ToolUse with outcome "timeout"."""
+        memory = MemorySink()
+        stuck = Stuck()
+        tools = gate_tools([stuck], gate=Gate("reports", sinks=[memory]), timeout_s=0.05)
+        llm = ScriptedLLM([action("wait_for_report", {"path": "q3.txt"}), echo_observation])
+        assert "timed out after 0.05 s" in kickoff(tools, llm)
+        assert stuck.starts == 1
+        assert [(e.type, e.outcome) for e in memory.events if e.type in OUTCOMES] == [("ToolUse", "timeout")]
+
+    def test_after_interceptor_output_is_what_the_model_reads(self, root: Path) -> None:
+        """An after-interceptor's transformed output is the observation."""
+
+        class Shout:
+            name = "shout"
+
+            def after_tool_call(self, call: ToolCall, output: Any) -> Any:
+                return str(output).upper()
+
+        tools = gate_tools(file_tools(root, []), gate=Gate("files", interceptors=[Shout()]))
+        llm = ScriptedLLM([action("write_file", {"path": "note.txt", "text": "hi"}), echo_observation])
+        assert kickoff(tools, llm) == "WROTE NOTE.TXT"
+
+
 class Summer(BaseTool):
     """A tool whose `_run` is a coroutine function."""
 
@@ -417,7 +476,6 @@ class TestToolKinds:
 
     def test_tool_starting_its_own_loop(self) -> None:
         """A sync tool that runs its own event loop (asyncio.run, as many CrewAI tools do) works gated."""
-        import asyncio
 
         @tool("slow_add")
         def slow_add(a: int, b: int) -> str:
