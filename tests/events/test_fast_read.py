@@ -222,14 +222,23 @@ class TestMalformed:
             del data[name]
             assert read_wire(json.dumps(data).encode()) is None, name
 
-    def test_deep_nesting_and_surrogate_escapes_are_left_to_pydantic(self) -> None:
-        """Nesting pydantic's JSON parser refuses (about 200 levels), many brackets and \\ud escapes
-        take read_event's road."""
+    def test_deep_nesting_is_left_to_pydantic(self) -> None:
+        """Nesting pydantic's JSON parser refuses (about 200 levels) and many brackets take read_event's road."""
         (wire,) = wires(KINDS[:1])
         assert read_wire(with_field(wire, "args", {"k": json.loads("[" * 250 + "]" * 250)})) is None
         assert read_wire(with_field(wire, "args", {"k": [[]] * MAX_BRACKETS})) is None
-        for escape in (b"\\ud800", b"\\uD83D\\uDE00", b"\\ud83d\\ude00"):
-            assert read_wire(wire.replace(b'"tool":"t"', b'"tool":"' + escape + b'"')) is None
+
+    @settings(max_examples=200, deadline=None)
+    @given(units=st.lists(st.integers(0xD700, 0xE000) | st.integers(0, 0xFFFF), min_size=1, max_size=3))
+    def test_surrogate_escapes_are_declined_or_read_alike(self, units: list[int]) -> None:
+        """Escaped UTF-16 code units, lone surrogates and pairs among them, in a field and in the args:
+        read_wire declines (msgspec refuses lone ones) or reads what pydantic reads."""
+        (wire,) = wires(KINDS[:1])
+        escaped = "".join(f"\\u{unit:04x}" for unit in units).encode()
+        assert_agrees(wire.replace(b'"tool":"t"', b'"tool":"' + escaped + b'"'))
+        assert_agrees(wire.replace(b'"n":1', b'"n":"' + escaped + b'"'))
+        if any(0xD800 <= unit < 0xE000 for unit in units) and len(units) == 1:
+            assert read_wire(wire.replace(b'"tool":"t"', b'"tool":"' + escaped + b'"')) is None
 
     def test_duplicate_members_agree(self) -> None:
         """A member given twice: read_wire declines or takes the last one as pydantic does."""
