@@ -14,7 +14,10 @@ Partitions: by default (`assignment="all"`) the materializer reads every partiti
 for the topic, assigning them itself (no group join, so a restart reads again at once), and still
 commits its offsets under `group` so that `KafkaSink(confirm_group=...)` sees what is stored. With
 `assignment="group"` it joins the group and reads what the group assigns it (several materializers,
-one store each) with a short session. Either way its consumers never create a
+one store each: a sharded store) with a short session; there a partition starts at the group's
+committed offset when that is further than the store's (the previous owner's progress), and each
+start is recorded as a tenure, so that chains spanning shards and records two shards read are
+settled (`consumers.shards`). Either way its consumers never create a
 topic by asking for it; a continuous run creates the topic with the known partition count when it is
 missing at the start, and waits for it when it vanishes later.
 
@@ -30,13 +33,16 @@ import functools
 import hashlib
 import logging
 import os
+import signal
 import socket
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
+from consumers import shards
 from consumers.store import AuditStore, IngestResult, RawRecord
 
 if TYPE_CHECKING:
@@ -115,6 +121,8 @@ class _State:
     partitions: dict[int, _Partition] = field(default_factory=dict)
     cluster_id: str | None = None
     """The cluster id the current assignment was made against."""
+    unconfirmed: list[tuple[int, int, str | None, float]] = field(default_factory=list)
+    """Own takes not confirmed by the previous owner: (partition, start offset, previous owner, age s)."""
     log_lost: bool = False
     """The topic vanished (or the cluster changed) since the last assignment: every stored offset
     points into a log that is gone."""
@@ -197,6 +205,10 @@ class Materializer:
         self.commit_timeout_s = commit_timeout_s
         self.consumer_options = consumer_options
         self.store = AuditStore(db_path, trusted_keys=trusted_keys, require_signed=require_signed)
+        self.store_id = self.store.transaction(shards.store_id)
+        """This store's id in the handoff log (group mode: `consumers.shards`)."""
+        self._handoffs: _HandoffLog | None = None
+        self._kill_after_batch = _fault_kill_between_commits()
         self._stop = asyncio.Event()
         self._state = _State()
         self._watch: Any = None
@@ -255,6 +267,13 @@ class Materializer:
                 problems.append(
                     f"partition {number} of {self.topic}: reading has not moved for {stalled_s:.0f} s "
                     f"with {lag} records waiting"
+                )
+        for number, start, previous, age in state.unconfirmed:
+            if age > grace:
+                problems.append(
+                    f"partition {number} of {self.topic} was taken at offset {start} from {previous}, which has not "
+                    f"resolved its copies of the records read again for {age:.0f} s: until it runs again "
+                    "(restart it with its --db) they may be stored twice"
                 )
         if state.error is not None:
             problems.insert(0, f"the consumer loop died: {state.error}")
@@ -331,8 +350,12 @@ class Materializer:
         consumer = self._consumer()
         store = self.store
         if self.assignment == "group":
+            self._handoffs = _HandoffLog(self.bootstrap, self.topic)
+            await self._handoffs.start()
             consumer.subscribe([self.topic], listener=_listener(self, consumer))
         await consumer.start()
+        # Beside the loop, so a slow handoff log never holds up reading.
+        syncing = asyncio.create_task(self._sync_loop(consumer)) if self._handoffs is not None else None
         try:
             ends: dict[Any, int] | None = None
             first_batch_at: float | None = None
@@ -378,6 +401,8 @@ class Materializer:
                     ]
                     started = time.perf_counter()
                     result = await asyncio.get_running_loop().run_in_executor(None, store.ingest, raw, offsets)
+                    if self._kill_after_batch == summary.batches + 1:
+                        _kill_between_commits()
                     # The store committed first: a failed Kafka commit only costs a replay.
                     await self._commit(consumer, offsets, fetched_from)
                     summary.batches += 1
@@ -403,15 +428,27 @@ class Materializer:
                     )
                     summary.checkpoint_breaks += sum(found.values())
             if drain:
+                if self._handoffs is not None:
+                    await self._sync_shards(consumer)
                 summary.gaps_recorded += store.close_open_gaps()
                 summary.checkpoint_breaks += sum(store.close_checkpoints().values())
+            if self._handoffs is not None:
+                # A clean leave: what this store holds of its partitions is committed, nobody reads it again.
+                await self._release(consumer.assignment())
             if first_batch_at is not None:
                 summary.ingest_seconds = time.perf_counter() - first_batch_at
         except Exception as exc:
             self._state.error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
+            if syncing is not None:
+                syncing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await syncing
             await consumer.stop()
+            if self._handoffs is not None:
+                await self._handoffs.stop()
+                self._handoffs = None
         return summary
 
     async def _commit(self, consumer: Any, offsets: Mapping[tuple[str, int], int], fetched_from: Any) -> None:
@@ -540,7 +577,8 @@ class Materializer:
             if part.owned:
                 part.unread_since = None
                 tp = TopicPartition(self.topic, number)
-                part.high_watermark = consumer.highwater(tp)
+                # The awaits above let a rebalance take it meanwhile (highwater() asserts it is assigned).
+                part.high_watermark = consumer.highwater(tp) if tp in consumer.assignment() else None
                 # position() waits for an offset reset; the loop's lag update fills it in otherwise.
                 part.read_up_to = part.position
             else:
@@ -607,7 +645,8 @@ class Materializer:
 
     async def _update_lag(self, consumer: Any, assigned: Any) -> None:
         for tp in assigned:
-            high = consumer.highwater(tp)
+            # A rebalance during the awaits below may have taken it (highwater() asserts it is assigned).
+            high = consumer.highwater(tp) if tp in consumer.assignment() else None
             if high is None:
                 continue
             try:
@@ -626,6 +665,101 @@ class Materializer:
             if self.metrics is not None:
                 self.metrics.set_lag(tp.topic, tp.partition, high - position)
 
+    # -- a sharded store (group mode; consumers.shards) --------------------------------------------
+
+    async def _take(self, consumer: Any, tp: Any, start: int, stored_before: int | None) -> None:
+        """Record the tenure starting at `start` and announce it on the handoff log."""
+        tenure_id = uuid.uuid4().hex
+        await self._store_call(
+            functools.partial(
+                shards.record_own_tenure,
+                tenure_id=tenure_id,
+                topic=tp.topic,
+                partition=tp.partition,
+                owner=self.store_id,
+                start_offset=start,
+                stored_before=stored_before,
+            )
+        )
+        log.info("took %s at offset %d (this store had %s)", tp, start, stored_before)
+        await self._announce(
+            shards.Notice("take", tp.topic, tp.partition, self.store_id, tenure_id=tenure_id, start_offset=start)
+        )
+
+    async def _announce(self, notice: shards.Notice) -> None:
+        log_ = self._handoffs
+        if log_ is None:
+            return
+        position = await log_.announce(notice)
+        if position is not None and notice.kind == "take" and notice.tenure_id is not None:
+            await self._store_call(
+                functools.partial(shards.set_notice_offset, tenure_id=notice.tenure_id, position=position)
+            )
+
+    async def _release(self, partitions: Iterable[Any]) -> None:
+        if self._state.log_lost:
+            return  # the log the offsets point into is gone: there is nothing to release
+        stored = self.store.offsets(self.topic)
+        for tp in partitions:
+            if tp.topic == self.topic and tp.partition in stored:
+                notice = shards.Notice(
+                    "release", tp.topic, tp.partition, self.store_id, next_offset=stored[tp.partition]
+                )
+                await self._announce(notice)
+
+    async def _sync_loop(self, consumer: Any) -> None:
+        while True:
+            await asyncio.sleep(self.metadata_interval_s)
+            await self._sync_shards(consumer)
+
+    async def _sync_shards(self, consumer: Any) -> None:
+        """Learn the handoff log's new notices; confirm own takes; give up the copies later tenures of
+        peers hold (announcing each take resolved); keep what health reports of takes not confirmed."""
+        from aiokafka import TopicPartition
+
+        log_ = self._handoffs
+        if log_ is None:
+            return
+        try:
+            notices = await log_.read_new()
+            if notices:
+                await self._store_call(functools.partial(shards.learn_notices, notices=notices))
+            await self._store_call(functools.partial(shards.confirm_takes, owner=self.store_id))
+            pending = await self._store_call(
+                functools.partial(shards.partitions_to_resolve, topic=self.topic, owner=self.store_id)
+            )
+            committed: dict[int, int] = {}
+            for number in pending:
+                # Nothing committed: nobody stored anything there, so no copy of this store's is given up.
+                offset = await asyncio.wait_for(consumer.committed(TopicPartition(self.topic, number)), 5.0)
+                committed[number] = int(offset or 0)
+            if committed:
+                resolved = await self._store_call(
+                    functools.partial(
+                        shards.resolve_overlaps, topic=self.topic, owner=self.store_id, committed=committed
+                    )
+                )
+                for done in resolved:
+                    log.info(
+                        "gave up %d copies on partition %d to tenure %s", done.removed, done.partition, done.tenure_id
+                    )
+                    await self._announce(
+                        shards.Notice(
+                            "resolved",
+                            self.topic,
+                            done.partition,
+                            self.store_id,
+                            resolves=done.tenure_id,
+                            removed=done.removed,
+                        )
+                    )
+            self._state.unconfirmed = await self._store_call(shards.unconfirmed_takes)
+        except Exception as exc:  # the next refresh tries again; reading goes on meanwhile
+            log.warning("handoff log sync failed: %r", exc)
+
+    async def _store_call(self, work: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, self.store.transaction, work)
+
     def close(self) -> None:
         """Stop the read API and close the store (idempotent)."""
         if self.api is not None:
@@ -635,7 +769,13 @@ class Materializer:
 
 
 async def seek_to_store(
-    materializer: Materializer, consumer: Any, assigned: Iterable[Any], *, known: Iterable[int] = (), log_lost: bool
+    materializer: Materializer,
+    consumer: Any,
+    assigned: Iterable[Any],
+    *,
+    known: Iterable[int] = (),
+    log_lost: bool,
+    handoff: bool = False,
 ) -> None:
     """Seek each assigned partition to the offset the store holds for it (the truth), or to the
     beginning when the store has none, whatever the group committed.
@@ -646,12 +786,45 @@ async def seek_to_store(
     an offset, are checked first (`_same_log`), since the broker may have lost its log while no
     materializer was watching; a check that fails reads the partition from the start.
 
+    `handoff` (group mode, a sharded store: `consumers.shards`): a partition starts at the group's
+    committed offset when that is further than the store's (the previous owner stored up to there;
+    reading from the store's offset would store again what it stored), and each start is recorded and
+    announced as a tenure.
+
     Each partition sought joins `materializer._positioned`: the loop uses only records fetched for
     those (a fetch made before the seek started from the group's committed offsets)."""
     stored: Mapping[int, int] = materializer.store.offsets(materializer.topic)
     kept = set(known)
+    assigned = list(assigned)
+    committed: Mapping[Any, Any] = {}
+    if handoff and assigned:
+        try:
+            # One request for all; what aiokafka itself would have started each partition from.
+            committed = await asyncio.wait_for(consumer._coordinator.fetch_committed_offsets(set(assigned)), 10.0)
+        except Exception as exc:
+            # From the store's own offsets instead: what the previous owner stored is read again, and
+            # the overlap resolves like any other (consumers.shards).
+            log.warning("no committed offsets for %s (%r); reading from this store's own", assigned, exc)
     for tp in assigned:
-        start = await _start_offset(materializer, tp, stored.get(tp.partition), tp.partition in kept, log_lost)
+        offset = stored.get(tp.partition)
+        found = committed.get(tp)
+        group_at = int(found.offset) if found is not None and found.offset >= 0 else None
+        if handoff and not log_lost and offset is not None and group_at is not None and group_at >= offset:
+            # The group (whose offsets live with the log) went as far: no need to probe the log, whose
+            # record before `offset` this store may have ceded to a later owner (consumers.shards).
+            own, start = offset, group_at
+        else:
+            start = await _start_offset(materializer, tp, offset, tp.partition in kept, log_lost)
+            own = start
+            if handoff:
+                start = max(start, group_at or 0)
+        if handoff:
+            try:
+                await materializer._take(consumer, tp, start, own if own > 0 else None)
+            except Exception as exc:  # never leave the partition unread for its bookkeeping
+                log.warning("could not record the tenure of %s at %d: %r", tp, start, exc)
+        # No await between the seek and joining _positioned: the loop may fetch meanwhile, and a record
+        # fetched from the seek position but dropped as unpositioned would be skipped.
         consumer.seek(tp, start)
         materializer._positioned.add(tp)
 
@@ -690,7 +863,8 @@ def _listener(materializer: Materializer, consumer: Any) -> Any:
 
 class _SeekToStore:
     """Group mode: on assignment, each partition seeks to the offset the store committed (the truth),
-    or to the beginning when the store has none."""
+    or to the group's committed offset when that is further (another shard read up to there), and
+    starts a tenure (`consumers.shards`); on revocation, the store's offsets are announced."""
 
     def __init__(self, materializer: Materializer, consumer: Any) -> None:
         self.materializer = materializer
@@ -699,6 +873,11 @@ class _SeekToStore:
     async def on_partitions_revoked(self, revoked: Any) -> None:
         # Until the next assignment's seek, what is fetched for them is not the store's to use.
         self.materializer._positioned.difference_update(revoked)
+        # The next owner reads from the group's committed offset: say how far this store holds them.
+        try:
+            await self.materializer._release(revoked)
+        except Exception as exc:  # a take not confirmed by a release stays visible until resolved
+            log.warning("could not announce the release of %s: %r", revoked, exc)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         state = self.materializer._state
@@ -707,7 +886,10 @@ class _SeekToStore:
         lost = state.log_lost or (
             state.cluster_id is not None and cluster_id is not None and cluster_id != state.cluster_id
         )
-        await seek_to_store(self.materializer, self.consumer, assigned, log_lost=lost)
+        if lost and self.materializer._handoffs is not None:
+            await self.materializer._store_call(functools.partial(shards.retire_tenures, topic=self.materializer.topic))
+            await self.materializer._handoffs.recreate()
+        await seek_to_store(self.materializer, self.consumer, assigned, log_lost=lost, handoff=True)
         state.log_lost = False
         state.cluster_id = cluster_id or state.cluster_id
 
@@ -768,3 +950,102 @@ async def _reached(consumer: Any, ends: Mapping[Any, int]) -> bool:
         if position < end or highwater is None or position < highwater:
             return False
     return True
+
+
+class _HandoffLog:
+    """The topic's handoff log (`consumers.shards`): announces this store's notices and reads everyone's.
+    Its own producer (acks from all replicas; the embedded broker has no idempotent producer) and a
+    reader assigned its one partition outside any group."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = shards.handoff_log_topic(topic)
+        self._producer: Any = None
+        self._reader: Any = None
+        self._tp: Any = None
+        self._missing = False
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+        from events.kafka import ensure_topic, forbid_topic_creation
+
+        await ensure_topic(self.bootstrap, self.topic, 1)
+        self._tp = TopicPartition(self.topic, 0)
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False)
+        forbid_topic_creation(self._producer.client)
+        await self._producer.start()
+        self._reader = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        forbid_topic_creation(self._reader._client)
+        await self._reader.start()
+        self._reader.assign([self._tp])
+        self._reader.seek(self._tp, 0)
+
+    async def recreate(self) -> None:
+        """The broker's logs are new: make the handoff log again (no producer creates it by asking) and
+        read it from its start."""
+        from events.kafka import ensure_topic
+
+        try:
+            await asyncio.wait_for(ensure_topic(self.bootstrap, self.topic, 1), 5.0)
+            self._missing = False
+        except Exception as exc:
+            self._missing = True
+            log.warning("could not create the handoff log %s: %r", self.topic, exc)
+        self._reader.seek(self._tp, 0)
+
+    async def announce(self, notice: shards.Notice) -> int | None:
+        """Send one notice; its position in the log, or None when it could not be sent (logged)."""
+        if self._missing:
+            await self.recreate()
+            if self._missing:
+                return None
+        try:
+            sent = await asyncio.wait_for(
+                self._producer.send_and_wait(self.topic, notice.encode(), key=notice.topic.encode(), partition=0),
+                5.0,
+            )
+        except Exception as exc:
+            # The broker may have restarted empty: the next announcement makes the log again first.
+            self._missing = True
+            log.warning(
+                "could not announce %s of partition %d on %s: %r", notice.kind, notice.partition, self.topic, exc
+            )
+            return None
+        return int(sent.offset)
+
+    async def read_new(self) -> list[tuple[int, shards.Notice]]:
+        """The notices published since the last call (a fetch that finds none waits 50 ms)."""
+        found: list[tuple[int, shards.Notice]] = []
+        while True:
+            batch = await self._reader.getmany(self._tp, timeout_ms=50, max_records=1000)
+            records = batch.get(self._tp, [])
+            for record in records:
+                notice = shards.Notice.decode(record.value)
+                if notice is not None:
+                    found.append((int(record.offset), notice))
+            if not records:
+                return found
+
+    async def stop(self) -> None:
+        for client in (self._producer, self._reader):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.stop()
+
+
+FAULT_KILL_BETWEEN_COMMITS: Final = "CALLGATE_FAULT_KILL_BETWEEN_COMMITS"
+"""Fault injection for tests and drills, inert unless set: N makes the materializer SIGKILL itself
+right after the store committed its N-th batch, before that batch's Kafka commit."""
+
+
+def _fault_kill_between_commits() -> int | None:
+    value = os.environ.get(FAULT_KILL_BETWEEN_COMMITS, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _kill_between_commits() -> None:
+    log.warning("%s: SIGKILL between the store commit and the Kafka commit", FAULT_KILL_BETWEEN_COMMITS)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]  # ships no type information
@@ -39,6 +39,7 @@ import pyarrow as pa  # type: ignore[import-untyped]  # ships no type informatio
 from consumers.archive import CREATE_ARCHIVE_TABLES, ArchivedDay, archive_days, with_archive
 from consumers.checkpoints import CheckpointVerifier
 from consumers.proofs import fold, fold_all
+from consumers.shards import CREATE_SHARD_TABLES, DROP_GAPS_HELD_ELSEWHERE
 from events import (
     ApprovalRequestedEvent,
     ApprovalResolvedEvent,
@@ -69,6 +70,8 @@ __all__ = [
     "StoreLockedError",
     "connect",
 ]
+
+_T = TypeVar("_T")
 
 DEFAULT_MAX_VALUE_BYTES: Final = 4 * 1024 * 1024
 """Records with a larger value are dead-lettered unparsed (the parser is not fed unbounded input)."""
@@ -500,6 +503,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(5, "signed checkpoints", _ADD_CHECKPOINTS),
     Migration(6, "Merkle tree index", _ADD_TREE_INDEX, after=fold_all),
     Migration(7, "read access log", _ADD_ACCESS_LOG),
+    Migration(8, "shard tenures and handoffs", CREATE_SHARD_TABLES),
     Migration(9, "archive", CREATE_ARCHIVE_TABLES),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
@@ -928,8 +932,11 @@ class AuditStore:
                 )
             return
         self._con.execute(_CREATE_MIGRATIONS)
+        # By version applied, not by the newest: a file migrated by a build that had step 9 but not yet
+        # step 8 (they were written side by side) still gets step 8.
+        applied = {int(v) for (v,) in self._con.execute("SELECT version FROM schema_migrations").fetchall()}
         for migration in MIGRATIONS:
-            if migration.version <= current:
+            if migration.version in applied:
                 continue
             self._con.begin()
             try:
@@ -1149,7 +1156,9 @@ class AuditStore:
 
     def close_open_gaps(self, *, older_than: datetime | None = None) -> int:
         """Record as 'gap' chain breaks the seqs still missing per producer between 1 and its highest
-        stored seq; returns how many rows were newly recorded.
+        stored seq; returns how many rows were newly recorded. In a sharded store (`consumers.shards`)
+        a hole whose neighbours straddle offsets another shard holds is no gap (recorded ones are
+        removed): it separates two of the producer's chain segments.
 
         Call it at the end of a drain (`older_than=None`: every hole), or periodically with a grace
         time: then only holes whose neighbouring events were stored (`ingested_at`, the store's own
@@ -1159,7 +1168,9 @@ class AuditStore:
         """
         self._require_writable("close_open_gaps")
         with self._write_lock:
-            return _count(self._con.execute(_RECORD_GAPS, {"older_than": older_than}))
+            recorded = _count(self._con.execute(_RECORD_GAPS, {"older_than": older_than}))
+            # A hole across offsets another shard holds is a boundary of chain segments, no gap here.
+            return max(0, recorded - _count(self._con.execute(DROP_GAPS_HELD_ELSEWHERE)))
 
     def archive(
         self,
@@ -1175,6 +1186,23 @@ class AuditStore:
         self._require_writable("archive")
         with self._write_lock:
             return archive_days(self._con, before=before, to=to, on_day=on_day, dry_run=dry_run)
+
+    def transaction(self, work: Callable[[duckdb.DuckDBPyConnection], _T]) -> _T:
+        """Run `work` on the write connection in one transaction (committed when it returns, rolled
+        back when it raises, which is re-raised); serialized with the store's other writes. Raises
+        `StoreError` when read-only. Blocks."""
+        self._require_writable("a write")
+        with self._write_lock:
+            con = self._con
+            con.begin()
+            try:
+                result = work(con)
+                con.commit()
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    con.rollback()
+                raise
+        return result
 
     def close_checkpoints(self, *, older_than: datetime | None = None) -> dict[str, int]:
         """Record the checkpoint findings waiting cannot change any more (`CheckpointVerifier.close`);
