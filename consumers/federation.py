@@ -30,10 +30,15 @@ Never a silently partial answer: a shard that cannot be reached, times out or fa
 with 503 naming the shard (`ShardUnavailableError`); a shard that refuses serve's token or the query is a
 502 naming it. `health()` says per shard whether it is reachable.
 
-Known limits (docs/operating.md, "Federated reads"): `tool_use_verification` and `unverified_tool_uses`
-judge each ToolUse in the shard that holds it, so the ToolUses of a split producer that a shard holds
-without the producer's first seqs read `chain_not_verified` (a false failure, never a false pass);
-`run_events` and `runs` follow a run's nested calls within each shard.
+Tool uses are judged per producer across shards too (`tool_use_verification`, `unverified_tool_uses`,
+`tool_use_judgements`): a split producer's ToolUses are judged again against its chain stitched over the
+shards and the registrations every shard holds of it (`producer_tool_chains`), as one store of all the
+events judges them, so a ToolsRegistered in one shard verifies the calls stored in another.
+
+Known limits (docs/operating.md, "Federated reads"): `run_events` and `runs` follow a run's nested calls
+within each shard; a signed producer's checkpoint that a shard could not check for lack of the seqs another
+shard holds stays `truncated` there, which the tool-use judgement counts as a broken chain (a false failure,
+never a false pass: no shard holds every hash its root is over).
 """
 
 from __future__ import annotations
@@ -628,6 +633,15 @@ class Stitched:
     """(shard index, seq) of recorded gaps another shard fills."""
     link_breaks: tuple[str, ...] = ()
     """Links between two shards' segments that do not hold (a prev_hash that is not the hash before)."""
+    distrusted: bool = False
+    """Some shard recorded a break other than a gap that says the chain's content cannot be trusted (tamper,
+    conflict, bad_signature, root_mismatch, inconsistent, truncated: not a signing state)."""
+
+    @property
+    def broken(self) -> bool:
+        """Whether one store holding every shard's events would take the chain as broken when judging its
+        tool uses (`tool_use_verification`: a seq missing, a gap, or a break that is not a signing state)."""
+        return self.max_seq != self.events or bool(self.gaps) or bool(self.link_breaks) or self.distrusted
 
 
 def stitch_segments(segments: Mapping[int, Sequence[Mapping[str, Any]]]) -> tuple[list[tuple[int, int]], list[str]]:
@@ -658,6 +672,11 @@ def stitch_segments(segments: Mapping[int, Sequence[Mapping[str, Any]]]) -> tupl
     return union, breaks
 
 
+_SIGNING_STATES: Final = frozenset({"unsigned", "uncovered", "silent", "unknown_key"})
+"""Break kinds that say how far a producer is signed, not that its chain's content is wrong (the
+`tool_uses` check leaves them to the `signed` one: consumers/queries.py, `_TOOL_USE_PROBLEMS`)."""
+
+
 class _Chains:
     """Every producer's chain status over the shards, stitched where a producer is split."""
 
@@ -673,17 +692,21 @@ class _Chains:
         self.split = sorted(p for p, shards in holders.items() if len(shards) > 1)
         self.stitched: dict[str, Stitched] = {p: self._stitch(p) for p in self.split} if self.split else {}
 
-    def _gap_rows(self, producer: str) -> dict[int, set[int]]:
-        def gaps(shard: Shard) -> set[int]:
-            params = self.call.with_archive({"producer_id": producer, "kind": "gap"})
+    def _break_rows(self, producer: str) -> dict[int, list[Row]]:
+        def breaks(shard: Shard) -> list[Row]:
+            params = self.call.with_archive({"producer_id": producer})
             _, rows = self.call.runner.prefix(shard, QUERIES["chain_breaks"], params, math.inf)
-            return {int(r["seq"]) for r in rows}
+            return rows
 
-        found = self.call.runner.each(gaps)
+        found = self.call.runner.each(breaks)
         return {i: found[i] for i in self.holders[producer]}
 
     def _stitch(self, producer: str) -> Stitched:
-        gaps = self._gap_rows(producer)
+        recorded = self._break_rows(producer)
+        gaps = {i: {int(r["seq"]) for r in rows if r["kind"] == "gap"} for i, rows in recorded.items()}
+        distrusted = any(
+            r["kind"] not in _SIGNING_STATES and r["kind"] != "gap" for rows in recorded.values() for r in rows
+        )
         shards = self.holders[producer]
         rows = {i: self.by_shard[i][producer] for i in shards}
         max_seq = max(int(r["max_seq"]) for r in rows.values())
@@ -712,7 +735,7 @@ class _Chains:
                     false.add((i, seq))
                 else:
                     real.add(seq)
-        return Stitched(events, max_seq, frozenset(real), frozenset(false), link_breaks)
+        return Stitched(events, max_seq, frozenset(real), frozenset(false), link_breaks, distrusted)
 
     def status(self, producer: str) -> Row:
         """The producer's `chain_status` row over every shard."""
@@ -750,6 +773,129 @@ class _Chains:
 def held_seqs_any(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     """`held_seqs` of several segment rows."""
     return [r for row in rows for r in held_seqs(row)]
+
+
+# -- tool uses across shards ------------------------------------------------------------------------
+
+_FEW: Final = 8
+"""Split producers up to which serve asks the shards about each one apart, rather than about all."""
+_USE_KEYS: Final = ("producer_id", "gate", "workflow", "agent", "tool", "trail")
+_JUDGED_ORDER: Final = ("producer_id", "gate", "workflow nulls first", "agent nulls first", "tool", "trail")
+_PROBLEMS: Final = ("chain_not_verified", "not_registered", "incomplete_trail")
+
+
+def _about(call: _Call, name: str, params: Mapping[str, Any], producers: Sequence[str]) -> list[list[Row]]:
+    """Each shard's rows of helper query `name` (which takes `producer_id`) for `producers` only: asked per
+    producer when they are few, else once for all and filtered."""
+    if not producers:
+        return [[] for _ in call.runner.shards]
+    if len(producers) > _FEW:
+        wanted = set(producers)
+        _, per_shard = call.gather(name, {**params, "producer_id": None})
+        return [[r for r in rows if r["producer_id"] in wanted] for rows in per_shard]
+    out: list[list[Row]] = [[] for _ in call.runner.shards]
+    for producer in producers:
+        _, per_shard = call.gather(name, {**params, "producer_id": producer})
+        for index, rows in enumerate(per_shard):
+            out[index].extend(rows)
+    return out
+
+
+def _satisfied(chain: Any, trail: set[str]) -> bool | None:
+    """DuckDB's `list_has_all(trail, chain)`: None for a NULL chain."""
+    if chain is None:
+        return None
+    return all(step in trail for step in json.loads(chain) if step is not None)
+
+
+def _missing_interceptors(chains: Sequence[Any], trail: Sequence[str]) -> list[Any] | None:
+    """What `trail` lacks of the chain it comes closest to (unverified_tool_uses' list_reduce: the first of
+    the shortest)."""
+    lacks = [[x for x in json.loads(c) if x not in trail] for c in chains if c is not None]
+    best: list[Any] | None = None
+    for candidate in lacks:
+        if best is None or len(candidate) < len(best):
+            best = candidate
+    return best
+
+
+def _scope_of(row: Mapping[str, Any]) -> tuple[str, ...]:
+    # As _PRODUCER_REGISTRATIONS joins a call to its registrations: a scope without workflow or agent is ''.
+    return (str(row["producer_id"]), str(row["gate"]), row["workflow"] or "", row["agent"] or "", str(row["tool"]))
+
+
+class _SplitUses:
+    """The ToolUses of the producers split across shards, judged as one store of every shard's events
+    would: the producer's chain stitched (`_Chains`), its registrations of every shard."""
+
+    def __init__(self, call: _Call, chains: _Chains, since: Any, until: Any) -> None:
+        self.call = call
+        self.chains = chains
+        producers = chains.split
+        window = {"since": since, "until": until}
+        self.local: list[list[Row]] = _about(call, "tool_use_judgements", window, producers)
+        """Each shard's own judgement of the split producers' tool uses, per group."""
+        registered = _about(call, "producer_tool_chains", {}, producers)
+        self.registered: dict[tuple[str, ...], list[Any]] = {}
+        for rows in registered:
+            for row in rows:
+                key = _scope_of(row)
+                held = self.registered.setdefault(key, [])
+                if row["chain"] not in held:
+                    held.append(row["chain"])
+        merged: dict[tuple[str, ...], Row] = {}
+        self.holders: dict[tuple[str, ...], list[int]] = {}
+        for index, rows in enumerate(self.local):
+            for row in rows:
+                key = _key(row, _USE_KEYS)
+                into = merged.get(key)
+                if into is None:
+                    merged[key] = {**row, "tool_uses": int(row["tool_uses"])}
+                else:
+                    into["tool_uses"] += int(row["tool_uses"])
+                if index not in self.holders.setdefault(key, []):
+                    self.holders[key].append(index)
+        for row in merged.values():
+            row["problem"] = self.problem(row)
+        self.judged: list[Row] = sort_rows(merged.values(), (*_JUDGED_ORDER, "problem nulls first"))
+        """One row per split producer, scope, tool and trail, with the problem judged across shards."""
+
+    def chains_of(self, row: Mapping[str, Any]) -> list[Any] | None:
+        return self.registered.get(_scope_of(row))
+
+    def problem(self, row: Mapping[str, Any]) -> str | None:
+        """_TOOL_USE_PROBLEMS' verdict for a group of tool uses, over every shard."""
+        if self.chains.stitched[str(row["producer_id"])].broken:
+            return "chain_not_verified"
+        chains = self.chains_of(row)
+        if chains is None:
+            return "not_registered"
+        trail = set(json.loads(row["trail"]))
+        verdicts = [_satisfied(c, trail) for c in chains]
+        if any(verdicts) or all(v is None for v in verdicts):
+            return None
+        return "incomplete_trail"
+
+    def rows(self, problem: str | None, n: float) -> list[Row]:
+        """The split producers' unverified tool uses (only `problem`'s, when given) as `unverified_tool_uses`
+        lists them: each shard's first `n` of each unverified group, newest first."""
+        out: list[Row] = []
+        for group in self.judged:
+            if group["problem"] is None or (problem is not None and group["problem"] != problem):
+                continue
+            params = self.call.with_archive(
+                {k: group[k] for k in _USE_KEYS} | {k: self.call.bound.get(k) for k in ("since", "until")}
+            )
+            chains = self.chains_of(group) or []
+            for index in self.holders[_key(group, _USE_KEYS)]:
+                shard = self.call.runner.shards[index]
+                _, rows = self.call.runner.prefix(shard, QUERIES["tool_use_rows"], params, n)
+                for row in rows:
+                    missing = (
+                        _missing_interceptors(chains, row["trail"]) if group["problem"] == "incomplete_trail" else None
+                    )
+                    out.append({**row, "problem": group["problem"], "missing_interceptors": missing})
+        return out
 
 
 # -- the custom merges ------------------------------------------------------------------------------
@@ -1005,6 +1151,63 @@ def _new_denial_reasons(call: _Call) -> tuple[list[str], list[Row]]:
     return columns, call.cut(sort_rows(rows, ("-first_seen", "reason")))
 
 
+def _tool_use_judgements(call: _Call) -> tuple[list[str], list[Row]]:
+    columns, per_shard = call.gather("tool_use_judgements", call.fan)
+    chains = _Chains(call, call.bound.get("producer_id"))
+    split = set(chains.split)
+    rows = [r for shard_rows in per_shard for r in shard_rows if r["producer_id"] not in split]
+    if split:
+        uses = _SplitUses(call, chains, call.bound.get("since"), call.bound.get("until"))
+        rows += [{c: r[c] for c in columns} for r in uses.judged]
+    return columns, call.cut(sort_rows(rows, (*_JUDGED_ORDER, "problem nulls first")))
+
+
+def _tool_use_verification(call: _Call) -> tuple[list[str], list[Row]]:
+    columns, per_shard = call.gather("tool_use_verification", call.fan)
+    totals = {c: sum(int(r.get(c) or 0) for rows in per_shard for r in rows) for c in columns}
+    chains = _Chains(call)
+    if chains.split:
+        # Each shard judged the split producers' tool uses alone: take its verdicts out, the federation's in.
+        uses = _SplitUses(call, chains, call.bound.get("since"), call.bound.get("until"))
+        local = [r for shard_rows in uses.local for r in shard_rows]
+        for sign, groups in ((-1, local), (1, uses.judged)):
+            for row in groups:
+                if row["problem"] is not None:
+                    totals["unverified"] += sign * int(row["tool_uses"])
+                    totals[row["problem"]] += sign * int(row["tool_uses"])
+    return columns, [{c: totals[c] for c in columns}]
+
+
+def _unverified_tool_uses(call: _Call) -> tuple[list[str], list[Row]]:
+    chains = _Chains(call)
+    if not chains.split:
+        return call.page()
+    split = set(chains.split)
+    name, n = "unverified_tool_uses", call.wanted
+    query = QUERIES[name]
+    params = call.with_archive(call.fan)
+
+    def others(shard: Shard) -> tuple[list[str], list[Row]]:
+        # The shard's first n rows of the producers it holds whole: its rows of split producers are judged anew.
+        size = int(query.params["limit"].maximum or _PAGE_CAP)
+        columns: list[str] = []
+        rows: list[Row] = []
+        while True:
+            data = call.runner.ask(shard, name, {**params, "limit": size, "offset": len(rows)})
+            columns = list(data["columns"]) or columns
+            page = list(data["rows"])
+            rows.extend(page)
+            kept = [r for r in rows if r["producer_id"] not in split]
+            if len(page) < size or len(kept) >= n:
+                return columns, kept[: int(n)] if n != math.inf else kept
+
+    answers = call.runner.each(others)
+    columns = next((c for c, _ in answers if c), [])
+    uses = _SplitUses(call, chains, call.bound.get("since"), call.bound.get("until"))
+    rows = [r for _, shard_rows in answers for r in shard_rows] + uses.rows(call.bound.get("problem"), n)
+    return columns, call.cut(sort_rows([{c: r.get(c) for c in columns} for r in rows], ("-time", "event_id")))
+
+
 _CUSTOM: Final[dict[str, Merger]] = {
     "chain_breaks": _chain_breaks,
     "chain_status": _chain_status,
@@ -1016,7 +1219,10 @@ _CUSTOM: Final[dict[str, Merger]] = {
     "producer_signatures": _producer_signatures,
     "registered_tools": _registered_tools,
     "tool_exercise": _tool_exercise,
+    "tool_use_judgements": _tool_use_judgements,
+    "tool_use_verification": _tool_use_verification,
     "unmediated_count": _unmediated_count,
+    "unverified_tool_uses": _unverified_tool_uses,
 }
 """The queries declared `custom`, by name (a test checks every one has its function)."""
 

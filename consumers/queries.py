@@ -1419,6 +1419,41 @@ FROM counted LEFT JOIN stopped USING (run_id)
 ORDER BY last_time DESC, run_id
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
+# -- what callgate serve judges the tool uses of a producer split across shards with ---------------
+
+# Texts rather than lists, so that serve sorts them as DuckDB does (a list that is a prefix of another).
+_TRAIL_TEXT = "CAST(to_json(coalesce(trail, [])) AS VARCHAR)"
+
+_TOOL_USE_JUDGEMENTS = f"""
+{_TOOL_USE_PROBLEMS}
+SELECT producer_id, gate, workflow, agent, tool, {_TRAIL_TEXT} AS trail, problem, count(*) AS tool_uses
+FROM judged
+WHERE $producer_id IS NULL OR producer_id = $producer_id
+GROUP BY ALL
+ORDER BY producer_id, gate, workflow NULLS FIRST, agent NULLS FIRST, tool, trail, problem NULLS FIRST
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_PRODUCER_TOOL_CHAINS = f"""
+SELECT DISTINCT producer_id, gate, workflow, agent, name AS tool, CAST(to_json(interceptors) AS VARCHAR) AS chain
+FROM ({_PRODUCER_REGISTRATIONS})
+WHERE $producer_id IS NULL OR producer_id = $producer_id
+ORDER BY producer_id, gate, workflow, agent, tool, chain
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_TOOL_USE_ROWS = f"""
+SELECT time, gate, workflow, agent, tool, call_id, run_id, tenant, principal, coalesce(trail, []) AS trail,
+       producer_id, seq, event_id
+FROM events
+WHERE type = 'ToolUse' AND producer_id = $producer_id AND {_WINDOW}
+  AND gate IS NOT DISTINCT FROM $gate AND tool IS NOT DISTINCT FROM $tool AND {_TRAIL_TEXT} = $trail
+  -- As the coverage join: no workflow or agent and '' are one scope (a '' parameter reads as none).
+  AND coalesce(workflow, '') = coalesce($workflow, '') AND coalesce(agent, '') = coalesce($agent, '')
+ORDER BY time DESC, event_id
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
 
 def _query(
     name: str, description: str, sql: str, params: Mapping[str, Param], *, scope: QueryScope, merge: Merge
@@ -1779,16 +1814,9 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _TOOL_USE_VERIFICATION,
             {"since": SINCE, "until": UNTIL},
             scope="global",
-            merge=groups(
-                (),
-                {
-                    "tool_uses": "sum",
-                    "unverified": "sum",
-                    "chain_not_verified": "sum",
-                    "not_registered": "sum",
-                    "incomplete_trail": "sum",
-                },
-                (),
+            merge=custom(
+                "counts summed; the tool uses of a producer split across shards judged again over all of them "
+                "(tool_use_judgements: its chain stitched, its registrations of every shard)"
             ),
         ),
         _query(
@@ -1806,7 +1834,11 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
-            merge=page("-time", "event_id"),
+            merge=custom(
+                "each shard's first offset + limit rows of the producers it holds whole, merge-sorted newest first; "
+                "those of a producer split across shards judged again over all of them (tool_use_judgements) and "
+                "listed from tool_use_rows"
+            ),
         ),
         _query(
             "tool_exercise",
@@ -2070,6 +2102,62 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "events are counted from the shards where it is among the first offset + limit (a run's events "
                 "are in one shard unless its producer's partition moved)",
             ),
+        ),
+        # -- what callgate serve judges the tool uses of a producer split across shards with
+        _query(
+            "tool_use_judgements",
+            "ToolUse events in the window per producer, scope, tool, decision trail (JSON text) and problem "
+            "(as in unverified_tool_uses; null: verified): how many. What callgate serve judges the tool uses of "
+            "a producer split across shards with (tool_use_verification, unverified_tool_uses).",
+            _TOOL_USE_JUDGEMENTS,
+            {
+                "since": SINCE,
+                "until": UNTIL,
+                "producer_id": Param("str", "Only this producer (gate instance)."),
+                **PAGE,
+            },
+            scope="global",
+            merge=custom(
+                "tool uses summed per producer, scope, tool and trail; a producer split across shards judged again "
+                "over all of them: its chain stitched (chain_status), its registrations of every shard "
+                "(producer_tool_chains)"
+            ),
+        ),
+        _query(
+            "producer_tool_chains",
+            "Per producer, scope (workflow and agent '' when none) and tool registered: each distinct interceptor "
+            "chain (JSON text) its ToolsRegistered events gave it; what callgate serve judges the tool uses of a "
+            "producer split across shards against.",
+            _PRODUCER_TOOL_CHAINS,
+            {"producer_id": Param("str", "Only this producer (gate instance)."), **PAGE},
+            scope="global",
+            merge=groups(
+                ("producer_id", "gate", "workflow", "agent", "tool", "chain"),
+                {},
+                ("producer_id", "gate", "workflow", "agent", "tool", "chain"),
+            ),
+        ),
+        _query(
+            "tool_use_rows",
+            "One producer's ToolUse events in the window of one scope, tool and decision trail (trail: its JSON "
+            "text, as tool_use_judgements gives it; a scope part not given matches none), newest first; what "
+            "callgate serve lists the unverified tool uses of a producer split across shards from.",
+            _TOOL_USE_ROWS,
+            {
+                "producer_id": Param("str", "The producer (gate instance); no rows without it."),
+                "since": SINCE,
+                "until": UNTIL,
+                "gate": Param("str", "The gate (not given: none)."),
+                "workflow": Param("str", "The workflow (not given: none)."),
+                "agent": Param("str", "The agent scope (not given: none)."),
+                "tool": Param("str", "The tool (not given: none)."),
+                "trail": Param(
+                    "str", "The decision trail's JSON text, as tool_use_judgements gives it; no rows without it."
+                ),
+                **PAGE,
+            },
+            scope="global",
+            merge=page("-time", "event_id"),
         ),
     ]
 )

@@ -12,7 +12,7 @@ import dataclasses
 import io
 import zlib
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,12 @@ from consumers.auth import TokenFile, hash_token
 from consumers.coverage import run_checks
 from consumers.federation import _CUSTOM, FederatedRunner, Shard, held_seqs, stitch_segments
 from consumers.metrics import MaterializerMetrics
-from consumers.queries import NamedQuery
+from consumers.queries import NamedQuery, page
 from consumers.reader import ApiReader, FileReader
 from consumers.runner import StoreQueryRunner
-from events import EventBase, MemorySink, encode_event
+from events import EventBase, MemorySink, ToolsRegisteredEvent, ToolUseEvent, encode_event
+from events.chain import Producer, new_event_id
+from events.models import RegisteredTool
 from events.signing import SigningKey
 from interceptor_core import (
     Approval,
@@ -313,6 +315,12 @@ def cases(d: Deployment) -> dict[str, list[dict[str, Any]]]:
     out["run_events"] = [{"run_id": "run-shop-0"}, {"run_id": "shop-2-nested"}, {"run_id": "run-lab-3", "limit": 2}]
     out["runs"] += [{"principal": "u-1"}, {"run_id": "run-shop"}]
     out["new_denial_reasons"] += [{"since": middle, "until": end}]
+    judged = d.expected("tool_use_judgements", {"limit": 1000})["rows"]
+    group = next(r for r in judged if r["agent"] == "desk")
+    use = {k: group[k] for k in ("producer_id", "gate", "workflow", "agent", "tool", "trail") if group[k] is not None}
+    out["tool_use_rows"] = [use, {**use, **window, "limit": 1}, {**use, "trail": "[]"}]
+    out["tool_use_judgements"] += [{"producer_id": group["producer_id"]}]
+    out["producer_tool_chains"] += [{"producer_id": group["producer_id"]}]
     for name in ("blocked_attempts", "chain_status", "coverage_summary", "top_denied"):
         out[name].append({"include_archive": True, **window})  # each shard reads its archive too
     return out
@@ -484,6 +492,177 @@ class TestChainSplitAcrossShards:
             ]
             (facts,) = self.federated(parts, "coverage_summary")
             assert (facts["broken_producers"], facts["missing_seqs"], facts["gaps_recorded"]) == (1, 1, 1)
+        finally:
+            self.close(stores, parts)
+
+
+def registered_then_used(name: str, calls: int) -> list[EventBase]:
+    """One gate instance (producer): its agent scope registered (ToolsRegistered, seq 1) with an
+    interceptor on every tool, then `calls` mediated calls of it, in seq order."""
+    sink = MemorySink()
+    gate = Gate(name, interceptors=[TenantOrders()], sinks=[sink])
+    desk = gate.workflow("support").agent("desk", tools=[get_order, quote])
+
+    async def run() -> None:
+        acme = RunContext(tenant="acme", principal="u-1")
+        for i in range(calls):
+            await desk.call("get_order" if i % 2 else "quote", {"order_id": f"ACME-{i}"}, run=acme)
+        await gate.close()
+
+    asyncio.run(run())
+    return sorted(sink.events, key=lambda e: e.seq)
+
+
+def forged_uses(uses: list[tuple[str, list[str]]]) -> list[EventBase]:
+    """A whole chain of a producer that is not a gate: `delete_file` registered by agent desk with the chain
+    ["policy"] (seq 1), then one ToolUse per (tool, trail) of `uses`, a microsecond apart."""
+    producer = Producer()
+    start = datetime.now(UTC)
+    envelope = {"gate": "files", "workflow": None, "agent": "desk"}
+    tools = (RegisteredTool(name="delete_file", input_schema_sha256="0" * 64, interceptors=("policy",)),)
+    registration = {**envelope, "time": start, "tools": tools, "event_id": new_event_id()}
+    events: list[EventBase] = [producer.seal(ToolsRegisteredEvent, registration)]
+    for i, (name, trail) in enumerate(uses):
+        steps = [{"interceptor": step, "scope": "application", "kind": "allow", "duration_ms": 0.01} for step in trail]
+        fields = {"time": start + timedelta(microseconds=i + 1), "tool": name, "call_id": f"forged-{i}",
+                  "event_id": new_event_id()}  # fmt: skip
+        body = {**envelope, **fields, "outcome": "ok", "duration_ms": 1.0, "decisions": steps}
+        events.append(producer.seal(ToolUseEvent, body))
+    return events
+
+
+# The contract of the shards' chain_segments query (consumers/shards.py, once it is a named query): per
+# producer and run of consecutive seqs, its first seq and prev_hash, last seq and hash, holes inside.
+_SEGMENTS_SQL = """
+WITH ordered AS (
+    SELECT producer_id, seq, hash, prev_hash, seq - row_number() OVER (PARTITION BY producer_id ORDER BY seq) AS run
+    FROM events WHERE $producer_id IS NULL OR producer_id = $producer_id
+)
+SELECT producer_id, run AS segment, min(seq) AS first_seq, arg_min(prev_hash, seq) AS first_prev_hash,
+       max(seq) AS last_seq, arg_max(hash, seq) AS last_hash, count(*) AS events, []::BIGINT[][] AS holes
+FROM ordered GROUP BY producer_id, run
+ORDER BY producer_id, first_seq
+LIMIT $limit OFFSET $offset
+"""
+SEGMENTS = NamedQuery(
+    "chain_segments",
+    "Per producer, each run of consecutive seqs this store holds.",
+    _SEGMENTS_SQL,
+    {k: QUERIES["chain_breaks"].params[k] for k in ("producer_id", "limit", "offset")},
+    scope="global",
+    merge=page("producer_id", "first_seq"),
+)
+
+
+class TestToolUsesSplitAcrossShards:
+    """A producer's ToolsRegistered and first calls in one shard, its later calls in another (a partition
+    moved): its tool uses are judged over both, as one store of every event judges them; with the shards'
+    chain_segments query and without it."""
+
+    JUDGING = ("coverage_summary", "tool_use_verification", "unverified_tool_uses", "tool_use_judgements")
+
+    @pytest.fixture(autouse=True, params=["without chain_segments", "with chain_segments"])
+    def segments(self, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Every case twice: the shards (and serve, one process here) without, then with chain_segments."""
+        if request.param == "with chain_segments":
+            if "chain_segments" not in QUERIES:
+                monkeypatch.setitem(QUERIES, "chain_segments", SEGMENTS)
+        elif "chain_segments" in QUERIES:
+            monkeypatch.delitem(QUERIES, "chain_segments")
+
+    def deploy(self, root: Path, first: list[EventBase], rest: list[EventBase]) -> tuple[list[AuditStore], list[Any]]:
+        return TestChainSplitAcrossShards.deploy(self, root, first, rest)  # type: ignore[arg-type]
+
+    def close(self, stores: Any, parts: list[Any]) -> None:
+        TestChainSplitAcrossShards.close(self, stores, parts)  # type: ignore[arg-type]
+
+    def answers(self, stores: list[AuditStore], parts: list[Any], name: str, **params: Any) -> tuple[Any, Any]:
+        """(federated, single store) rows of `name`."""
+        response = parts[0].get(f"/v1/queries/{name}", params={k: _text(v) for k, v in params.items()})
+        assert response.status_code == 200, response.text
+        con = stores[2].cursor()
+        try:
+            return response.json()["rows"], run_query(con, name, params).rows
+        finally:
+            con.close()
+
+    def coverage(self, parts: list[Any]) -> tuple[int, str]:
+        from callgate.coverage import run_coverage
+
+        out = io.StringIO()
+        console = Console(file=out, width=250)
+        code = run_coverage(api=parts[1].url, db=None, require_exercised=True, since=None, junit=None,
+                            json_path=None, console=console, err=console)  # fmt: skip
+        return code, out.getvalue()
+
+    def shard_alone(self, store: AuditStore, name: str) -> list[dict[str, Any]]:
+        con = store.cursor()
+        try:
+            return run_query(con, name, {}).rows
+        finally:
+            con.close()
+
+    def test_coverage_stays_green(self, tmp_path: Path) -> None:
+        """Registration in shard a, most calls in shard b: shard b alone reads them chain_not_verified and
+        not_registered; through serve the judging queries equal one store's, all verified, coverage exits 0."""
+        events = registered_then_used("moved", 30)
+        stores, parts = self.deploy(tmp_path, events[:8], events[8:])
+        try:
+            (alone,) = self.shard_alone(stores[1], "tool_use_verification")
+            assert alone["chain_not_verified"] == alone["tool_uses"] > 0
+            for name in self.JUDGING:
+                got, want = self.answers(stores, parts, name)
+                assert got == want, name
+            (counts,) = self.answers(stores, parts, "tool_use_verification")[0]
+            assert (counts["tool_uses"], counts["unverified"]) == (30, 0)
+            assert self.answers(stores, parts, "unverified_tool_uses")[0] == []
+            code, output = self.coverage(parts)
+            assert code == 0, output
+        finally:
+            self.close(stores, parts)
+
+    def test_an_unregistered_tool_use_still_fails(self, tmp_path: Path) -> None:
+        """Among the moved tool uses two of a tool never registered and one whose trail lacks the registered
+        interceptor: federated exactly those are unverified, as in one store; coverage exits 1 naming them."""
+        ok = ("delete_file", ["policy"])
+        events = forged_uses([ok, ok, ok, ("wire_money", ["policy"]), ok, ("delete_file", []), ok, ("wire_money", [])])
+        stores, parts = self.deploy(tmp_path, events[:3], events[3:])
+        try:
+            for name in self.JUDGING:
+                got, want = self.answers(stores, parts, name)
+                assert got == want, name
+            rows = self.answers(stores, parts, "unverified_tool_uses")[0]
+            assert [(r["problem"], r["tool"], r["missing_interceptors"]) for r in rows] == [
+                ("not_registered", "wire_money", None), ("incomplete_trail", "delete_file", ["policy"]),
+                ("not_registered", "wire_money", None)]  # fmt: skip
+            for page in ({"limit": 1, "offset": 1}, {"problem": "incomplete_trail"}):
+                got, want = self.answers(stores, parts, "unverified_tool_uses", **page)
+                assert got == want, page
+            code, output = self.coverage(parts)
+            assert code == 1, output
+            assert "3 of 8 tool run(s) not verified: 2 from a scope that never registered the tool, 1 missing" in output
+        finally:
+            self.close(stores, parts)
+
+    def test_a_real_gap_fails_every_tool_use_of_the_producer(self, tmp_path: Path) -> None:
+        """An event of the moved part lost from both shards: every tool use of the producer, those of shard a
+        too (whole there), is chain_not_verified, as in one store; another producer's unregistered call
+        stays listed among them, pages cut as one store cuts them; coverage exits 1."""
+        events = registered_then_used("moved", 24)
+        lost = events[14]
+        whole = forged_uses([("delete_file", ["policy"]), ("wire_money", [])])
+        stores, parts = self.deploy(tmp_path, events[:8] + whole, [e for e in events[8:] if e is not lost])
+        try:
+            for name in self.JUDGING:
+                got, want = self.answers(stores, parts, name)
+                assert got == want, name
+            for page in ({"limit": 1000}, {"limit": 3, "offset": 2}, {"problem": "not_registered"}):
+                got, want = self.answers(stores, parts, "unverified_tool_uses", **page)
+                assert got == want, page
+            (counts,) = self.answers(stores, parts, "tool_use_verification")[0]
+            assert (counts["chain_not_verified"], counts["not_registered"]) == (24 - 1, 1)
+            code, output = self.coverage(parts)
+            assert code == 1, output
         finally:
             self.close(stores, parts)
 
