@@ -49,6 +49,7 @@ from callgate.broker import EmbeddedBroker, free_port
 from consumers.store import AuditStore, _event_row, _events_table, connect
 from events import MemorySink, Producer, ToolUseEvent, encode_event
 from events.codec import ReadEvent, read_event
+from events.fast_read import read_wire
 from events.kafka import KafkaSink
 
 CLI = [sys.executable, "-c", "from callgate.cli import main; main()"]
@@ -197,15 +198,17 @@ async def _until_stored(port: int, n: int, timeout: float) -> None:
 
 
 def per_event_cost(n: int = 5_000, rounds: int = 7) -> dict[int, float]:
-    """µs per event of `read_event` + `_event_row` for version 1 and version 2 wire bytes."""
+    """µs per event of `read_event` + `_event_row` for version 1 and version 2 wire bytes, and (key 0)
+    of `events.fast_read.read_wire` + `_event_row` for the version 2 bytes (the store's road)."""
     wires = {version: [encode_event(e) for e in make_events(n, schema_version=version)] for version in (1, 2)}
-    samples: dict[int, list[float]] = {1: [], 2: []}
+    wires[0] = wires[2]
+    samples: dict[int, list[float]] = {1: [], 2: [], 0: []}
     for _ in range(rounds):
         for version, values in wires.items():
             started = time.perf_counter()
             for i, value in enumerate(values):
-                read = read_event(value)
-                if read.content_hash != read.event.hash:
+                read: Any = read_wire(value) if version == 0 else read_event(value)
+                if read is None or read.content_hash != read.event.hash:
                     raise SystemExit(f"bench setup is wrong: version {version} event {i} does not verify")
                 _event_row(read, i, "t", 0, i)
             samples[version].append((time.perf_counter() - started) / n * 1e6)
@@ -239,6 +242,7 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
         print(f"{f'lag at {at:,} events/s over {counted:,} events, p99 (s)':<58} {p99:>14.3f}")
     print(f"{'per-event Python cost, schema version 1 (µs), before':<58} {cost[1]:>14.2f}")
     print(f"{'per-event Python cost, schema version 2 (µs), after':<58} {cost[2]:>14.2f}")
+    print(f"{'the same through events.fast_read (µs), the store road':<58} {cost[0]:>14.2f}")
     print(f"throughput: materialize / Arrow floor = {rate_full / rate_floor:.3f} (target >= 0.5, goal 0.8)")
     print(f"memory: peak RSS {small_rss} MiB at {small:,} events, {full_rss} MiB at {n:,} (target: within 10%)")
     for at, (_, p99, _) in lags.items():
@@ -249,6 +253,13 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
     for at, (_, p99, _) in lags.items():
         report(f"lag at {at:,} events/s, p99", p99, "s", target="<= 2 s")
     report("materializer's per-event Python cost, v2", cost[2], "µs/event", floor=cost[1], target="v1 is the floor")
+    report(
+        "the same through events.fast_read",
+        cost[0],
+        "µs/event",
+        floor=cost[2],
+        target="pydantic's v2 road is the floor",
+    )
 
 
 def main() -> None:
