@@ -637,6 +637,9 @@ class Stitched:
     """Some shard recorded a break other than a gap that says the chain's content cannot be trusted (tamper,
     conflict, bad_signature, root_mismatch, inconsistent, truncated: not a signing state)."""
 
+    false_gaps_recorded_at: tuple[datetime, ...] = ()
+    """When each of `false_gaps` was recorded (what overview_counts counts chain breaks by)."""
+
     @property
     def broken(self) -> bool:
         """Whether one store holding every shard's events would take the chain as broken when judging its
@@ -735,7 +738,13 @@ class _Chains:
                     false.add((i, seq))
                 else:
                     real.add(seq)
-        return Stitched(events, max_seq, frozenset(real), frozenset(false), link_breaks, distrusted)
+        recorded_at = tuple(
+            _time(r["recorded_at"])
+            for i, rows in recorded.items()
+            for r in rows
+            if r["kind"] == "gap" and (i, int(r["seq"])) in false and r.get("recorded_at") is not None
+        )
+        return Stitched(events, max_seq, frozenset(real), frozenset(false), link_breaks, distrusted, recorded_at)
 
     def status(self, producer: str) -> Row:
         """The producer's `chain_status` row over every shard."""
@@ -768,6 +777,9 @@ class _Chains:
 
     def false_gap_count(self) -> int:
         return sum(len(s.false_gaps) for s in self.stitched.values())
+
+    def false_gaps_recorded_at(self) -> list[datetime]:
+        return [t for s in self.stitched.values() for t in s.false_gaps_recorded_at]
 
 
 def held_seqs_any(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
@@ -1151,6 +1163,33 @@ def _new_denial_reasons(call: _Call) -> tuple[list[str], list[Row]]:
     return columns, call.cut(sort_rows(rows, ("-first_seen", "reason")))
 
 
+_OVERVIEW: Final = Merge(
+    "groups",
+    keys=("metric",),
+    columns={"value": "sum", "previous": "sum", "since": "any", "until": "any", "previous_since": "any",
+             "change": "derived"},
+    derive={"change": lambda row: row["value"] - row["previous"]},
+)  # fmt: skip
+
+
+def _overview_counts(call: _Call) -> tuple[list[str], list[Row]]:
+    columns, per_shard = call.gather("overview_counts", call.fan)
+    rows = combine(per_shard, _OVERVIEW, columns)
+    chains = _Chains(call)
+    for row in rows if chains.split else ():
+        if row["metric"] != "chain_breaks":
+            continue
+        # A gap one shard recorded where another holds the events is no break (as chain_breaks drops it).
+        since, until, before = (_time(row[c]) for c in ("since", "until", "previous_since"))
+        for recorded in chains.false_gaps_recorded_at():
+            if since <= recorded < until:
+                row["value"] -= 1
+            elif before <= recorded < since:
+                row["previous"] -= 1
+        row["change"] = row["value"] - row["previous"]
+    return columns, rows
+
+
 def _tool_use_judgements(call: _Call) -> tuple[list[str], list[Row]]:
     columns, per_shard = call.gather("tool_use_judgements", call.fan)
     chains = _Chains(call, call.bound.get("producer_id"))
@@ -1215,6 +1254,7 @@ _CUSTOM: Final[dict[str, Merger]] = {
     "denial_rate": _denial_rate,
     "exercised_tools": _exercised_tools,
     "new_denial_reasons": _new_denial_reasons,
+    "overview_counts": _overview_counts,
     "pipeline_health": _pipeline_health,
     "producer_signatures": _producer_signatures,
     "registered_tools": _registered_tools,

@@ -1867,11 +1867,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _OVERVIEW_COUNTS,
             {"since": SINCE, "until": UNTIL, "tenant": TENANT},
             scope="tenant",
-            merge=groups(
-                ("metric",),
-                {"value": "sum", "previous": "sum", "since": "any", "until": "any", "previous_since": "any"},
-                (),
-                {"change": lambda row: row["value"] - row["previous"]},
+            merge=Merge(
+                "custom",
+                note="per metric value and previous summed, change recomputed; chain breaks without the gaps one "
+                "shard recorded where another holds the events (the producer's chain stitched across shards)",
                 pin_until=True,
             ),
         ),
@@ -1888,20 +1887,13 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             scope="global",
             merge=groups(
                 ("topic", "partition"),
+                # A partition read by two shards (a handoff): each stored its own events of it.
                 {
                     c: "arg_max:next_offset"
-                    for c in (
-                        "offset_updated_at",
-                        "seconds_since_commit",
-                        "recent_events",
-                        "median_delay_s",
-                        "p95_delay_s",
-                        "max_delay_s",
-                        "last_event_time",
-                        "last_ingested_at",
-                    )
+                    for c in ("offset_updated_at", "seconds_since_commit", "median_delay_s", "p95_delay_s")
                 }
-                | {"next_offset": "max"},
+                | {"next_offset": "max", "recent_events": "sum", "max_delay_s": "max"}
+                | {"last_event_time": "max", "last_ingested_at": "max"},
                 ("topic", "partition"),
             ),
         ),

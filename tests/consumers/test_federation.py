@@ -621,6 +621,34 @@ class TestToolUsesSplitAcrossShards:
         finally:
             self.close(stores, parts)
 
+    def test_every_query_equals_one_store(self, tmp_path: Path) -> None:
+        """With one producer split across the shards and one whole in the first: every named query through
+        serve (its defaults, a page of 1,000 where it pages; chain_segments aside, a shard's own holdings)
+        answers what one store of every event does."""
+        events = registered_then_used("moved", 30)
+        stores, parts = self.deploy(tmp_path, events[:8] + registered_then_used("whole", 6), events[8:])
+        try:
+            con = stores[2].cursor()
+            group = run_query(con, "tool_use_judgements", {}).rows[0]
+            con.close()
+            special: dict[str, dict[str, Any]] = {
+                "call_detail": {"call_id": events[12].call_id},
+                "run_events": {"run_id": events[12].run_id},
+                "inclusion_material": {"event_id": events[12].event_id},
+                "tool_use_rows": {k: v for k, v in group.items() if k in QUERIES["tool_use_rows"].params and v},
+            }
+            for name, query in QUERIES.items():
+                if name == "chain_segments":
+                    continue  # what each shard holds: no single store's answer to compare with
+                params = special.get(name, {"limit": 1000} if "limit" in query.params else {})
+                got, want = self.answers(stores, parts, name, **params)
+                drop = VOLATILE.get(name, set()) | NOW_BOUND
+                assert [{k: v for k, v in r.items() if k not in drop} for r in got] == [
+                    {k: v for k, v in r.items() if k not in drop} for r in want
+                ], name
+        finally:
+            self.close(stores, parts)
+
     def test_an_unregistered_tool_use_still_fails(self, tmp_path: Path) -> None:
         """Among the moved tool uses two of a tool never registered and one whose trail lacks the registered
         interceptor: federated exactly those are unverified, as in one store; coverage exits 1 naming them."""
