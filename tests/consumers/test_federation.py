@@ -1,5 +1,6 @@
 """`callgate serve`'s federation: every named query over three shard stores answers what one store of
-the same events answers; chains stitched across shards; a shard down; tenants kept to their rows.
+the same events answers; chains and tool uses judged per producer across shards (a producer split by a
+handoff); a shard down; tenants kept to their rows.
 
 Real parts only: events from real gates, each shard a DuckDB store filled through `AuditStore.ingest`
 and served by the read API of consumers/api.py, serve's app over them, all over real HTTP.
@@ -376,7 +377,7 @@ class TestDeclarations:
         with pytest.raises(TypeError, match="merge"):
             NamedQuery("q", "d", "SELECT 1", {}, scope="global")  # type: ignore[call-arg]
         with pytest.raises(ValueError, match="merge must be a Merge"):
-            NamedQuery("q", "d", "SELECT 1", {}, scope="global", merge="sum")  # type: ignore[arg-type]
+            NamedQuery("q", "d", "SELECT 1", {}, scope="global", merge="sum")
 
     def test_every_custom_merge_has_its_function(self) -> None:
         """A query declared custom is one serve knows how to merge."""
@@ -431,8 +432,8 @@ def chain(n: int) -> list[EventBase]:
     return sorted(sink.events, key=lambda e: e.seq)
 
 
-class TestChainSplitAcrossShards:
-    """A producer's first seqs in one shard and the rest in another (a partition handed over)."""
+class SplitShards:
+    """Two shards of one event stream (`first` in a, `rest` in b), serve over them, one store of all of it."""
 
     def deploy(self, root: Path, first: list[EventBase], rest: list[EventBase]) -> tuple[list[AuditStore], list[Any]]:
         offsets: dict[int, int] = {}
@@ -445,17 +446,49 @@ class TestChainSplitAcrossShards:
         client = httpx.Client(base_url=serve.url, timeout=30)
         return stores, [client, serve, runner, *servers]
 
-    def federated(self, parts: list[Any], name: str, **params: Any) -> list[dict[str, Any]]:
-        response = parts[0].get(f"/v1/queries/{name}", params={k: _text(v) for k, v in params.items()})
-        assert response.status_code == 200, response.text
-        return list(response.json()["rows"])
-
     def close(self, stores: Any, parts: list[Any]) -> None:
         parts[0].close()
         for part in parts[1:]:
             (part.close if isinstance(part, FederatedRunner) else part.stop)()
         for store in stores:
             store.close()
+
+    def answers(self, stores: list[AuditStore], parts: list[Any], name: str, **params: Any) -> tuple[Any, Any]:
+        """(federated, single store) rows of `name`."""
+        response = parts[0].get(f"/v1/queries/{name}", params={k: _text(v) for k, v in params.items()})
+        assert response.status_code == 200, response.text
+        con = stores[2].cursor()
+        try:
+            return response.json()["rows"], run_query(con, name, params).rows
+        finally:
+            con.close()
+
+    def coverage(self, parts: list[Any]) -> tuple[int, str]:
+        """`callgate coverage --api <serve> --require-exercised`: its exit code and what it printed."""
+        from callgate.coverage import run_coverage
+
+        out = io.StringIO()
+        console = Console(file=out, width=250)
+        code = run_coverage(api=parts[1].url, db=None, require_exercised=True, since=None, junit=None,
+                            json_path=None, console=console, err=console)  # fmt: skip
+        return code, out.getvalue()
+
+    def shard_alone(self, store: AuditStore, name: str) -> list[dict[str, Any]]:
+        """`name`'s rows (defaults) over `store` alone."""
+        con = store.cursor()
+        try:
+            return run_query(con, name, {}).rows
+        finally:
+            con.close()
+
+
+class TestChainSplitAcrossShards(SplitShards):
+    """A producer's first seqs in one shard and the rest in another (a partition handed over)."""
+
+    def federated(self, parts: list[Any], name: str, **params: Any) -> list[dict[str, Any]]:
+        response = parts[0].get(f"/v1/queries/{name}", params={k: _text(v) for k, v in params.items()})
+        assert response.status_code == 200, response.text
+        return list(response.json()["rows"])
 
     def test_no_false_gap(self, tmp_path: Path) -> None:
         """Each shard alone sees a hole (the second even records gaps); federated the chain is whole."""
@@ -554,7 +587,7 @@ SEGMENTS = NamedQuery(
 )
 
 
-class TestToolUsesSplitAcrossShards:
+class TestToolUsesSplitAcrossShards(SplitShards):
     """A producer's ToolsRegistered and first calls in one shard, its later calls in another (a partition
     moved): its tool uses are judged over both, as one store of every event judges them; with the shards'
     chain_segments query and without it."""
@@ -569,38 +602,6 @@ class TestToolUsesSplitAcrossShards:
                 monkeypatch.setitem(QUERIES, "chain_segments", SEGMENTS)
         elif "chain_segments" in QUERIES:
             monkeypatch.delitem(QUERIES, "chain_segments")
-
-    def deploy(self, root: Path, first: list[EventBase], rest: list[EventBase]) -> tuple[list[AuditStore], list[Any]]:
-        return TestChainSplitAcrossShards.deploy(self, root, first, rest)  # type: ignore[arg-type]
-
-    def close(self, stores: Any, parts: list[Any]) -> None:
-        TestChainSplitAcrossShards.close(self, stores, parts)  # type: ignore[arg-type]
-
-    def answers(self, stores: list[AuditStore], parts: list[Any], name: str, **params: Any) -> tuple[Any, Any]:
-        """(federated, single store) rows of `name`."""
-        response = parts[0].get(f"/v1/queries/{name}", params={k: _text(v) for k, v in params.items()})
-        assert response.status_code == 200, response.text
-        con = stores[2].cursor()
-        try:
-            return response.json()["rows"], run_query(con, name, params).rows
-        finally:
-            con.close()
-
-    def coverage(self, parts: list[Any]) -> tuple[int, str]:
-        from callgate.coverage import run_coverage
-
-        out = io.StringIO()
-        console = Console(file=out, width=250)
-        code = run_coverage(api=parts[1].url, db=None, require_exercised=True, since=None, junit=None,
-                            json_path=None, console=console, err=console)  # fmt: skip
-        return code, out.getvalue()
-
-    def shard_alone(self, store: AuditStore, name: str) -> list[dict[str, Any]]:
-        con = store.cursor()
-        try:
-            return run_query(con, name, {}).rows
-        finally:
-            con.close()
 
     def test_coverage_stays_green(self, tmp_path: Path) -> None:
         """Registration in shard a, most calls in shard b: shard b alone reads them chain_not_verified and
@@ -689,6 +690,71 @@ class TestToolUsesSplitAcrossShards:
                 assert got == want, page
             (counts,) = self.answers(stores, parts, "tool_use_verification")[0]
             assert (counts["chain_not_verified"], counts["not_registered"]) == (24 - 1, 1)
+            code, output = self.coverage(parts)
+            assert code == 1, output
+        finally:
+            self.close(stores, parts)
+
+
+class TestAfterARealHandoff(SplitShards):
+    """Shard b took the producer's partition at an offset (its tenure recorded, consumers.shards), so it
+    records no gap for what came before; serve stitches by the shards' own chain_segments SQL."""
+
+    @pytest.fixture(autouse=True)
+    def segments(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The shards' chain_segments query (consumers.shards.CHAIN_SEGMENTS_SQL), if not a named query yet."""
+        from consumers import shards
+
+        if "chain_segments" not in QUERIES:
+            monkeypatch.setitem(QUERIES, "chain_segments", dataclasses.replace(SEGMENTS, sql=shards.CHAIN_SEGMENTS_SQL))
+
+    def deploy(self, root: Path, first: list[EventBase], rest: list[EventBase]) -> tuple[list[AuditStore], list[Any]]:
+        from consumers import shards
+
+        offsets: dict[int, int] = {}
+        a, b = records(first, offsets=offsets), records(rest, offsets=offsets)
+        stores = [AuditStore(root / n) for n in ("a.duckdb", "b.duckdb", "single.duckdb")]
+        stores[0].ingest(a, {(r.topic, r.partition): r.offset + 1 for r in a})
+        start = b[0].offset
+        stores[1].transaction(
+            lambda con: shards.record_own_tenure(con, tenure_id="t-b", topic=TOPIC, partition=b[0].partition,
+                                                 owner="shard-b", start_offset=start, stored_before=None)
+        )  # fmt: skip
+        stores[1].ingest(b, {(r.topic, r.partition): r.offset + 1 for r in b})
+        stores[2].ingest(a + b, {(r.topic, r.partition): r.offset + 1 for r in a + b})
+        for store in stores:
+            store.close_open_gaps()
+        servers = [serve_store(s) for s in stores[:2]]
+        serve, runner = serve_federation([s.url for s in servers])
+        return stores, [httpx.Client(base_url=serve.url, timeout=30), serve, runner, *servers]
+
+    def test_the_split_producer_is_whole_and_verified(self, tmp_path: Path) -> None:
+        """No gap recorded anywhere; chain_status, coverage_summary and the tool-use judgements equal one
+        store's; coverage exits 0."""
+        events = registered_then_used("moved", 20)
+        stores, parts = self.deploy(tmp_path, events[:6], events[6:])
+        try:
+            assert [s.counts().chain_breaks.get("gap", 0) for s in stores] == [0, 0, 0]
+            for name in ("chain_status", "chain_breaks", *TestToolUsesSplitAcrossShards.JUDGING):
+                got, want = self.answers(stores, parts, name)
+                assert got == want, name
+            code, output = self.coverage(parts)
+            assert code == 0, output
+        finally:
+            self.close(stores, parts)
+
+    def test_a_seq_lost_after_the_handoff_fails(self, tmp_path: Path) -> None:
+        """A seq missing among what shard b read itself: a gap, the producer broken, every tool use
+        chain_not_verified, as in one store; coverage exits 1."""
+        events = registered_then_used("moved", 20)
+        lost = events[10]
+        stores, parts = self.deploy(tmp_path, events[:6], [e for e in events[6:] if e is not lost])
+        try:
+            for name in ("chain_status", *TestToolUsesSplitAcrossShards.JUDGING):
+                got, want = self.answers(stores, parts, name)
+                assert got == want, name
+            (counts,) = self.answers(stores, parts, "tool_use_verification")[0]
+            assert counts["chain_not_verified"] == counts["tool_uses"] == 19
             code, output = self.coverage(parts)
             assert code == 1, output
         finally:
