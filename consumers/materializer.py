@@ -733,7 +733,9 @@ class Materializer:
 
     # -- a sharded store (group mode; consumers.shards) --------------------------------------------
 
-    async def _take(self, consumer: Any, tp: Any, start: int, stored_before: int | None) -> None:
+    async def _take(
+        self, consumer: Any, tp: Any, start: int, stored_before: int | None, group_offset: int | None
+    ) -> None:
         """Record the tenure starting at `start` and announce it on the handoff log."""
         tenure_id = uuid.uuid4().hex
         await self._store_call(
@@ -745,11 +747,20 @@ class Materializer:
                 owner=self.store_id,
                 start_offset=start,
                 stored_before=stored_before,
+                group_offset=group_offset,
             )
         )
         log.info("took %s at offset %d (this store had %s)", tp, start, stored_before)
         await self._announce(
-            shards.Notice("take", tp.topic, tp.partition, self.store_id, tenure_id=tenure_id, start_offset=start)
+            shards.Notice(
+                "take",
+                tp.topic,
+                tp.partition,
+                self.store_id,
+                tenure_id=tenure_id,
+                start_offset=start,
+                group_offset=group_offset,
+            )
         )
 
     async def _announce(self, notice: shards.Notice) -> None:
@@ -886,7 +897,7 @@ async def seek_to_store(
                 start = max(start, group_at or 0)
         if handoff:
             try:
-                await materializer._take(consumer, tp, start, own if own > 0 else None)
+                await materializer._take(consumer, tp, start, own if own > 0 else None, group_at)
             except Exception as exc:  # never leave the partition unread for its bookkeeping
                 log.warning("could not record the tenure of %s at %d: %r", tp, start, exc)
         # No await between the seek and joining _positioned: the loop may fetch meanwhile, and a record

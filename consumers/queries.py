@@ -25,6 +25,7 @@ from uuid import UUID
 import duckdb
 
 from consumers.archive import ARCHIVE_PARAM, with_archive
+from consumers.shards import CHAIN_SEGMENTS_SQL
 from events.models import EVENT_TYPES, OUTCOME_TYPES
 
 __all__ = [
@@ -2150,6 +2151,19 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             },
             scope="global",
             merge=page("-time", "event_id"),
+        ),
+        # -- a sharded store (consumers.shards)
+        _query(
+            "chain_segments",
+            "Per producer, the runs of its chain this store holds (a sharded store: a new segment starts where "
+            "the events before it are held by another shard): segment, first_seq and its first_prev_hash, "
+            "last_seq and its last_hash, events, holes ([first, last] seqs missing inside the segment: gaps of "
+            "this store), partition, first_offset, last_offset. Across shards, segments sorted by first_seq "
+            "must link from seq 1 (first_seq = previous last_seq + 1, first_prev_hash = previous last_hash).",
+            CHAIN_SEGMENTS_SQL,
+            {"producer_id": Param("str", "Only this producer (gate instance)."), **PAGE},
+            scope="global",
+            merge=page("producer_id", "first_seq"),
         ),
     ]
 )

@@ -59,6 +59,7 @@ CREATE_SHARD_TABLES: Final = (
         own BOOLEAN NOT NULL,  -- this store's tenure, or a peer's learnt from the handoff log
         start_offset BIGINT NOT NULL,  -- the first offset read in the tenure
         stored_before BIGINT,  -- own tenures: this store's next offset when it took the partition (NULL: none)
+        group_offset BIGINT,  -- the group's committed offset when it began: the previous tenure stored up to there
         notice_offset BIGINT,  -- the take's position in the handoff log (orders tenures); NULL: not announced yet
         started_at TIMESTAMPTZ NOT NULL,
         confirmed_at TIMESTAMPTZ,  -- own tenures: when the previous owner was known to keep no copy of what it reads
@@ -109,6 +110,7 @@ class Notice:
     next_offset: int | None = None
     resolves: str | None = None
     removed: int | None = None
+    group_offset: int | None = None
     notice_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def encode(self) -> bytes:
@@ -132,6 +134,7 @@ class Notice:
                 next_offset=_int_or_none(body.get("next_offset")),
                 resolves=body.get("resolves"),
                 removed=_int_or_none(body.get("removed")),
+                group_offset=_int_or_none(body.get("group_offset")),
                 notice_id=str(body.get("notice_id") or uuid.uuid4().hex),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -179,11 +182,12 @@ def record_own_tenure(
     owner: str,
     start_offset: int,
     stored_before: int | None,
+    group_offset: int | None = None,
 ) -> None:
     """Record a tenure this store starts; the offsets before it that it never read are elsewhere."""
     con.execute(
         "INSERT INTO partition_tenures (tenure_id, topic, partition, owner, own, start_offset, stored_before, "
-        "started_at) VALUES ($id, $topic, $partition, $owner, true, $start, $before, now())",
+        "group_offset, started_at) VALUES ($id, $topic, $partition, $owner, true, $start, $before, $group, now())",
         {
             "id": tenure_id,
             "topic": topic,
@@ -191,6 +195,7 @@ def record_own_tenure(
             "owner": owner,
             "start": start_offset,
             "before": stored_before,
+            "group": group_offset,
         },
     )
     unread_from = stored_before or 0
@@ -228,7 +233,8 @@ def learn_notices(con: duckdb.DuckDBPyConnection, notices: Iterable[tuple[int, N
         if notice.kind == "take" and notice.tenure_id is not None and notice.start_offset is not None:
             con.execute(
                 "INSERT INTO partition_tenures (tenure_id, topic, partition, owner, own, start_offset, "
-                "notice_offset, started_at) VALUES ($id, $topic, $partition, $owner, false, $start, $pos, now()) "
+                "group_offset, notice_offset, started_at) "
+                "VALUES ($id, $topic, $partition, $owner, false, $start, $group, $pos, now()) "
                 "ON CONFLICT (tenure_id) DO UPDATE SET notice_offset = excluded.notice_offset",
                 {
                     "id": notice.tenure_id,
@@ -236,6 +242,7 @@ def learn_notices(con: duckdb.DuckDBPyConnection, notices: Iterable[tuple[int, N
                     "partition": notice.partition,
                     "owner": notice.owner,
                     "start": notice.start_offset,
+                    "group": notice.group_offset,
                     "pos": position,
                 },
             )
@@ -302,12 +309,17 @@ def confirm_takes(con: duckdb.DuckDBPyConnection, owner: str) -> int:
 
 
 # Peers' takes announced after one of this store's tenures of the same partition, not resolved yet,
-# each with where the next own tenure after it starts (NULL: none).
+# each with where the next own tenure after it starts (NULL: none) and how far the take is known to
+# have stored: the group's committed offset when the next tenure of anyone began (NULL: it is the
+# latest; its progress is the committed offset now). The start of that next tenure would not do: a
+# store taking a partition back starts at its own offset, above what the take ever read.
 _TAKES_TO_RESOLVE = """
 SELECT x.tenure_id, x.topic, x.partition, x.start_offset,
        (SELECT min(o.start_offset) FROM partition_tenures o
         WHERE o.own AND o.topic = x.topic AND o.partition = x.partition
-          AND (o.notice_offset IS NULL OR o.notice_offset > x.notice_offset)) AS next_own_start
+          AND (o.notice_offset IS NULL OR o.notice_offset > x.notice_offset)) AS next_own_start,
+       (SELECT arg_min(coalesce(n.group_offset, x.start_offset), n.notice_offset) FROM partition_tenures n
+        WHERE n.topic = x.topic AND n.partition = x.partition AND n.notice_offset > x.notice_offset) AS stored_to
 FROM partition_tenures x
 WHERE NOT x.own AND x.notice_offset IS NOT NULL AND x.topic = $topic
   AND EXISTS (SELECT 1 FROM partition_tenures o WHERE o.own AND o.topic = x.topic AND o.partition = x.partition
@@ -337,10 +349,14 @@ def resolve_overlaps(
     `committed` offsets (partition -> offset) show them stored by that peer; record the range as ceded.
     Returns the takes fully resolved (no copy left in their range), to announce."""
     done: list[Resolution] = []
-    for tenure_id, _, partition, start, next_own in con.execute(
+    for tenure_id, _, partition, start, next_own, stored_to in con.execute(
         _TAKES_TO_RESOLVE, {"topic": topic, "owner": owner}
     ).fetchall():
-        end = next_own  # what a later own tenure read is this store's again
+        # What the take read again and stored: up to the committed offset while it is the latest
+        # tenure, up to the group's offset when the next one began otherwise; a later own tenure's
+        # records are this store's again.
+        ends = [e for e in (next_own, stored_to) if e is not None]
+        end = min(ends) if ends else None
         bound = committed.get(partition)
         if bound is None:
             continue

@@ -153,3 +153,33 @@ class TestOverlapResolution:
             store.transaction(lambda con: shards.learn_notices(con, [(2, resolved)]))
             assert store.transaction(lambda con: shards.confirm_takes(con, "new")) == 1
             assert store.transaction(shards.unconfirmed_takes) == []
+
+    def test_records_a_later_tenure_never_read_stay(self, tmp_path: Path) -> None:
+        """The old owner stored offsets 0..9 and died before committing past 2; a peer took the partition at 2
+        and stored up to 5 only; the old owner took it back at 10 (the group at 5). It gives up 2..4, which the
+        peer holds, keeps 5..9, which nobody else read, and reports the take resolved."""
+        events = chain(10)
+        with AuditStore(tmp_path / "old.duckdb") as store:
+            first = take(store, 0, None)
+            store.transaction(lambda con: shards.set_notice_offset(con, first, 0))
+            ingest(store, events, 0)
+            peer_take = shards.Notice("take", TOPIC, 0, "peer", tenure_id="t-peer", start_offset=2, group_offset=2)
+            store.transaction(lambda con: shards.learn_notices(con, [(1, peer_take)]))
+
+            def take_back(con: duckdb.DuckDBPyConnection) -> None:
+                shards.record_own_tenure(
+                    con, tenure_id="t-back", topic=TOPIC, partition=0, owner="me", start_offset=10,
+                    stored_before=10, group_offset=5,
+                )  # fmt: skip
+                shards.set_notice_offset(con, "t-back", 2)
+
+            store.transaction(take_back)
+            # The group's committed offset is this store's own progress by now.
+            done = store.transaction(lambda con: shards.resolve_overlaps(con, TOPIC, "me", {0: 14}))
+            assert done == [shards.Resolution("t-peer", 0, 3)]
+            con = store.cursor()
+            try:
+                kept = con.execute("SELECT kafka_offset FROM events ORDER BY 1").fetchall()
+            finally:
+                con.close()
+            assert [o for (o,) in kept] == [0, 1, 5, 6, 7, 8, 9]
