@@ -301,7 +301,7 @@ def materialize(
     ] = "all",
     instance_id: Annotated[
         str | None,
-        typer.Option(help="Static group member id with --assignment group (default: derived from host and --db)."),
+        typer.Option(help="Static group member id with --assignment group (none by default: a dynamic member)."),
     ] = None,
     unread_grace: Annotated[
         float,
