@@ -468,6 +468,31 @@ class _Call:
         best = next((rows for rows in found if any(r.get("part") == "checkpoint" for r in rows)), found[0])
         return columns, self.cut(best)
 
+    def prefix_without(
+        self, name: str, params: Mapping[str, Any], n: float, producers: set[str]
+    ) -> tuple[list[str], list[list[Row]]]:
+        """Each shard's first `n` rows of query `name` whose `producer_id` is not among `producers` (paged
+        on past the rows of those), in parallel; the columns and each shard's rows."""
+        query = QUERIES[name]
+        size = int(query.params["limit"].maximum or _PAGE_CAP)
+        asked = self.with_archive(params)
+
+        def kept(shard: Shard) -> tuple[list[str], list[Row]]:
+            columns: list[str] = []
+            read = 0
+            rows: list[Row] = []
+            while True:
+                data = self.runner.ask(shard, name, {**asked, "limit": size, "offset": read})
+                columns = list(data["columns"]) or columns
+                page = list(data["rows"])
+                read += len(page)
+                rows.extend(r for r in page if r.get("producer_id") not in producers)
+                if len(page) < size or len(rows) >= n:
+                    return columns, rows[: int(n)] if n != math.inf else rows
+
+        answers = self.runner.each(kept)
+        return next((c for c, _ in answers if c), []), [rows for _, rows in answers]
+
     def gather(self, name: str, params: Mapping[str, Any], n: float = math.inf) -> tuple[list[str], list[list[Row]]]:
         """`FederatedRunner.gather` with this call's archive choice."""
         return self.runner.gather(name, self.with_archive(params), n)
@@ -1191,10 +1216,11 @@ def _overview_counts(call: _Call) -> tuple[list[str], list[Row]]:
 
 
 def _tool_use_judgements(call: _Call) -> tuple[list[str], list[Row]]:
-    columns, per_shard = call.gather("tool_use_judgements", call.fan)
     chains = _Chains(call, call.bound.get("producer_id"))
     split = set(chains.split)
-    rows = [r for shard_rows in per_shard for r in shard_rows if r["producer_id"] not in split]
+    # Ordered by its keys: each shard's first offset + limit rows of the producers it holds whole suffice.
+    columns, per_shard = call.prefix_without("tool_use_judgements", call.fan, call.wanted, split)
+    rows = [r for shard_rows in per_shard for r in shard_rows]
     if split:
         uses = _SplitUses(call, chains, call.bound.get("since"), call.bound.get("until"))
         rows += [{c: r[c] for c in columns} for r in uses.judged]
@@ -1222,28 +1248,9 @@ def _unverified_tool_uses(call: _Call) -> tuple[list[str], list[Row]]:
     if not chains.split:
         return call.page()
     split = set(chains.split)
-    name, n = "unverified_tool_uses", call.wanted
-    query = QUERIES[name]
-    params = call.with_archive(call.fan)
-
-    def others(shard: Shard) -> tuple[list[str], list[Row]]:
-        # The shard's first n rows of the producers it holds whole: its rows of split producers are judged anew.
-        size = int(query.params["limit"].maximum or _PAGE_CAP)
-        columns: list[str] = []
-        rows: list[Row] = []
-        while True:
-            data = call.runner.ask(shard, name, {**params, "limit": size, "offset": len(rows)})
-            columns = list(data["columns"]) or columns
-            page = list(data["rows"])
-            rows.extend(page)
-            kept = [r for r in rows if r["producer_id"] not in split]
-            if len(page) < size or len(kept) >= n:
-                return columns, kept[: int(n)] if n != math.inf else kept
-
-    answers = call.runner.each(others)
-    columns = next((c for c, _ in answers if c), [])
+    columns, per_shard = call.prefix_without("unverified_tool_uses", call.fan, call.wanted, split)
     uses = _SplitUses(call, chains, call.bound.get("since"), call.bound.get("until"))
-    rows = [r for _, shard_rows in answers for r in shard_rows] + uses.rows(call.bound.get("problem"), n)
+    rows = [r for shard_rows in per_shard for r in shard_rows] + uses.rows(call.bound.get("problem"), call.wanted)
     return columns, call.cut(sort_rows([{c: r.get(c) for c in columns} for r in rows], ("-time", "event_id")))
 
 
