@@ -761,6 +761,41 @@ class TestAfterARealHandoff(SplitShards):
             self.close(stores, parts)
 
 
+class TestALinkAcrossShardsThatDoesNotHold:
+    """Shard b's first event names another prev_hash than the hash of shard a's last (a forged
+    continuation): only chain_segments can see it, and it fails the tool uses as one store's tamper does."""
+
+    def test_every_tool_use_of_the_producer_is_chain_not_verified(self, tmp_path: Path) -> None:
+        """chain_status counts the link as tampering; every tool use of the producer, shard a's too, is
+        chain_not_verified, as in one store; coverage exits 1."""
+        assert "chain_segments" in QUERIES
+        ok = ("delete_file", ["policy"])
+        first = forged_uses([ok, ok])
+        forger = Producer(first[0].producer_id)
+        forger._seq, forger._prev = len(first), "f" * 64  # a chain that goes on from a hash never written
+        step = {"interceptor": "policy", "scope": "application", "kind": "allow", "duration_ms": 0.01}
+        body = {"gate": "files", "agent": "desk", "tool": "delete_file", "outcome": "ok", "duration_ms": 1.0}
+        rest = [
+            forger.seal(ToolUseEvent, {**body, "time": datetime.now(UTC), "call_id": f"forged-b-{i}",
+                                       "event_id": new_event_id(), "decisions": [step]})
+            for i in range(3)
+        ]  # fmt: skip
+        split = SplitShards()
+        stores, parts = split.deploy(tmp_path, first, rest)
+        try:
+            (status,) = split.answers(stores, parts, "chain_status")[0]
+            assert (status["tampered"], status["ok"]) == (1, False)
+            for name in ("tool_use_verification", "unverified_tool_uses", "tool_use_judgements"):
+                got, want = split.answers(stores, parts, name)
+                assert got == want, name
+            (counts,) = split.answers(stores, parts, "tool_use_verification")[0]
+            assert counts["chain_not_verified"] == counts["tool_uses"] == 5
+            code, output = split.coverage(parts)
+            assert code == 1, output
+        finally:
+            split.close(stores, parts)
+
+
 class TestChainSegments:
     """Stitching by the shards' chain_segments (first seq and prev_hash, last seq and hash, holes)."""
 
