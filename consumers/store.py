@@ -729,13 +729,17 @@ WHERE kafka_offsets.next_offset <> excluded.next_offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 # A gap closes when its event arrives.
-# A loss report (events.loss) is a gap its sink saw: recorded at once, no grace, unless stored.
-_INSERT_REPORTED_GAP = """
+# A loss report (events.loss) is a gap its sink saw: recorded at once, no grace, at the first seq
+# of its range that is not stored (nothing when all are: they reached Kafka after all). The range
+# is read at most MAX_GAP_ROWS_PER_HOLE seqs deep, as a hole is.
+_INSERT_REPORTED_GAP = f"""
 INSERT INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
-SELECT $producer_id, $seq, 'gap', $detail, NULL, $evidence::JSON, now()
-WHERE NOT EXISTS (SELECT 1 FROM events WHERE producer_id = $producer_id AND seq = $seq)
+SELECT $producer_id, min(r.seq), 'gap', $detail, NULL, $evidence::JSON, now()
+FROM range($first_seq, least($last_seq, $first_seq + {MAX_GAP_ROWS_PER_HOLE - 1}) + 1) AS r(seq)
+WHERE NOT EXISTS (SELECT 1 FROM events WHERE producer_id = $producer_id AND seq = r.seq)
+HAVING min(r.seq) IS NOT NULL
 ON CONFLICT (producer_id, seq, kind) DO NOTHING
-"""
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 _QUEUE_CHECKPOINTS = """
 INSERT OR IGNORE INTO checkpoint_pending
@@ -1093,13 +1097,14 @@ class AuditStore:
                 con.execute(_DELETE_FILLED_GAPS)
                 reported = 0
                 for report in losses:
-                    # A gap at the first lost seq, unless that event is stored after all.
+                    # A gap at the first reported seq that is not stored, if any.
                     reported += _count(
                         con.execute(
                             _INSERT_REPORTED_GAP,
                             {
                                 "producer_id": report.producer_id,
-                                "seq": report.first_seq,
+                                "first_seq": report.first_seq,
+                                "last_seq": report.last_seq,
                                 "detail": report.detail(),
                                 "evidence": encode_loss_report(report).decode(),
                             },

@@ -617,8 +617,16 @@ class TestLossReports:
         assert "seqs 5..7 lost before reaching the spool" in detail
         assert json.loads(evidence)["last_seq"] == 7
 
+    def test_a_report_whose_first_seqs_arrived_is_a_gap_at_the_first_missing_one(self, store: AuditStore) -> None:
+        """Reported seqs 2..n+2 of a chain whose 1..n are stored: the loss is seq n+1, recorded at once."""
+        events = gate_events(3)
+        producer, n = events[0].producer_id, len(events)
+        result = store.ingest(batch := [*records(events), self.report(producer, 2, n + 2)], next_offsets(batch))
+        assert result.chain_breaks_by_kind == {"gap": 1}
+        assert breaks(store) == [(producer, n + 1, "gap")]
+
     def test_a_repeated_report_or_one_for_a_stored_event_adds_nothing(self, store: AuditStore) -> None:
-        """The same report again is a duplicate; a report whose first seq is stored records nothing."""
+        """The same report again is a duplicate; a report whose seqs are all stored records nothing."""
         events = gate_events(3)
         producer = events[0].producer_id
         ingest(store, [*records(events), self.report(producer, 5, 5)])
