@@ -239,6 +239,30 @@ TokenOption = Annotated[
     ),
 ]
 
+# The read API's authentication and TLS options, the same on `materialize` and `serve`.
+AuthFileOption = Annotated[
+    Path | None,
+    typer.Option(help="The read API's token file (callgate token new): bearer tokens, stored as SHA-256 hashes."),
+]
+JwksOption = Annotated[
+    str | None,
+    typer.Option(help="Accept OIDC bearer tokens (JWTs) signed by a key of this JWKS file or http(s) URL."),
+]
+JwtAudienceOption = Annotated[str | None, typer.Option(help="With --jwt-jwks: the audience tokens must name.")]
+JwtIssuerOption = Annotated[str | None, typer.Option(help="With --jwt-jwks: the issuer tokens must come from.")]
+JwtRolesClaimOption = Annotated[
+    str, typer.Option(help="With --jwt-jwks: the claim holding the roles (a dotted path reaches nested ones).")
+]
+TlsCertOption = Annotated[Path | None, typer.Option(help="Serve the read API over HTTPS: the certificate (PEM).")]
+TlsKeyOption = Annotated[Path | None, typer.Option(help="With --tls-cert: its private key (PEM).")]
+InsecureNoAuthOption = Annotated[
+    bool,
+    typer.Option(help="Allow a non-loopback --api without authentication (anyone reaching it reads everything)."),
+]
+MetricsOpenOption = Annotated[
+    bool, typer.Option(help="Serve /metrics without a token (else it needs an admin token when auth is on).")
+]
+
 
 def _host_port(spec: str) -> tuple[str, int]:
     host, _, port = spec.rpartition(":")
@@ -259,29 +283,16 @@ def materialize(
             help="Serve the read API on HOST:PORT (off loopback only with --auth, --jwt-* or --insecure-no-auth)."
         ),
     ] = None,
-    auth: Annotated[
-        Path | None,
-        typer.Option(help="The read API's token file (callgate token new): bearer tokens, stored as SHA-256 hashes."),
-    ] = None,
-    jwt_jwks: Annotated[
-        str | None,
-        typer.Option(help="Accept OIDC bearer tokens (JWTs) signed by a key of this JWKS file or http(s) URL."),
-    ] = None,
-    jwt_audience: Annotated[str | None, typer.Option(help="With --jwt-jwks: the audience tokens must name.")] = None,
-    jwt_issuer: Annotated[str | None, typer.Option(help="With --jwt-jwks: the issuer tokens must come from.")] = None,
-    jwt_roles_claim: Annotated[
-        str, typer.Option(help="With --jwt-jwks: the claim holding the roles (a dotted path reaches nested ones).")
-    ] = "roles",
-    tls_cert: Annotated[Path | None, typer.Option(help="Serve the read API over HTTPS: the certificate (PEM).")] = None,
-    tls_key: Annotated[Path | None, typer.Option(help="With --tls-cert: its private key (PEM).")] = None,
-    insecure_no_auth: Annotated[
-        bool,
-        typer.Option(help="Allow a non-loopback --api without authentication (anyone reaching it reads everything)."),
-    ] = False,
+    auth: AuthFileOption = None,
+    jwt_jwks: JwksOption = None,
+    jwt_audience: JwtAudienceOption = None,
+    jwt_issuer: JwtIssuerOption = None,
+    jwt_roles_claim: JwtRolesClaimOption = "roles",
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    insecure_no_auth: InsecureNoAuthOption = False,
     allow_remote: Annotated[bool, typer.Option(hidden=True, help="Old name of --insecure-no-auth.")] = False,
-    metrics_open: Annotated[
-        bool, typer.Option(help="Serve /metrics without a token (else it needs an admin token when auth is on).")
-    ] = False,
+    metrics_open: MetricsOpenOption = False,
     drain: Annotated[bool, typer.Option(help="Read to the end offsets as of the start, commit and exit.")] = False,
     gap_grace: Annotated[
         float, typer.Option(help="Seconds a chain gap may stay open before it is recorded (continuous runs).")
@@ -522,28 +533,15 @@ def serve(
     shard_timeout: Annotated[
         float, typer.Option(min=0.1, help="Seconds a shard has to answer before the query fails with 503.")
     ] = 30.0,
-    auth: Annotated[
-        Path | None,
-        typer.Option(help="The read API's token file (callgate token new): bearer tokens, stored as SHA-256 hashes."),
-    ] = None,
-    jwt_jwks: Annotated[
-        str | None,
-        typer.Option(help="Accept OIDC bearer tokens (JWTs) signed by a key of this JWKS file or http(s) URL."),
-    ] = None,
-    jwt_audience: Annotated[str | None, typer.Option(help="With --jwt-jwks: the audience tokens must name.")] = None,
-    jwt_issuer: Annotated[str | None, typer.Option(help="With --jwt-jwks: the issuer tokens must come from.")] = None,
-    jwt_roles_claim: Annotated[
-        str, typer.Option(help="With --jwt-jwks: the claim holding the roles (a dotted path reaches nested ones).")
-    ] = "roles",
-    tls_cert: Annotated[Path | None, typer.Option(help="Serve the read API over HTTPS: the certificate (PEM).")] = None,
-    tls_key: Annotated[Path | None, typer.Option(help="With --tls-cert: its private key (PEM).")] = None,
-    insecure_no_auth: Annotated[
-        bool,
-        typer.Option(help="Allow a non-loopback --api without authentication (anyone reaching it reads everything)."),
-    ] = False,
-    metrics_open: Annotated[
-        bool, typer.Option(help="Serve /metrics without a token (else it needs an admin token when auth is on).")
-    ] = False,
+    auth: AuthFileOption = None,
+    jwt_jwks: JwksOption = None,
+    jwt_audience: JwtAudienceOption = None,
+    jwt_issuer: JwtIssuerOption = None,
+    jwt_roles_claim: JwtRolesClaimOption = "roles",
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    insecure_no_auth: InsecureNoAuthOption = False,
+    metrics_open: MetricsOpenOption = False,
     access_log: Annotated[
         Path | None, typer.Option(help="Append who asked serve which query to this file (JSON lines, fsynced).")
     ] = None,
