@@ -24,13 +24,12 @@ Needs `openai-agents` (the `openai-agents` extra); importing `interceptor_core` 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import dataclasses
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, assert_never
 
 import mcp_types as types
@@ -50,10 +49,10 @@ from agents.util._approvals import evaluate_needs_approval_setting
 from pydantic import ValidationError
 
 from interceptor_core.approvals import Approval
-from interceptor_core.context import RunContext, ToolCall, ToolContext
-from interceptor_core.decisions import Allow, PolicyDecision, RequireApproval, Rewrite
+from interceptor_core.context import RunContext, ToolContext
 from interceptor_core.exceptions import ToolApprovalRequiredError, ToolBlockedError
 from interceptor_core.gate import AgentScope, Gate, Workflow
+from interceptor_core.integrations._approval_probe import approval_asked
 from interceptor_core.integrations._schema import SchemaArgs, schema_model, schema_tool
 from interceptor_core.integrations.mcp import McpToolError, error_text, result_from_gate
 from interceptor_core.tools import Tool
@@ -288,7 +287,7 @@ def _needs_approval(
             return False
         context = run_ctx.context
         run = context if isinstance(context, RunContext) else default_run
-        if not await _chain_requires_approval(scope, name, params, run, call_id):
+        if await approval_asked(scope, name, params, run, call_id) is None:
             return False
         token = _in_flight.set(_InFlight(None))  # the body must not run now, whatever the chain says
         try:
@@ -300,49 +299,6 @@ def _needs_approval(
         return False  # the chain changed its mind; the call itself decides again
 
     return needs_approval
-
-
-async def _chain_requires_approval(
-    scope: AgentScope, name: str, params: Mapping[str, Any], run: RunContext, call_id: str
-) -> bool:
-    """Whether the chain would ask for approval of this call: its before-interceptors run on the
-    arguments (rewrites applied; a call id is counted once by rate limits) and nothing is recorded.
-    Any other end (a denial, a substitute, a block, a failing interceptor) is False: the call then
-    ends that way when it is made."""
-    if name not in scope.tools:
-        return False
-    compiled = scope._chain(name)
-    tool = compiled.tool
-    model = tool.input_model
-    try:
-        call = ToolCall(tool, model.model_validate(params), run, call_id, compiled.path)
-    except ValidationError:
-        return False
-    asked = False
-    timeout = scope.gate.interceptor_timeout_s
-    for bound in compiled.before:
-        if bound.shadow or bound.before is None:
-            continue
-        try:
-            decision = bound.before(call)
-            if inspect.isawaitable(decision):
-                async with asyncio.timeout(timeout):
-                    decision = await decision
-            if type(decision) is PolicyDecision:
-                if decision.args is not None:
-                    args = decision.args
-                    call._replace_args(args if isinstance(args, model) else model.model_validate(args))
-                decision = decision.decision
-            if type(decision) is Rewrite:
-                new = decision.args
-                call._replace_args(new if isinstance(new, model) else model.model_validate(new))
-        except Exception:
-            return False
-        if type(decision) is RequireApproval:
-            asked = True
-        elif decision is not None and type(decision) not in (Allow, Rewrite):
-            return False
-    return asked
 
 
 # -- MCP servers ----------------------------------------------------------------------------------
