@@ -109,6 +109,15 @@ _DUCKDB_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
     "max_vacuum_tasks": 0,
 }
 
+# A writable store's row groups hold this many rows, the materializer's batch (`batch_max`): a
+# transaction that appends a whole row group writes it straight to the file, compressed, and its
+# commit logs only where (DuckDB's optimistic write), instead of every row to the WAL and then again
+# at the next checkpoint. A 200,000-event ingest in batches of this size measured 1.3 to 1.5 times the
+# rate of DuckDB's default row groups (122,880 rows), whose batches all went through the WAL. Smaller
+# batches (a quiet topic) take the WAL as before. DuckDB keeps the size for the session only: every
+# writable open attaches the file with it.
+ROW_GROUP_ROWS: Final = 10_240
+
 # Every timestamp is UTC; without this, TIMESTAMPTZ buckets and results follow the host's zone.
 _SESSION_SETUP: Final = "SET TimeZone = 'UTC'"
 
@@ -146,25 +155,55 @@ _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<process>.+?) \(PID (
 def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open a DuckDB file the way every store connection is opened: no extension downloads, UTC.
 
+    A writable open attaches the file with row groups of `ROW_GROUP_ROWS` (see there) as the
+    connection's database; its cursors must run `session_setup(con)`'s statement, as `AuditStore`'s do.
+
     Raises `StoreLockedError` when another process holds the file (the message names it and the
-    holder), and DuckDB's own errors for anything else. Blocks only for the open itself.
+    holder), or when this process already holds it; DuckDB's own errors for anything else. Blocks
+    only for the open itself.
     """
     name = str(Path(path))
     try:
-        con = duckdb.connect(name, read_only=read_only, config=_DUCKDB_CONFIG)
+        if read_only:
+            con = duckdb.connect(name, read_only=True, config=_DUCKDB_CONFIG)
+        else:
+            con = duckdb.connect(":memory:", config=_DUCKDB_CONFIG)
+            try:
+                con.execute(f"ATTACH {_quoted_text(name)} AS {_alias(name)} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+                con.execute(f"USE {_alias(name)}")
+            except BaseException:
+                con.close()
+                raise
     except duckdb.IOException as exc:
         found = _LOCK_HOLDER.search(str(exc))
         if found is None:
             raise
         raise StoreLockedError(name, int(found["pid"]), found["process"]) from exc
-    except duckdb.ConnectionException as exc:
-        # Within one process DuckDB shares one instance per file; a second open with other options
-        # (read-only beside a writer) is refused the same way another process would be.
-        if "different configuration" not in str(exc):
+    except (duckdb.ConnectionException, duckdb.ResourceInUseException) as exc:
+        # Within one process a file is open once: DuckDB refuses a second open with other options
+        # (read-only beside a writer), or any open beside a writer's attached file, as another
+        # process would be refused.
+        if "different configuration" not in str(exc) and "already attached" not in str(exc):
             raise
         raise StoreLockedError(name, os.getpid(), "this process, opened with other options") from exc
     con.execute(_SESSION_SETUP)
     return con
+
+
+def session_setup(con: duckdb.DuckDBPyConnection) -> str:
+    """The statement a cursor of a store's connection runs first: UTC, and the connection's database
+    (a cursor of a writable open starts in DuckDB's `memory`, not in the attached file)."""
+    (database,) = con.execute("SELECT current_database()").fetchone() or ("memory",)
+    return f'{_SESSION_SETUP}; USE "{str(database).replace(chr(34), chr(34) * 2)}"'
+
+
+def _alias(path: str) -> str:
+    """The database name DuckDB gives a file it opens itself: its stem, quoted as an identifier."""
+    return '"' + Path(path).stem.replace('"', '""') + '"'
+
+
+def _quoted_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 # -- values -------------------------------------------------------------------------------------
@@ -914,8 +953,9 @@ class AuditStore:
         # so opening a reader never waits for an ingest holding the writer.
         self._root = connect(self.path, read_only=read_only)
         try:
+            self._setup = session_setup(self._root)
             self._con = self._root.cursor()
-            self._con.execute(_SESSION_SETUP)
+            self._con.execute(self._setup)
             self._migrate()
         except BaseException:
             self._root.close()
@@ -941,7 +981,7 @@ class AuditStore:
         and is closed by `close()`. Raises DuckDB's `ConnectionException` after `close()`."""
         with self._cursor_lock:
             con = self._root.cursor()
-        con.execute(_SESSION_SETUP)
+        con.execute(self._setup)
         return con
 
     def schema_version(self) -> int:
@@ -1474,7 +1514,7 @@ def _event_row(read: ReadEvent | WireRead, ord_: int, topic: str, partition: int
         # The enforced steps only (`enforced` is False on shadow steps, None on calls without any).
         [step.interceptor for step in event.decisions if step.enforced is not False],
         *shadow,
-        read.normalized if fast else None,
+        read.wire if fast else None,
     )
 
 
@@ -1482,7 +1522,18 @@ def _events_table(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
     """The staged events' Arrow table from rows made by `_event_row` (one transposition, column by
     column: no per-row dict)."""
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in _STAGED_EVENT_SCHEMA]
+    *plain, wires = columns
     return pa.Table.from_arrays(
-        [pa.array(column, type=f.type) for column, f in zip(columns, _STAGED_EVENT_SCHEMA, strict=True)],
+        [pa.array(column, type=f.type) for column, f in zip(plain, _STAGED_EVENT_SCHEMA, strict=False)]
+        + [_json_array(wires)],
         schema=_STAGED_EVENT_SCHEMA,
     )
+
+
+def _json_array(wires: Sequence[bytes | None]) -> pa.Array:
+    """`event_json` from the kept wire bytes (UTF-8 already checked by msgspec), without decoding
+    them to text and encoding them again: their bytes become the JSON column's storage as they are."""
+    storage = pa.array(wires, type=pa.binary()).view(pa.string())
+    if isinstance(_ARROW_JSON, pa.ExtensionType):
+        return pa.ExtensionArray.from_storage(_ARROW_JSON, storage)
+    return storage

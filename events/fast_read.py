@@ -169,8 +169,13 @@ class WireRead:
     event: Any
     content_hash: str
     """SHA-256 hex of the body of the bytes ("" when they do not end with the hash member)."""
-    normalized: str
-    """The wire bytes as received, as text (what a store keeps)."""
+    wire: bytes
+    """The wire bytes as received, without a final line break: valid UTF-8 (msgspec checked it)."""
+
+    @property
+    def normalized(self) -> str:
+        """The wire bytes as received, as text (what a store keeps)."""
+        return self.wire.decode("utf-8")
 
 
 def read_wire(data: bytes) -> WireRead | None:
@@ -194,4 +199,4 @@ def read_wire(data: bytes) -> WireRead | None:
         content_hash = digest.hexdigest()
     else:
         content_hash = ""
-    return WireRead(event, content_hash, wire.decode("utf-8"))
+    return WireRead(event, content_hash, wire)
