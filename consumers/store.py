@@ -964,8 +964,7 @@ class AuditStore:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the store and every cursor it handed out; idempotent. Releases the file lock once no
-        other store of this process has the same file open."""
+        """Close the store and every cursor it handed out, and release the file's lock; idempotent."""
         with self._write_lock, self._cursor_lock:
             self._root.close()
 

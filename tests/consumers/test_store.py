@@ -27,7 +27,7 @@ from consumers import (
     StoreLockedError,
 )
 from consumers import metrics as materializer_metrics
-from consumers.store import DEAD_LETTER_REASONS, _reason_kind
+from consumers.store import DEAD_LETTER_REASONS, ROW_GROUP_ROWS, _reason_kind
 from events import EventBase, MemorySink, encode_event, event_hash, parse_event
 from events.chain import Producer
 from events.kafka import _headers, _spool_key
@@ -759,6 +759,39 @@ class TestLocking:
         """Within one process, a read-only open of a file the store holds raises StoreLockedError too."""
         with pytest.raises(StoreLockedError, match="this process"):
             AuditStore(db, read_only=True)
+        assert store.cursor().execute("SELECT count(*) FROM events").fetchone() == (0,)
+
+
+class TestRowGroups:
+    """A full batch (one row group, `ROW_GROUP_ROWS` records) is written to the file itself, not to
+    the WAL first and to the file again at a checkpoint; every writable open does it."""
+
+    @staticmethod
+    def wal_bytes(db: Path) -> int:
+        wal = db.with_name(db.name + ".wal")
+        return wal.stat().st_size if wal.exists() else 0
+
+    def test_a_full_batch_goes_to_the_file_past_the_wal_after_a_reopen_too(self, tmp_path: Path) -> None:
+        db = tmp_path / "rows.duckdb"
+        events = gate_events(2 * ROW_GROUP_ROWS - 1)
+        assert len(events) == 2 * ROW_GROUP_ROWS
+        halves = records(events[:ROW_GROUP_ROWS]), records(events[ROW_GROUP_ROWS:], start=ROW_GROUP_ROWS)
+        payload = sum(len(r.value or b"") for r in halves[0])
+        for half in halves:
+            with AuditStore(db) as store:
+                assert ingest(store, half).stored == ROW_GROUP_ROWS
+                # The WAL holds where the rows went, not the rows (a tenth of their JSON at most).
+                assert self.wal_bytes(db) < payload / 10
+                row_groups = store.cursor().execute(
+                    "SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('events')"
+                ).fetchone()
+        assert row_groups == (2,)
+        with AuditStore(db, read_only=True) as store:
+            assert store.counts().total_events == 2 * ROW_GROUP_ROWS
+
+    def test_a_second_writable_open_in_this_process_is_refused(self, store: AuditStore, db: Path) -> None:
+        with pytest.raises(StoreLockedError, match="this process"):
+            AuditStore(db)
         assert store.cursor().execute("SELECT count(*) FROM events").fetchone() == (0,)
 
 
