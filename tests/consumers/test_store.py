@@ -782,9 +782,11 @@ class TestRowGroups:
                 assert ingest(store, half).stored == ROW_GROUP_ROWS
                 # The WAL holds where the rows went, not the rows (a tenth of their JSON at most).
                 assert self.wal_bytes(db) < payload / 10
-                row_groups = store.cursor().execute(
-                    "SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('events')"
-                ).fetchone()
+                row_groups = (
+                    store.cursor()
+                    .execute("SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('events')")
+                    .fetchone()
+                )
         assert row_groups == (2,)
         with AuditStore(db, read_only=True) as store:
             assert store.counts().total_events == 2 * ROW_GROUP_ROWS
