@@ -198,8 +198,15 @@ def session_setup(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def _alias(path: str) -> str:
-    """The database name DuckDB gives a file it opens itself: its stem, quoted as an identifier."""
-    return '"' + Path(path).stem.replace('"', '""') + '"'
+    """The database name DuckDB gives a file it opens itself, its stem, quoted as an identifier; a
+    stem DuckDB keeps for its own databases (`memory.duckdb`) gets a prefix."""
+    stem = Path(path).stem
+    if stem.lower() in _RESERVED_DATABASE_NAMES:
+        stem = f"store_{stem}"
+    return '"' + stem.replace('"', '""') + '"'
+
+
+_RESERVED_DATABASE_NAMES: Final = frozenset({"memory", "temp", "system", "main"})
 
 
 def _quoted_text(value: str) -> str:

@@ -791,6 +791,14 @@ class TestRowGroups:
         with AuditStore(db, read_only=True) as store:
             assert store.counts().total_events == 2 * ROW_GROUP_ROWS
 
+    @pytest.mark.parametrize("stem", ["memory", "temp", "system", "main"])
+    def test_a_file_named_like_a_duckdb_database_opens(self, tmp_path: Path, stem: str) -> None:
+        db = tmp_path / f"{stem}.duckdb"
+        with AuditStore(db) as store:
+            assert ingest(store, records(gate_events(2))).stored == 3
+        with AuditStore(db, read_only=True) as store:
+            assert store.counts().total_events == 3
+
     def test_a_second_writable_open_in_this_process_is_refused(self, store: AuditStore, db: Path) -> None:
         with pytest.raises(StoreLockedError, match="this process"):
             AuditStore(db)
