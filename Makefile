@@ -42,7 +42,8 @@ demo: $(STAMP)
 	$(BIN)/callgate demo
 
 bench: $(STAMP)
-	@# The CEL engines bench/policy.py compares beside the one the policies use.
+	@# The CEL engines bench/policy.py compares beside the one the policies use, and confluent-kafka,
+	@# which bench/kafka_clients.py measures against aiokafka.
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python bench/all.py $(BENCH_ARGS)
 
