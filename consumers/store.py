@@ -4,12 +4,14 @@
 `AuditStore.ingest` is one transaction: the events of a batch of Kafka records, the records that
 are not events (dead letters), the Kafka offsets that batch reached and the chain checks of the
 producers in it are committed together or not at all, so a crash replays from the stored offsets
-and the verdicts and the `event_id` key drop what was already stored.
+and the verdicts drop what was already stored: every `event_id` is stored once.
 
 Rows travel from Python to DuckDB as Arrow tables (DuckDB ingests those some 1,000 times faster
 than `executemany`), and the duplicate and chain checks join the batch against its neighbours in
-the store (the stored events of its producers, from one seq below the batch's to one above), so a
-batch costs the same whether the table holds a thousand events or a million.
+the store (the stored events of its producers, from one seq below the batch's to one above, and
+the stored events with its ids, found by `event_uuid` in the row groups of their time), so a batch
+costs the same whether the table holds a thousand events or a million, and no index of every event
+has to fit in memory.
 
 Tables: `events` (one row per event, typed columns plus the whole event as JSON), `dead_letters`,
 `kafka_offsets`, `chain_breaks`, `checkpoint_pending` and `checkpoint_state` (signed checkpoints,
@@ -167,10 +169,13 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.
         if read_only:
             con = duckdb.connect(name, read_only=True, config=_DUCKDB_CONFIG)
         else:
-            con = duckdb.connect(":memory:", config=_DUCKDB_CONFIG)
+            # Spilled pages beside the file, where DuckDB puts those of a file it opens itself (those
+            # of an in-memory database went to `.tmp` in whatever directory the process ran in).
+            con = duckdb.connect(":memory:", config={**_DUCKDB_CONFIG, "temp_directory": f"{name}.tmp"})
             try:
-                con.execute(f"ATTACH {_quoted_text(name)} AS {_alias(name)} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
-                con.execute(f"USE {_alias(name)}")
+                attach = f"ATTACH {_quoted_text(name)} AS {_alias(name)} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
+                con.execute(attach).fetchall()
+                con.execute(f"USE {_alias(name)}").fetchall()
             except BaseException:
                 con.close()
                 raise
@@ -186,14 +191,18 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.
         if "different configuration" not in str(exc) and "already attached" not in str(exc):
             raise
         raise StoreLockedError(name, os.getpid(), "this process, opened with other options") from exc
-    con.execute(_SESSION_SETUP)
+    # Every statement's result is read to its end: DuckDB keeps the transaction of a result left
+    # unread open, and one left open on this connection (which only hands out cursors) stopped
+    # every automatic checkpoint of the file, its WAL and the store's memory then growing with
+    # every batch until DuckDB ran out of memory.
+    con.execute(_SESSION_SETUP).fetchall()
     return con
 
 
 def session_setup(con: duckdb.DuckDBPyConnection) -> str:
     """The statement a cursor of a store's connection runs first: UTC, and the connection's database
     (a cursor of a writable open starts in DuckDB's `memory`, not in the attached file)."""
-    (database,) = con.execute("SELECT current_database()").fetchone() or ("memory",)
+    (database,) = con.execute("SELECT current_database()").fetchall()[0]
     return f'{_SESSION_SETUP}; USE "{str(database).replace(chr(34), chr(34) * 2)}"'
 
 
@@ -548,6 +557,60 @@ _ADD_ACCESS_LOG = (
     """,
 )
 
+# Event ids looked up without an in-memory index. The key on `event_id` was an ART index, which DuckDB
+# keeps whole in memory (about 70 bytes an event, inside the store's memory limit): a store of
+# 256 MB ran out of memory near 3.5 million events, and its memory grew with every event before
+# that. `event_uuid` holds the id as a UUID where it is one (new ids are UUIDv7, time-ordered): a
+# batch's ids fall in a narrow range of it, so the row groups' min/max skip nearly all of the store
+# when the ingest looks them up (`_FIND_STORED_IDS`). The ingest's verdicts keep every id once.
+# The table is rebuilt in its own order (DuckDB cannot drop a key); views bind by name. Plain text,
+# no shared constants: a released step must never change.
+_EVENT_IDS_WITHOUT_INDEX = (
+    """
+    CREATE TABLE events_v10 (
+        event_id VARCHAR NOT NULL,
+        type VARCHAR NOT NULL,
+        schema_version INTEGER NOT NULL,
+        time TIMESTAMPTZ NOT NULL,
+        producer_id VARCHAR NOT NULL,
+        seq BIGINT NOT NULL,
+        hash VARCHAR NOT NULL,
+        prev_hash VARCHAR NOT NULL,
+        content_hash VARCHAR NOT NULL,
+        gate VARCHAR,
+        workflow VARCHAR,
+        agent VARCHAR,
+        tool VARCHAR,
+        call_id VARCHAR,
+        parent_call_id VARCHAR,
+        run_id VARCHAR,
+        thread_id VARCHAR,
+        tenant VARCHAR,
+        principal VARCHAR,
+        trace_id VARCHAR,
+        span_id VARCHAR,
+        decided_by VARCHAR,
+        outcome VARCHAR,
+        message VARCHAR,
+        duration_ms DOUBLE,
+        kafka_topic VARCHAR,
+        kafka_partition INTEGER,
+        kafka_offset BIGINT,
+        ingested_at TIMESTAMPTZ NOT NULL,
+        event JSON NOT NULL,
+        trail VARCHAR[],
+        shadow_outcome VARCHAR,
+        divergent BOOLEAN,
+        shadow_decided_by VARCHAR,
+        shadow_rule VARCHAR,
+        event_uuid UUID  -- event_id as a UUID (NULL when it is none): what the ingest looks ids up by
+    )
+    """,
+    "INSERT INTO events_v10 BY NAME SELECT *, TRY_CAST(event_id AS UUID) AS event_uuid FROM events",
+    "DROP TABLE events",
+    "ALTER TABLE events_v10 RENAME TO events",
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
@@ -558,6 +621,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(7, "read access log", _ADD_ACCESS_LOG),
     Migration(8, "shard tenures and handoffs", CREATE_SHARD_TABLES),
     Migration(9, "archive", CREATE_ARCHIVE_TABLES),
+    Migration(10, "event ids without an in-memory index", _EVENT_IDS_WITHOUT_INDEX),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
@@ -654,6 +718,27 @@ SELECT e.producer_id, e.seq, e.event_id, e.hash, e.prev_hash, e.content_hash
 FROM events e JOIN ranges r ON e.producer_id = r.producer_id AND e.seq BETWEEN r.lo AND r.hi
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
+# The stored events that carry one of the batch's event ids, wherever they are. A UUID id is found by
+# `event_uuid` first: the join's min/max over the batch's ids (UUIDv7: milliseconds apart) skips every
+# row group outside them, where a lookup by the text scanned every stored id. Other ids (and rows
+# stored without `event_uuid`) are looked up by the text among the rows without one, which the row
+# groups' null counts skip otherwise. An old id in a batch widens the range to a scan of the column.
+# Two statements: as one UNION ALL, DuckDB built its hash table on the stored side, whose memory then
+# grew with the store.
+_FIND_STORED_IDS = (
+    f"""
+    CREATE OR REPLACE TEMP TABLE ingest_ids AS
+    SELECT e.event_id, e.producer_id, e.seq FROM events e
+    WHERE e.event_uuid IN (SELECT TRY_CAST(event_id AS UUID) FROM {_STAGED_EVENTS})
+      AND e.event_id IN (SELECT event_id FROM {_STAGED_EVENTS})
+    """,  # noqa: S608 (composed of module constants only)
+    f"""
+    INSERT INTO ingest_ids
+    SELECT e.event_id, e.producer_id, e.seq FROM events e
+    WHERE e.event_uuid IS NULL AND e.event_id IN (SELECT event_id FROM {_STAGED_EVENTS})
+    """,  # noqa: S608 (composed of module constants only)
+)
+
 # Each staged event gets a verdict against its neighbours in the store and the rest of its batch:
 # - 'duplicate': the same event (id, producer, seq, hash and content) is already stored;
 # - 'conflict': another event holds its (producer_id, seq) or its event_id, stored or earlier in
@@ -676,10 +761,6 @@ slot_firsts AS (
     FROM copies GROUP BY producer_id, seq
 ),
 id_firsts AS (SELECT event_id, min(ord) AS first_ord FROM copies GROUP BY event_id),
--- A stored event with the same id, wherever it is (the key's index answers).
-stored_ids AS (
-    SELECT event_id, producer_id, seq FROM events WHERE event_id IN (SELECT event_id FROM copies)
-),
 candidates AS (
     SELECT c.*,
            by_slot.event_id AS slot_event_id,
@@ -693,7 +774,7 @@ candidates AS (
     JOIN slot_firsts sf ON sf.producer_id = c.producer_id AND sf.seq = c.seq
     JOIN id_firsts idf ON idf.event_id = c.event_id
     LEFT JOIN ingest_near by_slot ON by_slot.producer_id = c.producer_id AND by_slot.seq = c.seq
-    LEFT JOIN stored_ids by_id ON by_id.event_id = c.event_id
+    LEFT JOIN ingest_ids by_id ON by_id.event_id = c.event_id
 ),
 judged AS (
     SELECT c.*, s.type, s.time, s.prev_hash,
@@ -725,13 +806,12 @@ FROM judged
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 # The common batch: no event id or (producer_id, seq) twice in it (`StagedBatch.distinct`), none of
-# its slots stored (`_CLASHES` counts them among its neighbours) and none of its ids stored. Every
-# verdict of `_CLASSIFY` is then 'new' without a detail, which `_ALL_NEW` writes at a fifth of its
-# cost. Whether an id is stored is left to the key: a stored one makes the INSERT fail, and the
-# batch is done again with `_CLASSIFY` (random ids defeat the zone maps, so looking them up scanned
-# every stored id for every batch).
+# its slots stored (`_CLASHES` counts them among its neighbours) and none of its ids stored (nor
+# among `_FIND_STORED_IDS`'s). Every verdict of `_CLASSIFY` is then 'new' without a detail, which
+# `_ALL_NEW` writes at a fifth of its cost.
 _CLASHES = f"""
-SELECT count(*) FROM {_STAGED_EVENTS} s JOIN ingest_near n ON n.producer_id = s.producer_id AND n.seq = s.seq
+SELECT (SELECT count(*) FROM {_STAGED_EVENTS} s JOIN ingest_near n ON n.producer_id = s.producer_id AND n.seq = s.seq)
+     + (SELECT count(*) FROM ingest_ids)
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 _ALL_NEW = f"""
@@ -744,19 +824,16 @@ FROM {_STAGED_EVENTS}
 # One pass for both the verdict counts and the new events' breakdown.
 _BATCH_SUMMARY = "SELECT verdict, type, count(*), max(time) FROM ingest_batch GROUP BY verdict, type"
 
-# A plain INSERT for the common batch (`_ALL_NEW`), the key its last check: it refuses a stored id,
-# and `ingest_staged` does the batch again with `_CLASSIFY` and INSERT OR IGNORE
-# (`_INSERT_EVENTS_OR_IGNORE`, 1.7 times the cost of the plain INSERT). No ORDER BY: the staged rows
-# are in batch order and DuckDB keeps the scan's order on insert (`preserve_insertion_order`);
-# sorting the wide rows cost a fifth of the insert.
+# The verdicts decide alone: each 'new' event has an id and a slot no stored or earlier event holds.
+# No ORDER BY: the staged rows are in batch order and DuckDB keeps the scan's order on insert
+# (`preserve_insertion_order`); sorting the wide rows cost a fifth of the insert.
 _INSERT_EVENTS = f"""
 INSERT INTO events BY NAME
-SELECT s.* EXCLUDE (ord, event, event_json), coalesce(s.event_json, s.event::JSON) AS event, now() AS ingested_at
+SELECT s.* EXCLUDE (ord, event, event_json), coalesce(s.event_json, s.event::JSON) AS event, now() AS ingested_at,
+       TRY_CAST(s.event_id AS UUID) AS event_uuid
 FROM {_STAGED_EVENTS} s
 WHERE s.ord IN (SELECT ord FROM ingest_batch WHERE verdict = 'new')
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
-
-_INSERT_EVENTS_OR_IGNORE = _INSERT_EVENTS.replace("INSERT INTO events", "INSERT OR IGNORE INTO events", 1)
 
 _INSERT_DEAD_LETTERS = f"""
 INSERT OR IGNORE INTO dead_letters
@@ -860,7 +937,8 @@ END
 """
 
 _DROP_BATCH = (
-    "DROP TABLE IF EXISTS ingest_near; DROP TABLE IF EXISTS ingest_batch; DROP TABLE IF EXISTS ingest_findings"
+    "DROP TABLE IF EXISTS ingest_near; DROP TABLE IF EXISTS ingest_ids; DROP TABLE IF EXISTS ingest_batch; "
+    "DROP TABLE IF EXISTS ingest_findings"
 )
 
 # Holes per producer between 1 and its highest stored seq. With a grace time, a hole counts only
@@ -962,7 +1040,7 @@ class AuditStore:
         try:
             self._setup = session_setup(self._root)
             self._con = self._root.cursor()
-            self._con.execute(self._setup)
+            self._con.execute(self._setup).fetchall()
             self._migrate()
         except BaseException:
             self._root.close()
@@ -987,7 +1065,7 @@ class AuditStore:
         and is closed by `close()`. Raises DuckDB's `ConnectionException` after `close()`."""
         with self._cursor_lock:
             con = self._root.cursor()
-        con.execute(self._setup)
+        con.execute(self._setup).fetchall()
         return con
 
     def schema_version(self) -> int:
@@ -1108,17 +1186,11 @@ class AuditStore:
         DuckDB releases the GIL while it works, so other threads run meanwhile. Raises as `ingest`
         does, after rolling back; blocks; serialized with the store's other writes."""
         self._require_writable("ingest")
-        if batch.distinct:
-            try:
-                return self._write(batch, offsets, common=True)
-            except duckdb.ConstraintException:
-                pass  # an id already stored: rolled back, judged in full below
-        return self._write(batch, offsets, common=False)
+        return self._write(batch, offsets)
 
-    def _write(self, batch: StagedBatch, offsets: Mapping[tuple[str, int], int], *, common: bool) -> IngestResult:
-        """One transaction. `common`: judge the batch as `_ALL_NEW` when no slot clashes (a stored id
-        then fails the plain INSERT); otherwise `_CLASSIFY` and INSERT OR IGNORE, the key deciding
-        row by row should the verdicts ever miss one."""
+    def _write(self, batch: StagedBatch, offsets: Mapping[tuple[str, int], int]) -> IngestResult:
+        """One transaction. A batch of distinct events none of whose slots or ids is stored is judged
+        all new (`_ALL_NEW`); any other, event by event (`_CLASSIFY`)."""
         staged, dead, losses = batch.events, batch.dead, batch.losses
         with self._write_lock:
             con = self._con
@@ -1127,11 +1199,13 @@ class AuditStore:
                 con.register(_STAGED_EVENTS, staged)
                 con.register(_STAGED_DEAD, dead)
                 con.execute(_FIND_NEIGHBOURS)
-                common = common and not _count(con.execute(_CLASHES))
+                for statement in _FIND_STORED_IDS:
+                    con.execute(statement)
+                common = batch.distinct and not _count(con.execute(_CLASHES))
                 con.execute(_ALL_NEW if common else _CLASSIFY)
                 summary = con.execute(_BATCH_SUMMARY).fetchall()
                 new_types = {kind for verdict, kind, _, _ in summary if verdict == "new"}
-                stored = _count(con.execute(_INSERT_EVENTS if common else _INSERT_EVENTS_OR_IGNORE))
+                stored = _count(con.execute(_INSERT_EVENTS))
                 queued = _count(con.execute(_QUEUE_CHECKPOINTS)) if "Checkpoint" in new_types else 0
                 dead_reasons: Counter[str] = Counter()
                 if dead.num_rows:

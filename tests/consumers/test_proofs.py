@@ -208,7 +208,7 @@ class TestMigration:
         src = duckdb.connect(str(path))
         try:
             src.execute(f"ATTACH '{tmp_path / 'new.duckdb'}' AS new (READ_ONLY)")
-            src.execute("INSERT INTO events SELECT * FROM new.events")
+            src.execute("INSERT INTO events SELECT * EXCLUDE (event_uuid) FROM new.events")
             src.execute("INSERT INTO checkpoint_state SELECT * FROM new.checkpoint_state")
             src.execute("DETACH new")
         finally:

@@ -286,7 +286,7 @@ def v3_copy(source: Path, target: Path) -> None:
         con.execute(f"ATTACH '{source}' AS current (READ_ONLY)")
         con.execute(
             "INSERT INTO events BY NAME SELECT * EXCLUDE (trail, shadow_outcome, divergent, shadow_decided_by, "
-            "shadow_rule), coalesce(json_extract_string(event, '$.decisions[*].interceptor'), []) AS trail "
+            "shadow_rule, event_uuid), coalesce(json_extract_string(event, '$.decisions[*].interceptor'), []) AS trail "
             "FROM current.events"
         )
         con.execute("DETACH current")

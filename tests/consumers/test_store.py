@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,8 @@ from consumers import (
 )
 from consumers import metrics as materializer_metrics
 from consumers.store import DEAD_LETTER_REASONS, ROW_GROUP_ROWS, _reason_kind
-from events import EventBase, MemorySink, encode_event, event_hash, parse_event
-from events.chain import Producer
+from events import EventBase, MemorySink, ToolUseEvent, encode_event, event_hash, parse_event
+from events.chain import Producer, new_event_id
 from events.kafka import _headers, _spool_key
 from events.loss import LossReport, encode_loss_report
 from events.models import ZERO_HASH
@@ -684,6 +685,38 @@ class TestMigrations:
             assert store.schema_version() == SCHEMA_VERSION
             assert store.counts().total_events == 3
 
+    def test_a_schema_9_store_keeps_its_events_and_every_id_once(
+        self, db: Path, tmp_path: Path, older_store: Callable[[Path, int], None]
+    ) -> None:
+        """Migration 10 rebuilds `events` without the in-memory key: the rows stay, in their order,
+        each with its id as a UUID (none for an id that is not one), and a reused id is still refused."""
+        events = gate_events(3)
+        plain = Producer().seal(ToolUseEvent, {**TestEventIds.fields(), "event_id": "order-refund-1"})
+        with AuditStore(tmp_path / "today.duckdb") as today:
+            ingest(today, [*records(events), *records([plain], partition=1)])
+        older_store(db, 9)
+        con = duckdb.connect(str(db))
+        con.execute(f"ATTACH '{tmp_path / 'today.duckdb'}' AS today (READ_ONLY)")
+        con.execute("INSERT INTO events SELECT * EXCLUDE (event_uuid) FROM today.events")
+        con.execute("INSERT INTO kafka_offsets SELECT * FROM today.kafka_offsets")
+        con.close()
+        with AuditStore(db) as store:
+            con = store.cursor()
+            rows = con.execute("SELECT event_id, CAST(event_uuid AS VARCHAR) FROM events").fetchall()
+            assert rows == [(e.event_id, e.event_id) for e in events] + [("order-refund-1", None)]
+            assert con.execute("SELECT count(*) FROM duckdb_indexes() WHERE table_name = 'events'").fetchall() == [(0,)]
+            keys = (
+                "SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'events'"
+                " AND constraint_type = 'PRIMARY KEY'"
+            )
+            assert con.execute(keys).fetchall() == [(0,)]
+            reused = [
+                Producer().seal(ToolUseEvent, {**TestEventIds.fields(), "event_id": event_id})
+                for event_id in (events[2].event_id, "order-refund-1")
+            ]
+            result = ingest(store, records(reused, partition=2))
+            assert (result.stored, result.chain_breaks_by_kind) == (0, {"conflict": 2})
+
     def test_a_file_from_a_newer_version_is_refused(self, db: Path) -> None:
         """A file whose schema is newer than this code knows raises StoreError instead of being written."""
         AuditStore(db).close()
@@ -799,10 +832,110 @@ class TestRowGroups:
         with AuditStore(db, read_only=True) as store:
             assert store.counts().total_events == 3
 
+    def test_batches_smaller_than_a_row_group_are_checkpointed_out_of_the_wal(
+        self, store: AuditStore, db: Path
+    ) -> None:
+        """Small batches go through the WAL; DuckDB's automatic checkpoints move them to the file, so
+        neither the WAL nor the store's memory grows with them. A result left unread on any of the
+        store's connections kept a transaction open, and no checkpoint ever ran."""
+        store.cursor().execute("SET checkpoint_threshold = '1MB'").fetchall()
+        events = gate_events(5_999)
+        for start in range(0, len(events), 1_000):
+            batch = records(events[start : start + 1_000], start=start)
+            ingest(store, batch)
+            # Below the threshold plus the batch just committed (the checkpoint follows its commit).
+            assert self.wal_bytes(db) < 1024 * 1024 + sum(len(r.value or b"") for r in batch) * 2
+        assert store.counts().total_events == 6_000
+
     def test_a_second_writable_open_in_this_process_is_refused(self, store: AuditStore, db: Path) -> None:
         with pytest.raises(StoreLockedError, match="this process"):
             AuditStore(db)
         assert store.cursor().execute("SELECT count(*) FROM events").fetchone() == (0,)
+
+
+class TestEventIds:
+    """Every event id is stored once, looked up without an index of every id in memory: by its UUID
+    in the row groups of its time, or by its text among the rows whose id is none."""
+
+    @staticmethod
+    def fields(**changes: Any) -> dict[str, Any]:
+        """The fields of a new ToolUse event (a new UUIDv7 id, now) with `changes`."""
+        return {
+            "event_id": new_event_id(),
+            "time": datetime.now(UTC),
+            "gate": "shop",
+            "tool": "refund",
+            "tenant": "acme",
+            "decisions": [],
+            "args": {"n": 1},
+            "outcome": "ok",
+            "duration_ms": 0.1,
+            **changes,
+        }
+
+    @classmethod
+    def sealed(cls, n: int, producer: Producer | None = None, **changes: Any) -> list[EventBase]:
+        producer = producer or Producer()
+        return [producer.seal(ToolUseEvent, cls.fields(**changes)) for _ in range(n)]
+
+    def test_an_id_stored_many_row_groups_ago_is_a_conflict_in_a_batch_of_new_ones(self, store: AuditStore) -> None:
+        """Another producer's event reusing the first stored id, among fresh events: found, not stored."""
+        first = self.sealed(1)
+        ingest(store, records(first))
+        offset = 1
+        for _ in range(2):
+            batch = records(self.sealed(ROW_GROUP_ROWS), start=offset)
+            offset += len(batch)
+            assert ingest(store, batch).stored == ROW_GROUP_ROWS
+        (reuse,) = self.sealed(1, Producer(), event_id=first[0].event_id)
+        batch = [*records(self.sealed(99), start=offset), *records([reuse], start=offset + 99)]
+        result = ingest(store, batch)
+        assert (result.stored, result.chain_breaks_by_kind) == (99, {"conflict": 1})
+        ((detail,),) = store.cursor().execute("SELECT detail FROM chain_breaks").fetchall()
+        assert f"event id {first[0].event_id} " in detail
+        assert f"already stored for producer {first[0].producer_id} seq 1" in detail
+
+    def test_an_id_that_is_no_uuid_is_looked_up_by_its_text(self, store: AuditStore) -> None:
+        (plain,) = self.sealed(1, event_id="order-refund-1")
+        ingest(store, records([plain]))
+        (reuse,) = self.sealed(1, Producer(), event_id="order-refund-1")
+        result = ingest(store, records([reuse], start=1))
+        assert (result.stored, result.chain_breaks_by_kind) == (0, {"conflict": 1})
+
+    def test_a_row_stored_without_its_uuid_is_still_found(self, store: AuditStore) -> None:
+        """A row whose `event_uuid` is missing (written by hand) is looked up by its text."""
+        (event,) = self.sealed(1)
+        ingest(store, records([event]))
+        store.cursor().execute("UPDATE events SET event_uuid = NULL").fetchall()
+        (reuse,) = self.sealed(1, Producer(), event_id=event.event_id)
+        assert ingest(store, records([reuse], start=1)).chain_breaks_by_kind == {"conflict": 1}
+
+    def test_another_spelling_of_a_stored_uuid_is_another_id(self, store: AuditStore) -> None:
+        """Ids are compared as text: the same UUID in capitals is a distinct event id, stored."""
+        (event,) = self.sealed(1)
+        ingest(store, records([event]))
+        (other,) = self.sealed(1, Producer(), event_id=event.event_id.upper())
+        assert ingest(store, records([other], start=1)).stored == 1
+        rows = store.cursor().execute("SELECT count(DISTINCT event_id), count(DISTINCT event_uuid) FROM events")
+        assert rows.fetchone() == (2, 1)
+
+    @staticmethod
+    def index_bytes(store: AuditStore) -> int:
+        rows = store.cursor().execute("SELECT memory_usage_bytes FROM duckdb_memory() WHERE tag = 'ART_INDEX'")
+        return int(rows.fetchall()[0][0])
+
+    def test_the_memory_of_the_stores_indexes_does_not_grow_with_its_events(self, store: AuditStore) -> None:
+        """Ids are looked up in the table itself: an index of every id (some 70 bytes each, kept
+        whole in memory by DuckDB) would take a store's memory limit with enough events."""
+        # Between checkpoints (a checkpoint writes an index out; a full batch, written past the WAL,
+        # brings none), where an index of every id is whole in memory.
+        store.cursor().execute("SET checkpoint_threshold = '1GB'").fetchall()
+        producer = Producer()
+        ingest(store, records(self.sealed(2_000, producer)))
+        before = self.index_bytes(store)
+        for start in range(2_000, 40_000, 2_000):
+            assert ingest(store, records(self.sealed(2_000, producer), start=start)).stored == 2_000
+        assert self.index_bytes(store) <= before
 
 
 class TestFastRead:
