@@ -13,7 +13,9 @@
    to its commit in the store (`ingested_at`, the moment it is visible through the read API):
    p50 and p99. Then the same at `--fast-rate` (default 10,000 events/s): events sealed by a
    producer at their emission (the gate's own call path does not run at that rate beside a broker
-   and a materializer on two cores) through the same KafkaSink. `--no-lag` skips both.
+   and a materializer on two cores) through the same KafkaSink. For each rate, the CPU time the
+   producer (this process), the broker and the materializer spent per event, against what two
+   cores give per event at that rate. `--no-lag` skips both.
 3. Per-event Python cost of reading a record into its row (`read_event`: parse, verify the hash,
    keep the JSON; then the row), for the same events sealed as schema version 1 (before: the hash
    needs the canonical JSON rebuilt from the parsed event) and version 2 (after: the hash is over
@@ -48,6 +50,7 @@ from pipeline import make_events
 from callgate.broker import EmbeddedBroker, free_port
 from consumers.store import AuditStore, _event_row, _events_table, connect
 from events import MemorySink, Producer, ToolUseEvent, encode_event
+from events.chain import new_event_id
 from events.codec import ReadEvent, read_event
 from events.fast_read import read_wire
 from events.kafka import KafkaSink
@@ -105,9 +108,20 @@ def arrow_floor(n: int, tmp: Path) -> float:
     return elapsed
 
 
-async def lag(bootstrap: str, rate: int, seconds: float, tmp: Path, *, sealed: bool) -> tuple[float, float, int]:
-    """p50 and p99 of the lag of `rate` events/s for `seconds`, and how many were counted: through the
-    gate's call path, or (`sealed`) events sealed by a producer as they are emitted, in groups of 1 ms."""
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a running process has used (Linux `/proc`)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def lag(
+    bootstrap: str, broker_pid: int, rate: int, seconds: float, tmp: Path, *, sealed: bool
+) -> tuple[float, float, int, dict[str, float]]:
+    """p50 and p99 of the lag of `rate` events/s for `seconds`, how many were counted, and the CPU
+    each process spent per event (µs) from the first paced event until the last one was visible:
+    the producer (this process: the gate or the sealing, and the KafkaSink), the broker and the
+    materializer. Through the gate's call path, or (`sealed`) events sealed by a producer as they are
+    emitted, in groups of 1 ms."""
     topic = f"lag-{uuid.uuid4().hex[:8]}"
     db = tmp / f"{topic}.duckdb"
     port = free_port("127.0.0.1")
@@ -135,15 +149,14 @@ async def lag(bootstrap: str, rate: int, seconds: float, tmp: Path, *, sealed: b
         await _until_stored(port, 1, 120)
         total = int(rate * seconds)
         group = max(1, rate // 1000) if sealed else 1
+        template = _sealed_fields()
+        cpu_before = time.process_time(), cpu_seconds(broker_pid), cpu_seconds(proc.pid)
         start = time.perf_counter()
         for i in range(0, total, group):
             for _ in range(min(group, total - i)):
                 if sealed:
-                    sink.emit(
-                        producer.seal(
-                            ToolUseEvent, {**_FIELDS, "event_id": uuid.uuid4().hex, "time": datetime.now(UTC)}
-                        )
-                    )
+                    fields = {**template, "event_id": new_event_id(), "time": datetime.now(UTC)}
+                    sink.emit(producer.seal_fields("ToolUse", fields))
                 else:
                     await desk.call("get_order", ARGS, run=RUN)
             ahead = start + (i + group) / rate - time.perf_counter()
@@ -151,6 +164,11 @@ async def lag(bootstrap: str, rate: int, seconds: float, tmp: Path, *, sealed: b
                 await asyncio.sleep(ahead)
         await sink.flush(timeout=120)
         await _until_stored(port, total + 1, 120)
+        cpu_after = time.process_time(), cpu_seconds(broker_pid), cpu_seconds(proc.pid)
+        cpu = {
+            name: (after - before) / total * 1e6
+            for name, before, after in zip(("producer", "broker", "materializer"), cpu_before, cpu_after, strict=True)
+        }
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
@@ -164,7 +182,7 @@ async def lag(bootstrap: str, rate: int, seconds: float, tmp: Path, *, sealed: b
             ).fetchall()
         ]
         con.close()
-    return statistics.median(lags), statistics.quantiles(lags, n=100)[98], len(lags)
+    return statistics.median(lags), statistics.quantiles(lags, n=100)[98], len(lags), cpu
 
 
 _FIELDS: dict[str, Any] = {
@@ -180,6 +198,16 @@ _FIELDS: dict[str, Any] = {
     "duration_ms": 0.05,
     "output_digest": "d" * 64,
 }
+
+
+def _sealed_fields() -> dict[str, Any]:
+    """The fields of a valid ToolUse event as `Producer.seal_fields` takes them (the gate's own way
+    of sealing: serialized once and hashed, no model built; `Producer.seal` validates a model first,
+    some 100 µs an event here, more than the rate leaves)."""
+    event = Producer().seal(ToolUseEvent, {**_FIELDS, "event_id": new_event_id(), "time": datetime.now(UTC)})
+    fields = event.model_dump(mode="json", exclude={"hash", "producer_id", "seq", "prev_hash", "schema_version"})
+    del fields["type"]
+    return fields
 
 
 async def _until_stored(port: int, n: int, timeout: float) -> None:
@@ -227,8 +255,9 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
         floor_s = arrow_floor(floor_n, tmp)
         lags = {}
         if with_lag:
-            lags[rate] = await lag(broker.bootstrap, rate, seconds, tmp, sealed=False)
-            lags[fast_rate] = await lag(broker.bootstrap, fast_rate, seconds, tmp, sealed=True)
+            assert broker.pid is not None
+            lags[rate] = await lag(broker.bootstrap, broker.pid, rate, seconds, tmp, sealed=False)
+            lags[fast_rate] = await lag(broker.bootstrap, broker.pid, fast_rate, seconds, tmp, sealed=True)
     cost = per_event_cost()
     rate_full, rate_floor = n / full_s, floor_n / floor_s
     print(f"{'path':<58} {'value':>14}")
@@ -237,21 +266,33 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
     print(f"{'floor: the same rows into DuckDB through Arrow (rows/s)':<58} {rate_floor:>14,.0f}")
     print(f"{f'peak RSS of the materializer, {small:,} events (MiB)':<58} {small_rss:>14,}")
     print(f"{f'peak RSS of the materializer, {n:,} events (MiB)':<58} {full_rss:>14,}")
-    for at, (p50, p99, counted) in lags.items():
+    for at, (p50, p99, counted, cpu) in lags.items():
         print(f"{f'lag at {at:,} events/s over {counted:,} events, p50 (s)':<58} {p50:>14.3f}")
         print(f"{f'lag at {at:,} events/s over {counted:,} events, p99 (s)':<58} {p99:>14.3f}")
+        for name, micros in cpu.items():
+            print(f"{f'  CPU per event at {at:,} events/s, {name} (µs)':<58} {micros:>14.1f}")
+        # Two cores give 2,000,000 µs of CPU a second: at `at` events/s, this much per event in all.
+        budget = f"{sum(cpu.values()):.1f} / {2e6 / at:,.0f}"
+        print(f"{'  the sum, against what 2 cores give per event (µs)':<58} {budget:>14}")
     print(f"{'per-event Python cost, schema version 1 (µs), before':<58} {cost[1]:>14.2f}")
     print(f"{'per-event Python cost, schema version 2 (µs), after':<58} {cost[2]:>14.2f}")
     print(f"{'the same through events.fast_read (µs), the store road':<58} {cost[0]:>14.2f}")
     print(f"throughput: materialize / Arrow floor = {rate_full / rate_floor:.3f} (target >= 0.5, goal 0.8)")
     print(f"memory: peak RSS {small_rss} MiB at {small:,} events, {full_rss} MiB at {n:,} (target: within 10%)")
-    for at, (_, p99, _) in lags.items():
+    for at, (_, p99, _, _) in lags.items():
         print(f"lag: p99 {p99:.3f} s at {at:,} events/s (target <= 2 s)")
     report(f"materialize --drain of {n:,} events", rate_full, "events/s", floor=rate_floor, target=">= 0.5",
            higher_is_better=True)  # fmt: skip
     report(f"peak RSS at {n:,} events", full_rss, "MiB", floor=small_rss, target=f"<= 1.1 (floor: at {small:,})")
-    for at, (_, p99, _) in lags.items():
+    for at, (_, p99, _, cpu) in lags.items():
         report(f"lag at {at:,} events/s, p99", p99, "s", target="<= 2 s")
+        report(
+            f"CPU per event at {at:,} events/s: producer, broker and materializer together",
+            sum(cpu.values()),
+            "µs/event",
+            floor=2e6 / at,
+            target="report (floor: what 2 cores give per event)",
+        )
     report("materializer's per-event Python cost, v2", cost[2], "µs/event", floor=cost[1], target="v1 is the floor")
     report(
         "the same through events.fast_read",

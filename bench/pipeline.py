@@ -36,6 +36,7 @@ from gate_overhead import ARGS, RUN, build_desk
 
 from callgate.broker import EmbeddedBroker
 from events import MemorySink, Producer, ToolUseEvent, encode_event
+from events.chain import new_event_id
 from events.kafka import KafkaSink, _headers, _spool_key
 from events.models import EventBase
 
@@ -46,7 +47,7 @@ def make_events(n: int, schema_version: int = 2) -> list[EventBase]:
         producer.seal(
             ToolUseEvent,
             {
-                "event_id": uuid.uuid4().hex,
+                "event_id": new_event_id(),  # UUIDv7, as a gate's ids
                 "time": datetime.now(UTC),
                 "gate": "bench",
                 "workflow": "support",

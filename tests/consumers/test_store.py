@@ -847,6 +847,11 @@ class TestRowGroups:
             assert self.wal_bytes(db) < 1024 * 1024 + sum(len(r.value or b"") for r in batch) * 2
         assert store.counts().total_events == 6_000
 
+    def test_a_writable_open_spills_beside_its_file(self, store: AuditStore, db: Path) -> None:
+        """Pages DuckDB spills go to `<file>.tmp`, not to `.tmp` in the directory the process runs in."""
+        rows = store.cursor().execute("SELECT current_setting('temp_directory')").fetchall()
+        assert rows == [(f"{db}.tmp",)]
+
     def test_a_second_writable_open_in_this_process_is_refused(self, store: AuditStore, db: Path) -> None:
         with pytest.raises(StoreLockedError, match="this process"):
             AuditStore(db)
