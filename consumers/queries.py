@@ -1202,7 +1202,9 @@ _REPLAY_CALLS_DESCRIPTION = (
 # the two 256-leaf blocks the smaller subtrees are hashed from (the event's and the tree's last).
 _INCLUSION_MATERIAL = """
 WITH target AS (
-    SELECT producer_id, seq, hash, event::VARCHAR AS text FROM events WHERE event_id = $event_id
+    -- By `event_uuid` too: its exact min/max skip all but one row group (the text's keep 8 bytes).
+    SELECT producer_id, seq, hash, event::VARCHAR AS text FROM events
+    WHERE event_id = $event_id AND (event_uuid = TRY_CAST($event_id AS UUID) OR event_uuid IS NULL)
 ), last_seq AS (
     -- Found first without the JSON: a scan that reads `event` for every checkpoint reads the whole
     -- column (0.3 s over 1,000,000 events); this reads type, producer_id and seq, then one row.

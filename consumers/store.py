@@ -1330,7 +1330,12 @@ class AuditStore:
             if isinstance(event_id, str):
                 # The archive too: a quiet partition's last record may be in a day moved there.
                 with with_archive(con):
-                    row = con.execute("SELECT 1 FROM events WHERE event_id = $id", {"id": event_id}).fetchone()
+                    # By `event_uuid` too: its exact min/max skip all but one row group.
+                    row = con.execute(
+                        "SELECT 1 FROM events WHERE event_id = $id"
+                        " AND (event_uuid = TRY_CAST($id AS UUID) OR event_uuid IS NULL)",
+                        {"id": event_id},
+                    ).fetchone()
                 if row is not None:
                     return True
                 # Not stored as an event: it may be a dead letter (invalid, or its envelope disagreed).

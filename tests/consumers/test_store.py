@@ -906,12 +906,14 @@ class TestEventIds:
         (reuse,) = self.sealed(1, Producer(), event_id="order-refund-1")
         result = ingest(store, records([reuse], start=1))
         assert (result.stored, result.chain_breaks_by_kind) == (0, {"conflict": 1})
+        assert store.holds(TOPIC, 0, 0, encode_event(plain))
 
     def test_a_row_stored_without_its_uuid_is_still_found(self, store: AuditStore) -> None:
         """A row whose `event_uuid` is missing (written by hand) is looked up by its text."""
         (event,) = self.sealed(1)
         ingest(store, records([event]))
         store.cursor().execute("UPDATE events SET event_uuid = NULL").fetchall()
+        assert store.holds(TOPIC, 0, 0, encode_event(event))
         (reuse,) = self.sealed(1, Producer(), event_id=event.event_id)
         assert ingest(store, records([reuse], start=1)).chain_breaks_by_kind == {"conflict": 1}
 
