@@ -237,20 +237,6 @@ def child(variant: str, bootstrap: str, topic: str, n: int) -> None:
     print(json.dumps(out), flush=True)
 
 
-async def publish(bootstrap: str, topic: str, n: int, spool: Path) -> None:
-    from pipeline import make_events
-
-    from events.kafka import KafkaSink
-
-    sink = KafkaSink(bootstrap, topic, spool / topic, partitions=PARTITIONS)
-    for start in range(0, n, 10_000):
-        for event in make_events(min(10_000, n - start)):
-            sink.emit(event)
-        if not await sink.flush(timeout=600):
-            raise SystemExit("publishing did not finish")
-    await sink.close()
-
-
 def run_round(variant: str, bootstrap: str, topic: str, n: int) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, __file__, "--child", variant, bootstrap, topic, str(n)],
@@ -281,6 +267,8 @@ def main_run(n: int, rounds: int) -> None:
     samples: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
+        from materialize import publish  # the materializer bench's events, on 3 partitions
+
         asyncio.run(publish(broker.bootstrap, topic, n, Path(tmp)))
         print(f"published {n:,} events in {time.perf_counter() - started:.1f} s", flush=True)
         partitions: dict[str, int] | None = None
