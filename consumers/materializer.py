@@ -620,7 +620,12 @@ class Materializer:
                 self._positioned.clear()
                 if listed:
                     tps = [TopicPartition(self.topic, p) for p in sorted(listed)]
-                    consumer.assign(tps)
+                    if listed != current:
+                        # Only for another set: a new cluster with the same partitions is sought from
+                        # the start below. aiokafka's coordinator, waiting for a coordinator while
+                        # the broker was away, took the assignment `assign` had just replaced and
+                        # failed on its assertion that it was active; the run ended with that error.
+                        consumer.assign(tps)
                     with contextlib.suppress(Exception):  # the fetcher refreshes it on demand anyway
                         await asyncio.wait_for(consumer._client.force_metadata_update(), 5.0)
                     kept = set() if state.log_lost else current
