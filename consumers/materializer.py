@@ -408,7 +408,7 @@ class Materializer:
                     # A refresh may seek to the store's offsets: they must include the batch in hand.
                     await self._settle(consumer, writing, summary)
                     writing = None
-                    await self._refresh(consumer)
+                    consumer = await self._refresh(consumer)
                 fetched_from = self._watch.cluster_id
                 if consumer.assignment():
                     batch = await consumer.getmany(timeout_ms=self.poll_ms, max_records=self.batch_max)
@@ -585,8 +585,10 @@ class Materializer:
             return
         log.info("topic %s on %s: %d partitions", self.topic, self.bootstrap, listed)
 
-    async def _refresh(self, consumer: Any) -> None:
-        """List the topic's partitions; in "all" mode (re)assign them; update what health reports."""
+    async def _refresh(self, consumer: Any) -> Any:
+        """List the topic's partitions; in "all" mode (re)assign them; update what health reports.
+        Returns the consumer to read with from now on: in "all" mode another set of partitions is
+        read by a new one (`_replaced`)."""
         from aiokafka import TopicPartition
 
         state, now = self._state, time.monotonic()
@@ -597,7 +599,7 @@ class Materializer:
             state.broker_error = f"{type(exc).__name__}: {exc}"
             if state.broker_error_since is None:
                 state.broker_error_since = now
-            return
+            return consumer
         state.broker_error = state.broker_error_since = None
         listed = cluster.partitions_for_topic(self.topic) or set()
         cluster_id = self._watch.cluster_id if self._watch is not None else None
@@ -617,15 +619,17 @@ class Materializer:
         if self.assignment == "all":
             current = {tp.partition for tp in consumer.assignment()}
             if listed != current or (state.log_lost and listed):
-                self._positioned.clear()
-                if listed:
-                    tps = [TopicPartition(self.topic, p) for p in sorted(listed)]
-                    if listed != current:
-                        # Only for another set: a new cluster with the same partitions is sought from
-                        # the start below. aiokafka's coordinator, waiting for a coordinator while
-                        # the broker was away, took the assignment `assign` had just replaced and
-                        # failed on its assertion that it was active; the run ended with that error.
+                tps = [TopicPartition(self.topic, p) for p in sorted(listed)]
+                if listed != current:
+                    if current:  # a consumer that never had partitions is assigned safely
+                        replaced = await self._replaced(consumer)
+                        if replaced is None:  # the next refresh tries again
+                            return consumer
+                        consumer = replaced
+                    if tps:
                         consumer.assign(tps)
+                self._positioned.clear()
+                if tps:
                     with contextlib.suppress(Exception):  # the fetcher refreshes it on demand anyway
                         await asyncio.wait_for(consumer._client.force_metadata_update(), 5.0)
                     kept = set() if state.log_lost else current
@@ -633,11 +637,35 @@ class Materializer:
                     state.log_lost = False
                     state.cluster_id = cluster_id
                     log.info("reading %s partitions %s", self.topic, sorted(listed))
-                else:
-                    consumer.unsubscribe()
         elif state.cluster_id is None:
             state.cluster_id = cluster_id
         await self._partition_health(consumer, listed)
+        return consumer
+
+    async def _replaced(self, consumer: Any) -> Any:
+        """A started consumer of the same options in place of `consumer` (stopped), without assignment;
+        None, with `consumer` kept, when the new one cannot start.
+
+        Never `assign` or `unsubscribe` on a consumer that had partitions: aiokafka's coordination routine,
+        still looking up a coordinator after the broker went away, keeps the assignment it had, and
+        fails its assertion that it is active once either call replaced it (the run ended with
+        "Unexpected error during coordination AssertionError()"). A new consumer's routine starts
+        from its own first assignment."""
+        watch = self._watch
+        fresh = self._consumer()
+        try:
+            await asyncio.wait_for(fresh.start(), 10.0)
+        except Exception as exc:
+            self._watch = watch
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(fresh.stop(), 10.0)
+            log.warning("could not start a consumer for the new partitions of %s: %r", self.topic, exc)
+            return None
+        try:
+            await asyncio.wait_for(consumer.stop(), 10.0)
+        except Exception as exc:
+            log.warning("the previous consumer did not stop cleanly: %r", exc)
+        return fresh
 
     async def _partition_health(self, consumer: Any, listed: set[int]) -> None:
         from aiokafka import TopicPartition

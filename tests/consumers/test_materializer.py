@@ -622,6 +622,56 @@ class TestTopicLifecycle:
             ]
         assert sorted(stored_ids(db)) == sorted(e.event_id for e in before + after)
 
+    async def test_an_assignment_changed_while_the_coordinator_is_looked_up_keeps_the_run(
+        self, fresh_broker: EmbeddedBroker, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The topic vanishes (an empty restart) and comes back while aiokafka's coordination routine is
+        still looking up the group coordinator for the assignment it had: the run goes on and reads the
+        recreated topic. Assigning on that consumer made the routine fail its assertion that the
+        assignment it held was active, and the run ended with "Unexpected error during coordination"."""
+        from aiokafka.consumer.group_coordinator import GroupCoordinator
+
+        from events.kafka import ensure_topic
+
+        # The window, made wide: once `hold` is set, the routine's lookup waits for `release`.
+        hold, release = asyncio.Event(), asyncio.Event()
+        coordinators: list[GroupCoordinator] = []
+        held: list[GroupCoordinator] = []
+        lookup = GroupCoordinator.ensure_coordinator_known
+
+        async def held_lookup(self: GroupCoordinator) -> None:
+            coordinators.append(self)
+            if asyncio.current_task() is self._coordination_task and hold.is_set() and not release.is_set():
+                held.append(self)
+                # Like aiokafka's own lookup, which gives up when the consumer closes.
+                released = asyncio.ensure_future(release.wait())
+                await asyncio.wait([released, self._closing], return_when=asyncio.FIRST_COMPLETED)
+                released.cancel()
+            await lookup(self)
+
+        monkeypatch.setattr(GroupCoordinator, "ensure_coordinator_known", held_lookup)
+        await ensure_topic(fresh_broker.bootstrap, topic, 3)
+        materializer = Materializer(
+            fresh_broker.bootstrap, topic, str(tmp_path / "audit.duckdb"), partitions=3, metadata_interval_s=0.2
+        )
+        before, after = sealed_events(6), sealed_events(6)
+        async with running(materializer) as task:
+            await produce_to(fresh_broker.bootstrap, topic, before, 3)
+            await _until(lambda: _count(materializer) == len(before), 60)
+            hold.set()
+            fresh_broker.restart()
+            # What a coordinator request failing on the restarted broker does; the routine looks again.
+            coordinators[0].coordinator_dead()
+            await _until(lambda: bool(held), 30)
+            await _until(lambda: "is not on the broker" in materializer.health().detail, 30)
+            assert await ensure_topic(fresh_broker.bootstrap, topic, 3) == 3  # what a sink does
+            await produce_to(fresh_broker.bootstrap, topic, after, 3)
+            await _until(lambda: materializer.health().ok, 30)
+            release.set()
+            await _until(lambda: _count(materializer) == len(before) + len(after) or task.done(), 60)
+            assert not task.done(), task.exception()
+        assert sorted(stored_ids(tmp_path / "audit.duckdb")) == sorted(e.event_id for e in before + after)
+
 
 async def _true(awaitable: Any, expected: Any) -> bool:
     return (await awaitable) == expected
