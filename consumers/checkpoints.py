@@ -428,5 +428,6 @@ def _evidence(checkpoint: _Checkpoint, **extra: Any) -> dict[str, Any]:
         "root": checkpoint.root,
         "key_id": checkpoint.key_id,
         "note": checkpoint.note,
+        "time": checkpoint.time,
         **extra,
     }

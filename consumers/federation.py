@@ -35,10 +35,12 @@ Tool uses are judged per producer across shards too (`tool_use_verification`, `u
 shards and the registrations every shard holds of it (`producer_tool_chains`), as one store of all the
 events judges them, so a ToolsRegistered in one shard verifies the calls stored in another.
 
+A signed producer's checkpoint that a shard could not check for lack of the seqs another shard holds is
+`truncated` there; serve checks its root over the shards' trees (`merkle_material`, `_checkpoint_roots`):
+verified, it is no break; contradicted, a `root_mismatch`.
+
 Known limits (docs/operating.md, "Federated reads"): `run_events` and `runs` follow a run's nested calls
-within each shard; a signed producer's checkpoint that a shard could not check for lack of the seqs another
-shard holds stays `truncated` there, which the tool-use judgement counts as a broken chain (a false failure,
-never a false pass: no shard holds every hash its root is over).
+within each shard; with `--require-signed`, `unsigned`, `uncovered` and `silent` are each shard's own.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ import httpx
 from consumers.api import RunnerError
 from consumers.archive import ARCHIVE_PARAM
 from consumers.queries import INCLUDE_ARCHIVE, QUERIES, Merge, NamedQuery, _coerce, describe_queries
+from events.merkle import leaf_hash, node_hash
 from events.models import OUTCOME_TYPES
 
 __all__ = [
@@ -530,7 +533,7 @@ def sort_rows(rows: Iterable[Row], order: Sequence[str]) -> list[Row]:
 def _sort_key(value: Any) -> Any:
     if isinstance(value, bool):
         return int(value)
-    if isinstance(value, list):
+    if isinstance(value, list | dict):
         return json.dumps(value, sort_keys=True, default=str)
     return value
 
@@ -647,6 +650,16 @@ def held_seqs(segment: Mapping[str, Any]) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointFacts:
+    """A checkpoint a shard recorded as truncated, as its evidence describes it."""
+
+    tree_size: int
+    event_id: Any
+    time: Any
+    """Its `time`, as the shards' JSON writes times (None in evidence recorded before it was kept)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Stitched:
     """A producer's chain over every shard that holds part of it."""
 
@@ -664,6 +677,12 @@ class Stitched:
 
     false_gaps_recorded_at: tuple[datetime, ...] = ()
     """When each of `false_gaps` was recorded (what overview_counts counts chain breaks by)."""
+    checkpoints: Mapping[tuple[int, int], str] = field(default_factory=dict)
+    """(shard index, seq) of `truncated` checkpoints judged over the shards (`_checkpoint_roots`):
+    "verified" (every event it covers is held by some shard and their root is the signed one) or
+    "root_mismatch" (they are all held, and their root is not)."""
+    checkpoint_sizes: Mapping[tuple[int, int], CheckpointFacts] = field(default_factory=dict)
+    """(shard index, seq) of each judged checkpoint -> what `producer_signatures` says of it."""
 
     @property
     def broken(self) -> bool:
@@ -732,9 +751,6 @@ class _Chains:
     def _stitch(self, producer: str) -> Stitched:
         recorded = self._break_rows(producer)
         gaps = {i: {int(r["seq"]) for r in rows if r["kind"] == "gap"} for i, rows in recorded.items()}
-        distrusted = any(
-            r["kind"] not in _SIGNING_STATES and r["kind"] != "gap" for rows in recorded.values() for r in rows
-        )
         shards = self.holders[producer]
         rows = {i: self.by_shard[i][producer] for i in shards}
         max_seq = max(int(r["max_seq"]) for r in rows.values())
@@ -769,7 +785,20 @@ class _Chains:
             for r in rows
             if r["kind"] == "gap" and (i, int(r["seq"])) in false and r.get("recorded_at") is not None
         )
-        return Stitched(events, max_seq, frozenset(real), frozenset(false), link_breaks, distrusted, recorded_at)
+        checkpoints: dict[tuple[int, int], str] = {}
+        sizes: dict[tuple[int, int], CheckpointFacts] = {}
+        if "chain_segments" in QUERIES and not link_breaks:
+            checkpoints, sizes = _checkpoint_roots(self.call, producer, recorded, held_by)
+        distrusted = any(
+            r["kind"] not in _SIGNING_STATES
+            and r["kind"] != "gap"
+            and checkpoints.get((i, int(r["seq"]))) != "verified"
+            for i, rows in recorded.items()
+            for r in rows
+        )
+        return Stitched(
+            events, max_seq, frozenset(real), frozenset(false), link_breaks, distrusted, recorded_at, checkpoints, sizes
+        )
 
     def status(self, producer: str) -> Row:
         """The producer's `chain_status` row over every shard."""
@@ -800,6 +829,31 @@ class _Chains:
         stitched = self.stitched.get(str(row.get("producer_id")))
         return stitched is not None and row.get("kind") == "gap" and (shard, int(row["seq"])) in stitched.false_gaps
 
+    def checkpoint_verdict(self, shard: int, producer: str, kind: Any, seq: Any) -> str | None:
+        """What serve found of a `truncated` checkpoint break of shard index `shard` (see
+        `Stitched.checkpoints`), or None: the break stands as the shard recorded it."""
+        stitched = self.stitched.get(producer)
+        if stitched is None or kind != "truncated" or seq is None:
+            return None
+        return stitched.checkpoints.get((shard, int(seq)))
+
+    def judged_break(self, shard: int, row: Mapping[str, Any]) -> Row | None:
+        """A shard's `chain_breaks` row as serve reports it: None when it is no break over every shard
+        (a gap another shard fills, a truncated checkpoint the shards' events verify), a root_mismatch
+        when those events' root is not the signed one, else the row."""
+        if self.false_gap(shard, row):
+            return None
+        verdict = self.checkpoint_verdict(shard, str(row.get("producer_id")), row.get("kind"), row.get("seq"))
+        if verdict == "verified":
+            return None
+        if verdict == "root_mismatch":
+            return {
+                **row,
+                "kind": "root_mismatch",
+                "detail": f"{row.get('detail')}; the shards together hold them, and their root is not the signed one",
+            }
+        return dict(row)
+
     def false_gap_count(self) -> int:
         return sum(len(s.false_gaps) for s in self.stitched.values())
 
@@ -810,6 +864,93 @@ class _Chains:
 def held_seqs_any(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     """`held_seqs` of several segment rows."""
     return [r for row in rows for r in held_seqs(row)]
+
+
+def _checkpoint_roots(
+    call: _Call, producer: str, recorded: Mapping[int, Sequence[Row]], held_by: Mapping[int, list[tuple[int, int]]]
+) -> tuple[dict[tuple[int, int], str], dict[tuple[int, int], CheckpointFacts]]:
+    """Judge a split producer's `truncated` checkpoints over the shards: (shard index, seq) ->
+    "verified" or "root_mismatch" (see `Stitched.checkpoints`), and their tree sizes and event ids; those
+    whose events no shard holds stay out. A shard records `truncated` only for a checkpoint whose note
+    its trusted keys verified (consumers.checkpoints), for want of events another shard holds; serve
+    asks every shard for its part of the tree (`merkle_material`) and compares the root they make with
+    the signed one."""
+    wanted: list[tuple[int, int, bytes, CheckpointFacts]] = []
+    for index, rows in recorded.items():
+        for row in rows:
+            if row["kind"] != "truncated":
+                continue
+            evidence = row.get("evidence")
+            if isinstance(evidence, str):
+                evidence = json.loads(evidence)
+            try:
+                size, root = int(evidence["tree_size"]), bytes.fromhex(str(evidence["root"]))
+            except (TypeError, KeyError, ValueError):
+                continue
+            at = evidence.get("time")
+            facts = CheckpointFacts(size, row.get("event_id"), None if at is None else _json_value(_time(at)))
+            wanted.append((index, int(row["seq"]), root, facts))
+    verdicts: dict[tuple[int, int], str] = {}
+    sizes: dict[tuple[int, int], CheckpointFacts] = {}
+    roots: dict[int, bytes | None] = {}
+    for index, seq, root, facts in wanted:
+        if facts.tree_size not in roots:
+            roots[facts.tree_size] = _root_over_shards(call, producer, facts.tree_size, held_by)
+        found = roots[facts.tree_size]
+        if found is not None:
+            verdicts[(index, seq)] = "verified" if found == root else "root_mismatch"
+            sizes[(index, seq)] = facts
+    return verdicts, sizes
+
+
+def _root_over_shards(
+    call: _Call, producer: str, size: int, held_by: Mapping[int, list[tuple[int, int]]]
+) -> bytes | None:
+    """The RFC 6962 root of the producer's seqs 1..size from the shards' `merkle_material`, or None when
+    the shards do not hold every one of them (or their index lacks a node it needs)."""
+    pieces: list[tuple[int, int, int]] = []  # (leaf lo, leaf hi, shard index), each seq from one shard
+    covered = 0
+    for lo, hi, index in sorted((lo, hi, i) for i, ranges in held_by.items() for lo, hi in ranges):
+        lo, hi = max(lo - 1, covered), min(hi, size)  # seqs lo..hi are leaves lo - 1 .. hi - 1
+        if lo > covered:
+            return None  # no shard holds seq covered + 1
+        if hi > lo:
+            pieces.append((lo, hi, index))
+            covered = hi
+    if covered < size:
+        return None
+    nodes: dict[tuple[int, int], bytes] = {}
+    leaves: dict[int, bytes] = {}
+    for lo, hi, index in pieces:
+        params = {"producer_id": producer, "lo": lo, "hi": hi}
+        _, rows = call.runner.prefix(call.runner.shards[index], QUERIES["merkle_material"], params, math.inf)
+        for row in rows:
+            if row["kind"] == "node":
+                nodes[(int(row["level"]), int(row["idx"]))] = bytes.fromhex(str(row["hash"]))
+            elif lo < int(row["seq"]) <= hi:
+                leaves[int(row["seq"]) - 1] = leaf_hash(bytes.fromhex(str(row["hash"])))
+    return _subtree_root(nodes, leaves, 0, size)
+
+
+def _subtree_root(
+    nodes: Mapping[tuple[int, int], bytes], leaves: Mapping[int, bytes], lo: int, hi: int
+) -> bytes | None:
+    """MTH of leaves lo..hi-1 (a range RFC 9162's recursion visits) from indexed nodes and leaf hashes;
+    None when one it needs is not there."""
+    width = hi - lo
+    if width & (width - 1) == 0:
+        level = width.bit_length() - 1
+        found = nodes.get((level, lo >> level))
+        if found is not None:
+            return found
+        if width == 1:
+            return leaves.get(lo)
+    split = 1 << ((width - 1).bit_length() - 1)  # the largest power of two below the width
+    left = _subtree_root(nodes, leaves, lo, lo + split)
+    if left is None:
+        return None
+    right = _subtree_root(nodes, leaves, lo + split, hi)
+    return None if right is None else node_hash(left, right)
 
 
 # -- tool uses across shards ------------------------------------------------------------------------
@@ -958,13 +1099,24 @@ def _chain_status(call: _Call) -> tuple[list[str], list[Row]]:
 
 def _chain_breaks(call: _Call) -> tuple[list[str], list[Row]]:
     columns, per_shard = call.gather("chain_breaks", call.fan)
-    chains = _Chains(call, call.bound.get("producer_id")) if call.bound.get("kind") in (None, "gap") else None
-    rows = [
-        row
-        for index, shard_rows in enumerate(per_shard)
-        for row in shard_rows
-        if chains is None or not chains.false_gap(index, row)
-    ]
+    kind = call.bound.get("kind")
+    chains = (
+        _Chains(call, call.bound.get("producer_id")) if kind in (None, "gap", "truncated", "root_mismatch") else None
+    )
+    rows: list[Row] = []
+    for index, shard_rows in enumerate(per_shard):
+        for row in shard_rows:
+            judged = dict(row) if chains is None else chains.judged_break(index, row)
+            if judged is not None and (kind is None or judged["kind"] == kind):
+                rows.append(judged)
+    if kind == "root_mismatch" and chains is not None:
+        # What serve found of checkpoints the shards recorded as truncated.
+        _, truncated = call.gather("chain_breaks", {**call.fan, "kind": "truncated"})
+        for index, shard_rows in enumerate(truncated):
+            for row in shard_rows:
+                judged = chains.judged_break(index, row)
+                if judged is not None and judged["kind"] == "root_mismatch":
+                    rows.append(judged)
     return columns, call.cut(sort_rows(rows, ("-recorded_at", "producer_id", "seq", "kind")))
 
 
@@ -1039,6 +1191,10 @@ def _producer_signatures(call: _Call) -> tuple[list[str], list[Row]]:
             "last_time": "max",
         },
     )
+    chains = _Chains(call)
+    if chains.split:
+        # A split producer's truncated checkpoints, judged over the shards (`_checkpoint_roots`).
+        per_shard = [[_judged_signature(chains, index, row) for row in rows] for index, rows in enumerate(per_shard)]
     rows = combine(per_shard, merge, columns)
     for row in rows:
         breaks = row.get("breaks") or []
@@ -1047,6 +1203,31 @@ def _producer_signatures(call: _Call) -> tuple[list[str], list[Row]]:
     if call.bound.get("only_failing"):
         rows = [r for r in rows if not r["ok"]]
     return columns, call.cut(sort_rows(rows, ("ok", "producer_id")))
+
+
+def _judged_signature(chains: _Chains, index: int, row: Row) -> Row:
+    """A shard's `producer_signatures` row with its truncated checkpoints as serve judged them: one the
+    shards' events verify is no break and signs the producer up to its tree_size; one they contradict is a
+    root_mismatch."""
+    producer = str(row["producer_id"])
+    if producer not in chains.stitched:
+        return row
+    breaks: list[Any] = []
+    out = dict(row)
+    for entry in row.get("breaks") or []:
+        verdict = chains.checkpoint_verdict(index, producer, entry.get("kind"), entry.get("seq"))
+        if verdict == "verified":
+            facts = chains.stitched[producer].checkpoint_sizes[(index, int(entry["seq"]))]
+            out["signed"] = True
+            if out.get("signed_tree_size") is None or facts.tree_size > int(out["signed_tree_size"]):
+                out["signed_tree_size"] = facts.tree_size
+                out["checkpoint_seq"] = int(entry["seq"])
+                out["checkpoint_event_id"] = facts.event_id
+                out["checkpoint_time"] = facts.time
+            continue
+        breaks.append({**entry, "kind": "root_mismatch"} if verdict == "root_mismatch" else entry)
+    out["breaks"] = breaks
+    return out
 
 
 def _denial_rate(call: _Call) -> tuple[list[str], list[Row]]:

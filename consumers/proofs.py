@@ -51,6 +51,20 @@ _NEW_HASHES = """
 SELECT seq, hash FROM events WHERE producer_id = $producer_id AND seq > $leaves ORDER BY seq
 """
 
+_NEXT_SEQ = "SELECT min(seq) FROM events WHERE producer_id = $producer_id AND seq > $leaves"
+
+# Blocks of 2**INDEX_LEVEL leaves past the fold, every seq of them stored, not indexed yet.
+_COMPLETE_BLOCKS = f"""
+SELECT (seq - 1) >> {INDEX_LEVEL} AS block FROM events
+WHERE producer_id = $producer_id AND seq > $leaves
+GROUP BY block HAVING count(DISTINCT seq) = {1 << INDEX_LEVEL}
+EXCEPT
+SELECT idx FROM merkle_nodes WHERE producer_id = $producer_id AND level = {INDEX_LEVEL}
+ORDER BY block
+"""  # noqa: S608 (module constants only; values are bound parameters)
+
+_NODE = "SELECT hash FROM merkle_nodes WHERE producer_id = $producer_id AND level = $level AND idx = $idx"
+
 _SAVE_NODES = """
 INSERT OR IGNORE INTO merkle_nodes
 SELECT $producer_id, unnest($levels), unnest($idxs), unnest($hashes)
@@ -82,35 +96,94 @@ class _Fold:
 
 def fold(con: duckdb.DuckDBPyConnection, producer_ids: Iterable[str]) -> None:
     """Extend each producer's tree with its stored events after `leaves`, up to the first missing
-    seq, recording the new `merkle_nodes`. Runs inside the caller's transaction; about two SHA-256
-    per new event."""
+    seq, recording the new `merkle_nodes`; then index the stored blocks past it (`_fold_blocks`).
+    Runs inside the caller's transaction; about two SHA-256 per new event."""
     for producer_id in producer_ids:
-        row = con.execute(_STATE, {"producer_id": producer_id}).fetchone()
-        state = _Fold(0, []) if row is None else _Fold(int(row[0]), [bytes.fromhex(h) for h in row[1]])
-        rows = con.execute(_NEW_HASHES, {"producer_id": producer_id, "leaves": state.leaves}).fetchall()
-        levels: list[int] = []
-        idxs: list[int] = []
-        hashes: list[str] = []
-        frontier, size = state.frontier, state.leaves
-        for seq, text in rows:
-            if seq != size + 1:
-                break  # a hole: the fold waits for it
-            node, n, level = leaf_hash(bytes.fromhex(text)), size, 0
-            while n & 1:
-                node = node_hash(frontier.pop(), node)
-                n >>= 1
-                level += 1
-                if level >= INDEX_LEVEL:
-                    levels.append(level)
-                    idxs.append(size >> level)
-                    hashes.append(node.hex())
-            frontier.append(node)
-            size += 1
-        if size == state.leaves and row is not None:
+        _fold_one(con, producer_id)
+        _fold_blocks(con, producer_id)
+
+
+def _fold_one(con: duckdb.DuckDBPyConnection, producer_id: str) -> None:
+    row = con.execute(_STATE, {"producer_id": producer_id}).fetchone()
+    state = _Fold(0, []) if row is None else _Fold(int(row[0]), [bytes.fromhex(h) for h in row[1]])
+    following = con.execute(_NEXT_SEQ, {"producer_id": producer_id, "leaves": state.leaves}).fetchone()
+    if following is None or following[0] != state.leaves + 1:
+        # A hole right after the fold (a shard holding a later segment of the chain has one at seq 1):
+        # nothing to extend, and no reason to read what lies past it.
+        if row is None:
+            con.execute(_SAVE_STATE, {"producer_id": producer_id, "leaves": 0, "frontier": []})
+        return
+    rows = con.execute(_NEW_HASHES, {"producer_id": producer_id, "leaves": state.leaves}).fetchall()
+    levels: list[int] = []
+    idxs: list[int] = []
+    hashes: list[str] = []
+    frontier, size = state.frontier, state.leaves
+    for seq, text in rows:
+        if seq != size + 1:
+            break  # a hole: the fold waits for it
+        node, n, level = leaf_hash(bytes.fromhex(text)), size, 0
+        while n & 1:
+            node = node_hash(frontier.pop(), node)
+            n >>= 1
+            level += 1
+            if level >= INDEX_LEVEL:
+                levels.append(level)
+                idxs.append(size >> level)
+                hashes.append(node.hex())
+        frontier.append(node)
+        size += 1
+    if size == state.leaves and row is not None:
+        return
+    if levels:
+        con.execute(_SAVE_NODES, {"producer_id": producer_id, "levels": levels, "idxs": idxs, "hashes": hashes})
+    con.execute(_SAVE_STATE, {"producer_id": producer_id, "leaves": size, "frontier": [h.hex() for h in frontier]})
+
+
+def _fold_blocks(con: duckdb.DuckDBPyConnection, producer_id: str) -> None:
+    """Index every complete aligned subtree of `INDEX_LEVEL` and above whose leaves are all stored,
+    past the fold too: a shard holding a later segment of a producer's chain (a partition handed over,
+    `consumers.shards`) never folds from seq 1, and `callgate serve` checks a checkpoint over several
+    shards from each shard's nodes (`merkle_material`). Each new block's root, then its parents while
+    their other half is indexed. The fold records the same nodes when it reaches them."""
+    row = con.execute(_STATE, {"producer_id": producer_id}).fetchone()
+    leaves = 0 if row is None else int(row[0])
+    blocks = [
+        int(b) for (b,) in con.execute(_COMPLETE_BLOCKS, {"producer_id": producer_id, "leaves": leaves}).fetchall()
+    ]
+    if not blocks:
+        return
+    made: dict[tuple[int, int], bytes] = {}
+
+    def node(level: int, idx: int) -> bytes | None:
+        if (level, idx) in made:
+            return made[(level, idx)]
+        found = con.execute(_NODE, {"producer_id": producer_id, "level": level, "idx": idx}).fetchone()
+        return None if found is None else bytes.fromhex(str(found[0]))
+
+    for block in blocks:
+        lo, hi = block * _BLOCK, (block + 1) * _BLOCK
+        rows = con.execute(_RANGE_HASHES, {"producer_id": producer_id, "lo": lo, "hi": hi}).fetchall()
+        hashes = [leaf_hash(bytes.fromhex(text)) for _, text in rows]
+        if len(hashes) != _BLOCK:  # a seq stored twice cannot be (the store keeps one event per slot)
             continue
-        if levels:
-            con.execute(_SAVE_NODES, {"producer_id": producer_id, "levels": levels, "idxs": idxs, "hashes": hashes})
-        con.execute(_SAVE_STATE, {"producer_id": producer_id, "leaves": size, "frontier": [h.hex() for h in frontier]})
+        while len(hashes) > 1:
+            hashes = [node_hash(hashes[j], hashes[j + 1]) for j in range(0, len(hashes), 2)]
+        level, idx, root = INDEX_LEVEL, block, hashes[0]
+        made[(level, idx)] = root
+        while (sibling := node(level, idx ^ 1)) is not None:
+            root = node_hash(sibling, root) if idx & 1 else node_hash(root, sibling)
+            level, idx = level + 1, idx >> 1
+            made[(level, idx)] = root
+    keys = sorted(made)
+    con.execute(
+        _SAVE_NODES,
+        {
+            "producer_id": producer_id,
+            "levels": [level for level, _ in keys],
+            "idxs": [idx for _, idx in keys],
+            "hashes": [made[k].hex() for k in keys],
+        },
+    )
 
 
 def fold_all(con: duckdb.DuckDBPyConnection) -> None:

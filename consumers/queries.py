@@ -1256,6 +1256,28 @@ ORDER BY o, level, idx, seq
 """
 
 
+# The compact range of leaves [lo, hi) of one producer's tree, as far as this store holds it: the
+# indexed subtrees (level 8 and above, consumers.proofs) inside the range whose parent is not, and the
+# leaves of the range's edge blocks, whose smaller subtrees are hashed from them. `callgate serve`
+# joins such ranges of several shards into the root a checkpoint signed (consumers.federation).
+_MERKLE_MATERIAL = """
+SELECT kind, level, idx, seq, hash FROM (
+    SELECT 'node' AS kind, m.level, m.idx, NULL::BIGINT AS seq, m.hash
+    FROM merkle_nodes m
+    WHERE m.producer_id = $producer_id AND m.level >= 8
+      AND (m.idx << m.level) >= $lo AND ((m.idx + 1) << m.level) <= $hi
+      AND NOT (((m.idx >> 1) << (m.level + 1)) >= $lo AND (((m.idx >> 1) + 1) << (m.level + 1)) <= $hi)
+    UNION ALL
+    SELECT 'leaf', NULL, NULL, e.seq, e.hash
+    FROM events e
+    WHERE e.producer_id = $producer_id AND e.seq > $lo AND e.seq <= $hi
+      AND ((((e.seq - 1) >> 8) << 8) < $lo OR ((((e.seq - 1) >> 8) + 1) << 8) > $hi)
+)
+ORDER BY kind, level, idx, seq
+LIMIT $limit OFFSET $offset
+"""
+
+
 # Signed checkpoints (consumers.checkpoints): per producer with events in the window, its last valid
 # checkpoint (checkpoint_state.tree_size is only set by a verified one) and every checkpoint break
 # recorded for it, failing producers first.
@@ -2190,6 +2212,23 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             {"producer_id": Param("str", "Only this producer (gate instance)."), **PAGE},
             scope="global",
             merge=page("producer_id", "first_seq"),
+        ),
+        _query(
+            "merkle_material",
+            "What this store holds of the RFC 6962 tree of one producer's leaves [lo, hi) (seqs lo + 1 .. hi): "
+            "kind 'node' rows (level, idx, hash) for the indexed subtrees of level 8 and above inside the range "
+            "whose parent is not, kind 'leaf' rows (seq, hash: the event hash) for the seqs of the range's edge "
+            "blocks of 256. callgate serve joins them over the shards into the root a checkpoint signed, when a "
+            "handoff left the checkpoint's events in several stores.",
+            _MERKLE_MATERIAL,
+            {
+                "producer_id": Param("str", "The producer (gate instance; no rows without it)."),
+                "lo": Param("int", "The range's first leaf (0-based: seq lo + 1).", default=0, minimum=0),
+                "hi": Param("int", "One past the range's last leaf (seq hi; no rows without it).", minimum=1),
+                **PAGE,
+            },
+            scope="global",
+            merge=page("kind", "level", "idx", "seq"),
         ),
     ]
 )

@@ -26,7 +26,7 @@ from consumers import QUERIES, AuditStore, RawRecord, run_query
 from consumers.api import ApiServer, HealthStatus, build_app
 from consumers.auth import TokenFile, hash_token
 from consumers.coverage import run_checks
-from consumers.federation import _CUSTOM, FederatedRunner, Shard, held_seqs, stitch_segments
+from consumers.federation import _CUSTOM, FederatedRunner, Shard, _time, held_seqs, stitch_segments
 from consumers.metrics import MaterializerMetrics
 from consumers.queries import NamedQuery, page
 from consumers.reader import ApiReader, FileReader
@@ -309,6 +309,10 @@ def cases(d: Deployment) -> dict[str, list[dict[str, Any]]]:
     out["shadow_calls"] += [{"divergent_only": True}, {"shadow_outcome": "blocked", "limit": 2, "offset": 1}]
     out["replay_calls"] = [{}, {"limit": 5}, {"limit": 4, "after_time": middle, "after_event_id": "0"}]
     out["inclusion_material"] = [{"event_id": checkpointed.event_id}, {"event_id": "nope"}]
+    signed = [e.seq for e in d.events if e.producer_id == checkpointed.producer_id]
+    out["merkle_material"] = [
+        {"producer_id": checkpointed.producer_id, "lo": lo, "hi": hi} for lo, hi in ((0, max(signed)), (3, 20))
+    ]
     out["tool_exercise"] += [{"only_unexercised": True}, {"gate": "lab"}]
     out["exercised_tools"] += [{"gate": "shop"}]
     out["registered_tools"] += [{"gate": "lab"}, {"agent": "outer"}]
@@ -757,6 +761,104 @@ class TestAfterARealHandoff(SplitShards):
             assert counts["chain_not_verified"] == counts["tool_uses"] == 19
             code, output = self.coverage(parts)
             assert code == 1, output
+        finally:
+            self.close(stores, parts)
+
+
+def signed_chain(calls: int, every: int) -> list[EventBase]:
+    """One signed producer's chain of `calls` calls, a checkpoint after every `every` events."""
+    sink = MemorySink()
+    desk = Gate("signed-split", sinks=[sink], signing_key=KEY, checkpoint_events=every).agent("desk", tools=[quote])
+
+    async def run() -> None:
+        for i in range(calls):
+            await desk.call("quote", {"order_id": f"ACME-{i}"}, run=RunContext(tenant="acme"))
+        await desk.gate.close()
+
+    asyncio.run(run())
+    return sorted(sink.events, key=lambda e: e.seq)
+
+
+class TestSignedCheckpointsSplitAcrossShards(SplitShards):
+    """A signed producer split at seq 700: shard b holds checkpoints over seqs 1..n of which shard a holds
+    the first 699, so b alone records them `truncated`; serve checks them against both shards' trees."""
+
+    def deploy(self, root: Path, first: list[EventBase], rest: list[EventBase]) -> tuple[list[AuditStore], list[Any]]:
+        stores, parts = super().deploy(root, first, rest)
+        for store in stores:
+            store.close_checkpoints()
+        return stores, parts
+
+    def split(self) -> tuple[list[EventBase], list[EventBase]]:
+        events = signed_chain(1500, 100)  # seqs 1..1516: shard b's blocks 3 and 4 are whole
+        return [e for e in events if e.seq < 700], [e for e in events if e.seq >= 700]
+
+    def signatures(self, stores: list[AuditStore], parts: list[Any]) -> tuple[list[Any], list[Any]]:
+        keep = ("producer_id", "ok", "signed", "signed_tree_size", "checkpoint_seq", "checkpoint_event_id", "breaks")
+        got, want = self.answers(stores, parts, "producer_signatures")
+        return [{k: r[k] for k in keep} for r in got], [{k: r[k] for k in keep} for r in want]
+
+    def test_no_false_truncated(self, tmp_path: Path) -> None:
+        """chain_breaks and producer_signatures through serve equal one store's (no break, signed up to
+        the last checkpoint, its time too); coverage --require-signed passes."""
+        first, rest = self.split()
+        stores, parts = self.deploy(tmp_path, first, rest)
+        try:
+            alone = [r for r in self.shard_alone(stores[1], "chain_breaks") if r["kind"] == "truncated"]
+            assert len(alone) >= 2, "shard b alone should find its checkpoints truncated"
+            got, want = self.answers(stores, parts, "chain_breaks")
+            assert got == want == []
+            got, want = self.signatures(stores, parts)
+            assert got == want
+            assert want[0]["ok"]
+            fed, single = self.answers(stores, parts, "producer_signatures")
+            assert _time(fed[0]["checkpoint_time"]) == _time(single[0]["checkpoint_time"])
+            report = run_checks(ApiReader(parts[1].url), require_signed=True)
+            assert report.exit_code == 0, [(c.name, c.summary) for c in report.checks]
+            for name in ("chain_status", *TestToolUsesSplitAcrossShards.JUDGING):
+                got, want = self.answers(stores, parts, name)
+                assert got == want, name
+        finally:
+            self.close(stores, parts)
+
+    def test_a_tree_that_disagrees_is_a_root_mismatch(self, tmp_path: Path) -> None:
+        """A node of shard b's tree index changed: the root over the shards is not the signed one, so serve
+        reports root_mismatch for the checkpoints over it, and coverage --require-signed fails."""
+        first, rest = self.split()
+        stores, parts = self.deploy(tmp_path, first, rest)
+        try:
+            changed = stores[1].transaction(
+                lambda con: con.execute(
+                    "UPDATE merkle_nodes SET hash = repeat('0', 64) WHERE level = 8 AND idx = 3"
+                ).fetchall()
+            )
+            assert changed == [(1,)]
+            breaks = [(b["kind"], b["seq"]) for b in self.answers(stores, parts, "chain_breaks")[0]]
+            assert breaks
+            assert {kind for kind, _ in breaks} == {"root_mismatch"}
+            assert [
+                (b["kind"], b["seq"]) for b in self.answers(stores, parts, "chain_breaks", kind="truncated")[0]
+            ] == []
+            mismatches = self.answers(stores, parts, "chain_breaks", kind="root_mismatch")[0]
+            assert sorted((b["kind"], b["seq"]) for b in mismatches) == sorted(breaks)
+            (row,) = self.signatures(stores, parts)[0]
+            assert not row["ok"]
+            assert {b["kind"] for b in row["breaks"]} == {"root_mismatch"}
+            report = run_checks(ApiReader(parts[1].url), require_signed=True)
+            assert report.exit_code == 1
+        finally:
+            self.close(stores, parts)
+
+    def test_events_no_shard_holds_leave_it_truncated(self, tmp_path: Path) -> None:
+        """Seq 900 in neither shard: the checkpoints over it stay truncated through serve, beside the gap."""
+        first, rest = self.split()
+        stores, parts = self.deploy(tmp_path, first, [e for e in rest if e.seq != 900])
+        try:
+            kinds = {b["kind"] for b in self.answers(stores, parts, "chain_breaks")[0]}
+            assert {"gap", "truncated"} <= kinds
+            assert "root_mismatch" not in kinds
+            report = run_checks(ApiReader(parts[1].url), require_signed=True)
+            assert report.exit_code == 1
         finally:
             self.close(stores, parts)
 

@@ -112,17 +112,37 @@ class TestIndex:
 
     def test_the_fold_waits_at_a_hole_and_ends_the_same(self, events: list[EventBase], tmp_path: Path) -> None:
         """With seq 300 delivered last, the fold stops at 299 and, once it arrives, holds the same
-        nodes as an in-order store."""
+        nodes as an in-order store. Meanwhile every subtree without seq 300 is indexed already, past
+        the hole too (what a shard holding a later segment of the chain answers serve from)."""
+        nodes = "select level, idx, hash from merkle_nodes order by level, idx"
+        with AuditStore(tmp_path / "order.duckdb") as ordered:
+            ingest(ordered, events)
+            everything = table(ordered, nodes)
+        hole = 299  # the leaf of seq 300
+        without = [(level, idx, h) for level, idx, h in everything if not idx << level <= hole < (idx + 1) << level]
         late = [e for e in events if e.seq == 300]
         with AuditStore(tmp_path / "hole.duckdb") as store:
             ingest(store, [e for e in events if e.seq != 300])
             assert table(store, "select leaves from checkpoint_state") == [(299,)]
-            assert table(store, "select max(level) from merkle_nodes") == [(INDEX_LEVEL,)]  # only block 0
+            assert table(store, nodes) == without
+            assert any(idx << level > hole for level, idx, _ in without)  # past the hole
             ingest(store, late)
-            got = table(store, "select level, idx, hash from merkle_nodes order by level, idx")
-        with AuditStore(Path(str(tmp_path / "hole.duckdb")).with_name("order.duckdb")) as ordered:
-            ingest(ordered, events)
-            assert got == table(ordered, "select level, idx, hash from merkle_nodes order by level, idx")
+            assert table(store, nodes) == everything
+
+    def test_a_later_segment_alone_indexes_its_subtrees(self, events: list[EventBase], tmp_path: Path) -> None:
+        """A store holding seqs 600.. only (a shard after a handoff) never folds from seq 1, yet indexes
+        every subtree of its segment as the store of the whole chain has it."""
+        nodes = "select level, idx, hash from merkle_nodes order by level, idx"
+        with AuditStore(tmp_path / "whole.duckdb") as whole:
+            ingest(whole, events)
+            everything = table(whole, nodes)
+        first = 599  # the leaf of seq 600
+        within = [(level, idx, h) for level, idx, h in everything if idx << level >= first]
+        with AuditStore(tmp_path / "later.duckdb") as later:
+            ingest(later, [e for e in events if e.seq >= 600])
+            assert table(later, "select leaves from checkpoint_state") == [(0,)]
+            assert within
+            assert table(later, nodes) == within
 
     def test_roots_of_every_earlier_size(self, events: list[EventBase], indexed: Path) -> None:
         """root_at answers the root of any prefix from the index: the RFC root of those leaves."""
