@@ -37,10 +37,11 @@ events judges them, so a ToolsRegistered in one shard verifies the calls stored 
 
 A signed producer's checkpoint that a shard could not check for lack of the seqs another shard holds is
 `truncated` there; serve checks its root over the shards' trees (`merkle_material`, `_checkpoint_roots`):
-verified, it is no break; contradicted, a `root_mismatch`.
+verified, it is no break; contradicted, a `root_mismatch`. A shard's `unsigned`, `uncovered` and `silent`
+rows of a split producer that another shard's checkpoints answer are dropped (`_signing_break_stands`).
 
 Known limits (docs/operating.md, "Federated reads"): `run_events` and `runs` follow a run's nested calls
-within each shard; with `--require-signed`, `unsigned`, `uncovered` and `silent` are each shard's own.
+within each shard.
 """
 
 from __future__ import annotations
@@ -1100,15 +1101,22 @@ def _chain_status(call: _Call) -> tuple[list[str], list[Row]]:
 def _chain_breaks(call: _Call) -> tuple[list[str], list[Row]]:
     columns, per_shard = call.gather("chain_breaks", call.fan)
     kind = call.bound.get("kind")
-    chains = (
-        _Chains(call, call.bound.get("producer_id")) if kind in (None, "gap", "truncated", "root_mismatch") else None
-    )
+    judged_kinds = (None, "gap", "truncated", "root_mismatch", *_SIGNING_STATES)
+    chains = _Chains(call, call.bound.get("producer_id")) if kind in judged_kinds else None
+    signing: dict[str, Row] = {}
+    if chains is not None and chains.split and kind in (None, "unsigned", "uncovered", "silent"):
+        _, merged = _merged_signatures(call, chains, {})
+        signing = {str(r["producer_id"]): r for r in merged if str(r["producer_id"]) in chains.stitched}
     rows: list[Row] = []
     for index, shard_rows in enumerate(per_shard):
         for row in shard_rows:
             judged = dict(row) if chains is None else chains.judged_break(index, row)
-            if judged is not None and (kind is None or judged["kind"] == kind):
-                rows.append(judged)
+            if judged is None or (kind is not None and judged["kind"] != kind):
+                continue
+            facts = signing.get(str(judged.get("producer_id")))
+            if facts is not None and not _signing_break_stands(judged, facts):
+                continue
+            rows.append(judged)
     if kind == "root_mismatch" and chains is not None:
         # What serve found of checkpoints the shards recorded as truncated.
         _, truncated = call.gather("chain_breaks", {**call.fan, "kind": "truncated"})
@@ -1173,33 +1181,60 @@ def _pipeline_health(call: _Call) -> tuple[list[str], list[Row]]:
     return columns, sort_rows(merged, ("topic", "partition"))
 
 
-def _producer_signatures(call: _Call) -> tuple[list[str], list[Row]]:
-    columns, per_shard = call.gather("producer_signatures", {**call.fan, "only_failing": False})
-    merge = Merge(
-        "groups",
-        keys=("producer_id",),
-        columns={
-            "gate": "any",
-            "events": "sum",
-            "ok": "or",
-            "signed": "or",
-            "signed_tree_size": "max",
-            "checkpoint_seq": "arg_max:signed_tree_size",
-            "checkpoint_event_id": "arg_max:signed_tree_size",
-            "checkpoint_time": "arg_max:signed_tree_size",
-            "breaks": "union",
-            "last_time": "max",
-        },
-    )
-    chains = _Chains(call)
+_SIGNATURES: Final = Merge(
+    "groups",
+    keys=("producer_id",),
+    columns={
+        "gate": "any",
+        "events": "sum",
+        "ok": "or",
+        "signed": "or",
+        "signed_tree_size": "max",
+        "checkpoint_seq": "arg_max:signed_tree_size",
+        "checkpoint_event_id": "arg_max:signed_tree_size",
+        "checkpoint_time": "arg_max:signed_tree_size",
+        "breaks": "union",
+        "last_time": "max",
+    },
+)
+
+
+def _merged_signatures(call: _Call, chains: _Chains, params: Mapping[str, Any]) -> tuple[list[str], list[Row]]:
+    """`producer_signatures` over every shard, unsorted: a split producer's truncated checkpoints judged
+    over the shards (`_judged_signature`), and its signing states that another shard's checkpoints
+    answer dropped (`_signing_break_stands`)."""
+    columns, per_shard = call.gather("producer_signatures", {**params, "only_failing": False})
     if chains.split:
-        # A split producer's truncated checkpoints, judged over the shards (`_checkpoint_roots`).
         per_shard = [[_judged_signature(chains, index, row) for row in rows] for index, rows in enumerate(per_shard)]
-    rows = combine(per_shard, merge, columns)
+    rows = combine(per_shard, _SIGNATURES, columns)
     for row in rows:
         breaks = row.get("breaks") or []
+        if str(row["producer_id"]) in chains.stitched:
+            breaks = [b for b in breaks if _signing_break_stands(b, row)]
         row["breaks"] = sorted(breaks, key=lambda b: (b.get("seq") is None, b.get("seq") or 0, str(b.get("kind"))))
         row["ok"] = bool(row["signed"]) and not row["breaks"]
+    return columns, rows
+
+
+def _signing_break_stands(entry: Mapping[str, Any], signatures: Mapping[str, Any]) -> bool:
+    """Whether a shard's `unsigned`, `uncovered` or `silent` row of a split producer still holds over every
+    shard (`signatures`: its merged `producer_signatures` row). Each shard judges only its part: the one
+    holding the chain's first part records `uncovered` and `silent` for the events and checkpoint after
+    which the producer went on in another shard, and one whose part has no checkpoint of its own that
+    verified records `unsigned`."""
+    kind, seq = entry.get("kind"), entry.get("seq")
+    size, last = signatures.get("signed_tree_size"), signatures.get("checkpoint_seq")
+    if kind == "unsigned":
+        return not signatures.get("signed")
+    if kind == "uncovered":  # events after a valid checkpoint: covered when a later one is over them
+        return size is None or seq is None or int(seq) > int(size)
+    if kind == "silent":  # a last checkpoint no other followed: one did, in another shard
+        return last is None or seq is None or int(seq) >= int(last)
+    return True
+
+
+def _producer_signatures(call: _Call) -> tuple[list[str], list[Row]]:
+    columns, rows = _merged_signatures(call, _Chains(call), call.fan)
     if call.bound.get("only_failing"):
         rows = [r for r in rows if not r["ok"]]
     return columns, call.cut(sort_rows(rows, ("ok", "producer_id")))

@@ -191,10 +191,10 @@ def dead_records(offsets: dict[int, int]) -> list[RawRecord]:
     return out
 
 
-def fill(path: Path, batch: list[RawRecord]) -> AuditStore:
+def fill(path: Path, batch: list[RawRecord], *, require_signed: bool = False) -> AuditStore:
     """A store of `batch`: the events in one ingest, then each dead letter in one of its own (stores are
     filled one after the other, so dead letters are received in the same order in all of them)."""
-    store = AuditStore(path, trusted_keys=TRUSTED)
+    store = AuditStore(path, trusted_keys=TRUSTED, require_signed=require_signed)
     events = [r for r in batch if r.key != b"k"]
     for part in ([events] if events else []) + [[r] for r in batch if r.key == b"k"]:
         store.ingest(part, {(r.topic, r.partition): r.offset + 1 for r in part})
@@ -439,10 +439,15 @@ def chain(n: int) -> list[EventBase]:
 class SplitShards:
     """Two shards of one event stream (`first` in a, `rest` in b), serve over them, one store of all of it."""
 
+    require_signed = False
+    """The stores' `require_signed` (materialized with --require-signed)."""
+
     def deploy(self, root: Path, first: list[EventBase], rest: list[EventBase]) -> tuple[list[AuditStore], list[Any]]:
         offsets: dict[int, int] = {}
         a, b = records(first, offsets=offsets), records(rest, offsets=offsets)
-        stores = [fill(root / "a.duckdb", a), fill(root / "b.duckdb", b), fill(root / "single.duckdb", a + b)]
+        signed = self.require_signed
+        stores = [fill(root / n, batch, require_signed=signed) for n, batch in (("a.duckdb", a), ("b.duckdb", b),
+                                                                                ("single.duckdb", a + b))]  # fmt: skip
         for store in stores:
             store.close_open_gaps()
         servers = [serve_store(s) for s in stores[:2]]
@@ -846,6 +851,42 @@ class TestSignedCheckpointsSplitAcrossShards(SplitShards):
             assert {b["kind"] for b in row["breaks"]} == {"root_mismatch"}
             report = run_checks(ApiReader(parts[1].url), require_signed=True)
             assert report.exit_code == 1
+        finally:
+            self.close(stores, parts)
+
+    def test_the_signing_states_of_each_part_are_answered_by_the_other(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Materialized with --require-signed, shard a finds its last checkpoint silent and the events after
+        it uncovered (the producer went on in shard b), shard b finds the producer unsigned (none of its
+        checkpoints verified there); through serve neither holds, as in one store: no break, coverage
+        --require-signed passes."""
+        monkeypatch.setattr(self, "require_signed", True)
+        sink = MemorySink()
+        # A heartbeat of 10 ms: by the time the stores close their checks, 30 ms make events late.
+        gate = Gate("signed-split", sinks=[sink], signing_key=KEY, checkpoint_events=100, heartbeat_s=0.01)
+        desk = gate.agent("desk", tools=[quote])
+
+        async def run() -> None:
+            for i in range(1500):
+                await desk.call("quote", {"order_id": f"ACME-{i}"}, run=RunContext(tenant="acme"))
+            await gate.close()
+
+        asyncio.run(run())
+        events = sorted(sink.events, key=lambda e: e.seq)
+        stores, parts = self.deploy(tmp_path, [e for e in events if e.seq < 700], [e for e in events if e.seq >= 700])
+        try:
+            kinds = [{r["kind"] for r in self.shard_alone(store, "chain_breaks")} for store in stores]
+            assert {"silent", "uncovered"} <= kinds[0]
+            assert "unsigned" in kinds[1]
+            assert kinds[2] == set()
+            got, want = self.answers(stores, parts, "chain_breaks")
+            assert got == want == []
+            got, want = self.signatures(stores, parts)
+            assert got == want
+            assert want[0]["ok"]
+            report = run_checks(ApiReader(parts[1].url), require_signed=True)
+            assert report.exit_code == 0, [(c.name, c.summary) for c in report.checks]
         finally:
             self.close(stores, parts)
 
