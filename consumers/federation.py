@@ -40,8 +40,10 @@ A signed producer's checkpoint that a shard could not check for lack of the seqs
 verified, it is no break; contradicted, a `root_mismatch`. A shard's `unsigned`, `uncovered` and `silent`
 rows of a split producer that another shard's checkpoints answer are dropped (`_signing_break_stands`).
 
-Known limits (docs/operating.md, "Federated reads"): `run_events` and `runs` follow a run's nested calls
-within each shard.
+`runs` counts each run of the page again on every shard that did not list it (`_runs`).
+
+Known limits (docs/operating.md, "Federated reads"): `run_events` follows a run's nested calls within each
+shard.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ import httpx
 
 from consumers.api import RunnerError
 from consumers.archive import ARCHIVE_PARAM
-from consumers.queries import INCLUDE_ARCHIVE, QUERIES, Merge, NamedQuery, _coerce, describe_queries
+from consumers.queries import INCLUDE_ARCHIVE, QUERIES, RUN_GROUPS, Merge, NamedQuery, _coerce, describe_queries
 from events.merkle import leaf_hash, node_hash
 from events.models import OUTCOME_TYPES
 
@@ -1233,6 +1235,40 @@ def _signing_break_stands(entry: Mapping[str, Any], signatures: Mapping[str, Any
     return True
 
 
+_RUN_IDS_PER_ASK: Final = 100
+"""Run ids per `runs` request when counting a page's runs again (they travel in the URL)."""
+
+
+def _runs(call: _Call) -> tuple[list[str], list[Row]]:
+    """The page of runs over every shard: membership and order from each shard's first offset + limit runs
+    (a run's latest event is in the shard holding its latest part, where no run ranks above it that does not
+    globally); then each run of the page counted on every shard that did not list it, where the rest of its
+    events may be (a run whose producer's partition moved)."""
+    columns, per_shard = call.gather("runs", call.fan, call.wanted)
+    page = call.cut(sort_rows(combine(per_shard, RUN_GROUPS, columns), RUN_GROUPS.order))
+    ids = [str(r["run_id"]) for r in page]
+    wanted = set(ids)
+    kept = [[r for r in rows if str(r["run_id"]) in wanted] for rows in per_shard]
+
+    def recount(index: int, shard: Shard) -> list[Row]:
+        listed = {str(r["run_id"]) for r in kept[index]}
+        missing = [i for i in ids if i not in listed]
+        found: list[Row] = []
+        for at in range(0, len(missing), _RUN_IDS_PER_ASK):
+            chunk = missing[at : at + _RUN_IDS_PER_ASK]
+            params = call.with_archive({**call.fan, "run_ids": json.dumps(chunk)})
+            _, rows = call.runner.prefix(shard, QUERIES["runs"], params, len(chunk))
+            found.extend(r for r in rows if str(r["run_id"]) in wanted)
+        return found
+
+    if ids and len(call.runner.shards) > 1:
+        more = call.runner.each_indexed(recount)
+        kept = [rows + extra for rows, extra in zip(kept, more, strict=True)]
+    rows = combine(kept, RUN_GROUPS, columns)
+    by_id = {str(r["run_id"]): r for r in rows}
+    return columns, [by_id[i] for i in ids]
+
+
 def _producer_signatures(call: _Call) -> tuple[list[str], list[Row]]:
     columns, rows = _merged_signatures(call, _Chains(call), call.fan)
     if call.bound.get("only_failing"):
@@ -1481,6 +1517,7 @@ _CUSTOM: Final[dict[str, Merger]] = {
     "pipeline_health": _pipeline_health,
     "producer_signatures": _producer_signatures,
     "registered_tools": _registered_tools,
+    "runs": _runs,
     "tool_exercise": _tool_exercise,
     "tool_use_judgements": _tool_use_judgements,
     "tool_use_verification": _tool_use_verification,

@@ -59,7 +59,8 @@ MAX_LIMIT: Final = 1000
 MAX_REPLAY_LIMIT: Final = 10_000
 """The most rows one page of `replay_calls` returns (it pages by a cursor, for large exports)."""
 
-ParamType = Literal["str", "int", "datetime", "bool"]
+ParamType = Literal["str", "int", "datetime", "bool", "ids"]
+"""`ids`: a JSON list of texts (["r-1", "r-2"]), passed to the SQL as that JSON text."""
 ParamValue = str | int | bool | datetime | None
 """What a caller may pass for a parameter: the typed value, or its text (as in a URL query)."""
 
@@ -406,6 +407,14 @@ def _coerce(query: str, name: str, spec: Param, raw: ParamValue) -> Any:
             raise bad("an integer")
         if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
             raise bad(f"an integer from {spec.minimum} to {spec.maximum}")
+    elif spec.type == "ids":
+        try:
+            ids = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            ids = None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise bad('a JSON list of texts (["r-1", "r-2"])')
+        value = json.dumps(ids)
     elif spec.type == "bool":
         if isinstance(raw, bool):
             value = raw
@@ -1379,6 +1388,30 @@ ORDER BY e.time, e.producer_id, e.seq
 LIMIT $limit OFFSET $offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
+RUN_GROUPS: Final = groups(
+    ("run_id",),
+    {
+        "tenant": "arg_min:started_at",
+        "principal": "arg_min:started_at",
+        "thread_id": "arg_min:started_at",
+        "gate": "arg_min:started_at",
+        "agents": "union",
+        "started_at": "min",
+        "last_time": "max",
+        "events": "sum",
+        "turns": "sum",
+        "calls": "sum",
+        "allowed": "sum",
+        "denied": "sum",
+        "substituted": "sum",
+        "blocked": "sum",
+        "approvals_asked": "sum",
+        "outcome": "rank:blocked,turn_denied,turn_substituted,had_denials,clean",
+    },
+    ("-last_time", "run_id"),
+)
+"""How `callgate serve` combines one run's rows of `runs` from several shards (consumers.federation)."""
+
 # The page of runs first (on the narrow columns, newest last event first), then only their events
 # are read for the counts.
 _RUNS = f"""
@@ -1387,6 +1420,7 @@ WITH page AS (
     FROM events
     WHERE run_id IS NOT NULL AND {_WINDOW}
       AND ($run_id IS NULL OR starts_with(run_id, $run_id))
+      AND ($run_ids IS NULL OR run_id IN (SELECT unnest(from_json($run_ids, '["VARCHAR"]'))))
       AND ($principal IS NULL OR principal = $principal)
       AND ($thread_id IS NULL OR thread_id = $thread_id)
       AND ($tenant IS NULL OR tenant = $tenant)
@@ -2112,36 +2146,22 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "since": SINCE,
                 "until": UNTIL,
                 "run_id": Param("str", "Only runs whose id starts with this text."),
+                "run_ids": Param(
+                    "ids",
+                    'Only these runs: a JSON list of run ids (["r-1", "r-2"]); how callgate serve counts the runs '
+                    "of a page on every shard.",
+                ),
                 "principal": _BLOCKED_PARAMS["principal"],
                 "thread_id": Param("str", "Only runs of this conversation thread."),
                 "tenant": TENANT,
                 **PAGE,
             },
             scope="tenant",
-            merge=groups(
-                ("run_id",),
-                {
-                    "tenant": "arg_min:started_at",
-                    "principal": "arg_min:started_at",
-                    "thread_id": "arg_min:started_at",
-                    "gate": "arg_min:started_at",
-                    "agents": "union",
-                    "started_at": "min",
-                    "last_time": "max",
-                    "events": "sum",
-                    "turns": "sum",
-                    "calls": "sum",
-                    "allowed": "sum",
-                    "denied": "sum",
-                    "substituted": "sum",
-                    "blocked": "sum",
-                    "approvals_asked": "sum",
-                    "outcome": "rank:blocked,turn_denied,turn_substituted,had_denials,clean",
-                },
-                ("-last_time", "run_id"),
-                prefix="ordered by the latest event, which each shard's own first runs hold; a run's other "
-                "events are counted from the shards where it is among the first offset + limit (a run's events "
-                "are in one shard unless its producer's partition moved)",
+            merge=custom(
+                "as groups of run_id (counts add, the earliest start's tenant, principal and gate, the latest "
+                "event), ordered by the latest event, which each shard's own first offset + limit runs hold; the "
+                "page's runs are then counted again by their ids (run_ids) on every shard that did not list them, "
+                "so a run whose events several shards hold (its producer's partition moved) counts them all"
             ),
         ),
         # -- what callgate serve judges the tool uses of a producer split across shards with

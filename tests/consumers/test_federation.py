@@ -904,6 +904,45 @@ class TestSignedCheckpointsSplitAcrossShards(SplitShards):
             self.close(stores, parts)
 
 
+class TestARunSplitAcrossShards(SplitShards):
+    """Run r-long's first calls in shard a, its last ones in shard b (its producer's partition moved), and
+    five later runs of another producer in shard a: a's first runs do not reach r-long."""
+
+    def events(self) -> tuple[list[EventBase], list[EventBase]]:
+        sink = MemorySink()
+        long, busy = Gate("long", sinks=[sink]), Gate("busy", sinks=[sink])
+        desk, other = long.agent("desk", tools=[quote]), busy.agent("desk", tools=[quote])
+        run = RunContext(tenant="acme", principal="u-1", run_id="r-long")
+
+        async def day() -> None:
+            for i in range(3):
+                await desk.call("quote", {"order_id": f"ACME-{i}"}, run=run)
+            for i in range(5):
+                await other.call("quote", {"order_id": "ACME-9"}, run=RunContext(tenant="acme", run_id=f"r-busy-{i}"))
+            for i in range(2):
+                await desk.call("quote", {"order_id": f"GLOBEX-{i}"}, run=run)
+
+        asyncio.run(day())
+        events = list(sink.events)
+        moved = sorted(e.seq for e in events if e.producer_id == events[0].producer_id)[3]
+        first = [e for e in events if e.producer_id != events[0].producer_id or e.seq < moved]
+        return first, [e for e in events if e not in first]
+
+    def test_its_counts_are_whole_on_every_page(self, tmp_path: Path) -> None:
+        """runs through serve equals one store's on pages where shard a's own first runs leave r-long out."""
+        first, rest = self.events()
+        stores, parts = self.deploy(tmp_path, first, rest)
+        try:
+            assert "r-long" not in [r["run_id"] for r in self.shard_alone(stores[0], "runs")[:1]]
+            for params in ({"limit": 1}, {"limit": 2}, {"limit": 2, "offset": 1}, {"limit": 1000}, {"run_id": "r-l"}):
+                got, want = self.answers(stores, parts, "runs", **params)
+                assert got == want, params
+            (row,) = self.answers(stores, parts, "runs", limit=1)[0]
+            assert (row["run_id"], row["calls"]) == ("r-long", 5)
+        finally:
+            self.close(stores, parts)
+
+
 class TestALinkAcrossShardsThatDoesNotHold:
     """Shard b's first event names another prev_hash than the hash of shard a's last (a forged
     continuation): only chain_segments can see it, and it fails the tool uses as one store's tamper does."""

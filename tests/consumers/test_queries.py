@@ -407,6 +407,8 @@ class TestRunQuery:
             ("blocked_attempts", {"offset": -1}, "offset"),
             ("blocked_attempts", {"type": "ToolUse"}, "type"),
             ("blocked_attempts", {"since": "yesterday"}, "since"),
+            ("runs", {"run_ids": "r-1"}, "run_ids"),
+            ("runs", {"run_ids": "[1, 2]"}, "run_ids"),
             ("blocked_attempts", {"since": "2024-02-01T00:00:00Z", "until": "2024-01-01T00:00:00Z"}, "since"),
             ("blocked_attempts", {"limit": True}, "limit"),
             ("top_denied", {"by": "event_id; DROP TABLE events"}, "by"),
