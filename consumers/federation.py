@@ -40,10 +40,8 @@ A signed producer's checkpoint that a shard could not check for lack of the seqs
 verified, it is no break; contradicted, a `root_mismatch`. A shard's `unsigned`, `uncovered` and `silent`
 rows of a split producer that another shard's checkpoints answer are dropped (`_signing_break_stands`).
 
-`runs` counts each run of the page again on every shard that did not list it (`_runs`).
-
-Known limits (docs/operating.md, "Federated reads"): `run_events` follows a run's nested calls within each
-shard.
+`runs` counts each run of the page again on every shard that did not list it (`_runs`); `run_events`
+follows a run's nesting over every shard (`_run_events`).
 """
 
 from __future__ import annotations
@@ -1236,7 +1234,51 @@ def _signing_break_stands(entry: Mapping[str, Any], signatures: Mapping[str, Any
 
 
 _RUN_IDS_PER_ASK: Final = 100
-"""Run ids per `runs` request when counting a page's runs again (they travel in the URL)."""
+"""Run or call ids per request when they travel in the URL (`runs`, `run_events`)."""
+
+_NESTING: Final = 16
+"""The levels of nesting `run_events` follows (as consumers.queries' _RUN_CALLS)."""
+
+
+def _chunks(ids: Sequence[str]) -> list[list[str]]:
+    return [list(ids[at : at + _RUN_IDS_PER_ASK]) for at in range(0, len(ids), _RUN_IDS_PER_ASK)] or [[]]
+
+
+def _run_events(call: _Call) -> tuple[list[str], list[Row]]:
+    """One run's events over every shard: its calls and those nested under them followed level by level
+    over every shard (`run_call_ids`; a nested agent's events may be in another shard than its caller's,
+    its producer's partition another), then each shard's events of the run and under those calls."""
+    run_id = call.bound.get("run_id")
+    if run_id is None or call.bound.get("call_ids") is not None:
+        return call.page()
+    tenant = call.bound.get("tenant")
+    calls: set[str] = set()
+    level: list[str] | None = None
+    for _ in range(_NESTING + 1):
+        found: set[str] = set()
+        for chunk in [None] if level is None else _chunks(level):
+            params = {
+                "run_id": run_id,
+                "tenant": tenant,
+                "parent_call_ids": None if chunk is None else json.dumps(chunk),
+            }
+            _, per_shard = call.gather("run_call_ids", params)
+            found.update(str(r["call_id"]) for rows in per_shard for r in rows)
+        level = sorted(found - calls)
+        calls.update(level)
+        if not level:
+            break
+    seen: set[str] = set()
+    rows: list[Row] = []
+    columns: list[str] = []
+    for chunk in _chunks(sorted(calls)):
+        columns, per_shard = call.gather("run_events", {**call.fan, "call_ids": json.dumps(chunk)}, call.wanted)
+        for shard_rows in per_shard:
+            for row in shard_rows:
+                if row["event_id"] not in seen:
+                    seen.add(row["event_id"])
+                    rows.append(row)
+    return columns, call.cut(sort_rows(rows, ("time", "producer_id", "seq")))
 
 
 def _runs(call: _Call) -> tuple[list[str], list[Row]]:
@@ -1517,6 +1559,7 @@ _CUSTOM: Final[dict[str, Merger]] = {
     "pipeline_health": _pipeline_health,
     "producer_signatures": _producer_signatures,
     "registered_tools": _registered_tools,
+    "run_events": _run_events,
     "runs": _runs,
     "tool_exercise": _tool_exercise,
     "tool_use_judgements": _tool_use_judgements,

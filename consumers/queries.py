@@ -1341,16 +1341,34 @@ LIMIT $limit OFFSET $offset
 # (an agent used as a tool shares its caller's run; one started anew inside a tool does not): each
 # nested event names its enclosing call as parent_call_id. The depth bounds a cycle forged events
 # could make.
+# With `$call_ids` (callgate serve, which follows the nesting over every shard: consumers.federation) the
+# calls are those given instead.
 _RUN_CALLS = """
 WITH RECURSIVE run_calls(call_id, depth) AS (
-    SELECT DISTINCT call_id, 0 FROM events
-    WHERE run_id = $run_id AND call_id IS NOT NULL AND ($tenant IS NULL OR tenant = $tenant)
+    SELECT * FROM (
+        SELECT DISTINCT call_id, 0 FROM events
+        WHERE $call_ids IS NULL AND run_id = $run_id AND call_id IS NOT NULL AND ($tenant IS NULL OR tenant = $tenant)
+        UNION ALL
+        SELECT unnest(from_json($call_ids, '["VARCHAR"]')), 0 WHERE $call_ids IS NOT NULL
+    )
     UNION
     SELECT DISTINCT e.call_id, c.depth + 1
     FROM events e JOIN run_calls c ON e.parent_call_id = c.call_id
-    WHERE e.call_id IS NOT NULL AND e.run_id IS DISTINCT FROM $run_id AND c.depth < 16
+    WHERE $call_ids IS NULL AND e.call_id IS NOT NULL AND e.run_id IS DISTINCT FROM $run_id AND c.depth < 16
       AND ($tenant IS NULL OR e.tenant = $tenant)
 )
+"""
+
+# One level of a run's calls: with no `$parent_call_ids`, the calls of the run itself; with them, the calls
+# of events nested under those under another run id (as _RUN_CALLS recurses).
+_RUN_CALL_IDS = """
+SELECT DISTINCT call_id FROM events
+WHERE call_id IS NOT NULL AND $run_id IS NOT NULL AND ($tenant IS NULL OR tenant = $tenant)
+  AND CASE WHEN $parent_call_ids IS NULL THEN run_id = $run_id
+           ELSE run_id IS DISTINCT FROM $run_id
+                AND parent_call_id IN (SELECT unnest(from_json($parent_call_ids, '["VARCHAR"]'))) END
+ORDER BY call_id
+LIMIT $limit OFFSET $offset
 """
 
 # The run's events, then those of the nested runs (by their parent call): two narrow scans whose
@@ -2128,11 +2146,35 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _RUN_EVENTS,
             {
                 "run_id": Param("str", "The run's id (no rows without it)."),
+                "call_ids": Param(
+                    "ids",
+                    "The calls nested events are picked under (default: this store's own calls of the run and "
+                    "of what is nested under them): how callgate serve follows the nesting over every shard.",
+                ),
                 "tenant": TENANT,
                 **PAGE,
             },
             scope="tenant",
-            merge=page("time", "producer_id", "seq"),
+            merge=custom(
+                "the run's calls and those nested under them followed over every shard (run_call_ids, level by "
+                "level); each shard's events of the run and under those calls (call_ids), merge-sorted by time, "
+                "producer_id and seq, cut to the page"
+            ),
+        ),
+        _query(
+            "run_call_ids",
+            "The call ids of one agent run (without parent_call_ids), or of the events nested under the given "
+            "calls that run under another run id (with them): one level of what run_events follows. What "
+            "callgate serve follows a run's nesting over every shard with.",
+            _RUN_CALL_IDS,
+            {
+                "run_id": Param("str", "The run's id (no rows without it)."),
+                "parent_call_ids": Param("ids", "The calls whose nested calls are wanted (a JSON list)."),
+                "tenant": TENANT,
+                **PAGE,
+            },
+            scope="tenant",
+            merge=page("call_id"),
         ),
         _query(
             "runs",

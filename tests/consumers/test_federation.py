@@ -318,6 +318,7 @@ def cases(d: Deployment) -> dict[str, list[dict[str, Any]]]:
     out["registered_tools"] += [{"gate": "lab"}, {"agent": "outer"}]
     out["producer_signatures"] += [{"only_failing": True}]
     out["run_events"] = [{"run_id": "run-shop-0"}, {"run_id": "shop-2-nested"}, {"run_id": "run-lab-3", "limit": 2}]
+    out["run_call_ids"] = [{"run_id": "run-shop-0"}, {"run_id": "run-shop-0", "parent_call_ids": '["shop-0-parent"]'}]
     out["runs"] += [{"principal": "u-1"}, {"run_id": "run-shop"}]
     out["new_denial_reasons"] += [{"since": middle, "until": end}]
     judged = d.expected("tool_use_judgements", {"limit": 1000})["rows"]
@@ -941,6 +942,70 @@ class TestARunSplitAcrossShards(SplitShards):
             assert (row["run_id"], row["calls"]) == ("r-long", 5)
         finally:
             self.close(stores, parts)
+
+
+class TestANestedRunInAnotherShard(SplitShards):
+    """An agent of gate `outer` calls a tool that starts an agent of gate `inner` (another producer, so
+    another partition and shard) under a run id of its own, two levels deep."""
+
+    def events(self) -> tuple[list[EventBase], list[EventBase]]:
+        sink = MemorySink()
+        outer_gate, inner_gate = Gate("outer", sinks=[sink]), Gate("inner", sinks=[sink])
+        desk = inner_gate.agent("desk", tools=[quote])
+
+        @tool
+        async def deeper() -> str:
+            """Asks the desk again, under a third run."""
+            run = RunContext(tenant="acme", run_id="r-deeper")
+            return (await desk.call("quote", {"order_id": "ACME-3"}, run=run)).to_model_text()
+
+        helper = inner_gate.agent("helper", tools=[deeper])
+
+        @tool
+        async def delegate() -> str:
+            """Asks the inner gate's agents."""
+            run = RunContext(tenant="acme", run_id="r-nested")
+            await desk.call("quote", {"order_id": "ACME-2"}, run=run)
+            return (await helper.call("deeper", {}, run=run)).to_model_text()
+
+        outer = outer_gate.agent("outer", tools=[delegate, quote])
+        run = RunContext(tenant="acme", principal="u-1", run_id="r-parent")
+
+        async def day() -> None:
+            await outer.call("quote", {"order_id": "ACME-1"}, run=run)
+            await outer.call("delegate", {}, run=run)
+            await desk.call("quote", {"order_id": "ACME-9"}, run=RunContext(tenant="acme", run_id="r-other"))
+
+        asyncio.run(day())
+        events = list(sink.events)
+        outer_id = next(e.producer_id for e in events if e.gate == "outer")
+        return [e for e in events if e.producer_id == outer_id], [e for e in events if e.producer_id != outer_id]
+
+    def test_its_events_are_in_the_run(self, tmp_path: Path) -> None:
+        """run_events of the parent run through serve equals one store's, the nested runs' events included
+        (shard a alone has none of them); every page too."""
+        first, rest = self.events()
+        stores, parts = self.deploy(tmp_path, first, rest)
+        try:
+            got, want = self.answers(stores, parts, "run_events", run_id="r-parent")
+            assert got == want
+            assert {"r-nested", "r-deeper"} <= {r["run_id"] for r in want}
+            assert "r-other" not in {r["run_id"] for r in want}
+            assert not {"r-nested", "r-deeper"} & {
+                r["run_id"] for r in self.shard_alone_with(stores[0], "run_events", run_id="r-parent")
+            }
+            for params in ({"limit": 2}, {"limit": 3, "offset": 2}, {"tenant": "globex"}):
+                got, want = self.answers(stores, parts, "run_events", run_id="r-parent", **params)
+                assert got == want, params
+        finally:
+            self.close(stores, parts)
+
+    def shard_alone_with(self, store: AuditStore, name: str, **params: Any) -> list[dict[str, Any]]:
+        con = store.cursor()
+        try:
+            return run_query(con, name, params).rows
+        finally:
+            con.close()
 
 
 class TestALinkAcrossShardsThatDoesNotHold:
