@@ -163,7 +163,8 @@ SELECT event_id, type, 1, time, producer_id, seq, hash, prev_hash, hash,
        shadow_outcome,
        CASE WHEN shadow_outcome IS NOT NULL THEN shadow_outcome <> actual END,
        CASE WHEN shadow_outcome IS NOT NULL THEN shadow_decided_by END,
-       CASE WHEN shadow_outcome IS NOT NULL THEN shadow_rule END
+       CASE WHEN shadow_outcome IS NOT NULL THEN shadow_rule END,
+       TRY_CAST(event_id AS UUID)
 FROM shadowed
 """
 
