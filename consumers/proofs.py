@@ -51,8 +51,6 @@ _NEW_HASHES = """
 SELECT seq, hash FROM events WHERE producer_id = $producer_id AND seq > $leaves ORDER BY seq
 """
 
-_NEXT_SEQ = "SELECT min(seq) FROM events WHERE producer_id = $producer_id AND seq > $leaves"
-
 # Blocks of 2**INDEX_LEVEL leaves past the fold, every seq of them stored, not indexed yet.
 _COMPLETE_BLOCKS = f"""
 SELECT (seq - 1) >> {INDEX_LEVEL} AS block FROM events
@@ -96,31 +94,36 @@ class _Fold:
 
 def fold(con: duckdb.DuckDBPyConnection, producer_ids: Iterable[str]) -> None:
     """Extend each producer's tree with its stored events after `leaves`, up to the first missing
-    seq, recording the new `merkle_nodes`; then index the stored blocks past it (`_fold_blocks`).
+    seq, recording the new `merkle_nodes`; then, when events lie past a hole, index their stored
+    blocks (`_fold_blocks`).
     Runs inside the caller's transaction; about two SHA-256 per new event."""
     for producer_id in producer_ids:
-        _fold_one(con, producer_id)
-        _fold_blocks(con, producer_id)
+        if _fold_one(con, producer_id):
+            _fold_blocks(con, producer_id)
 
 
-def _fold_one(con: duckdb.DuckDBPyConnection, producer_id: str) -> None:
+def _fold_one(con: duckdb.DuckDBPyConnection, producer_id: str) -> bool:
+    """Extend the producer's fold; whether stored events lie past a hole after it."""
     row = con.execute(_STATE, {"producer_id": producer_id}).fetchone()
     state = _Fold(0, []) if row is None else _Fold(int(row[0]), [bytes.fromhex(h) for h in row[1]])
-    following = con.execute(_NEXT_SEQ, {"producer_id": producer_id, "leaves": state.leaves}).fetchone()
-    if following is None or following[0] != state.leaves + 1:
+    result = con.execute(_NEW_HASHES, {"producer_id": producer_id, "leaves": state.leaves})
+    first = result.fetchone()
+    if first is None or first[0] != state.leaves + 1:
         # A hole right after the fold (a shard holding a later segment of the chain has one at seq 1):
-        # nothing to extend, and no reason to read what lies past it.
+        # nothing to extend, and no reason to read what lies past it into Python.
         if row is None:
             con.execute(_SAVE_STATE, {"producer_id": producer_id, "leaves": 0, "frontier": []})
-        return
-    rows = con.execute(_NEW_HASHES, {"producer_id": producer_id, "leaves": state.leaves}).fetchall()
+        return first is not None
+    rows = [first, *result.fetchall()]
     levels: list[int] = []
     idxs: list[int] = []
     hashes: list[str] = []
     frontier, size = state.frontier, state.leaves
+    past = False
     for seq, text in rows:
         if seq != size + 1:
-            break  # a hole: the fold waits for it
+            past = True  # a hole: the fold waits for it
+            break
         node, n, level = leaf_hash(bytes.fromhex(text)), size, 0
         while n & 1:
             node = node_hash(frontier.pop(), node)
@@ -133,10 +136,11 @@ def _fold_one(con: duckdb.DuckDBPyConnection, producer_id: str) -> None:
         frontier.append(node)
         size += 1
     if size == state.leaves and row is not None:
-        return
+        return past
     if levels:
         con.execute(_SAVE_NODES, {"producer_id": producer_id, "levels": levels, "idxs": idxs, "hashes": hashes})
     con.execute(_SAVE_STATE, {"producer_id": producer_id, "leaves": size, "frontier": [h.hex() for h in frontier]})
+    return past
 
 
 def _fold_blocks(con: duckdb.DuckDBPyConnection, producer_id: str) -> None:
