@@ -1374,9 +1374,19 @@ class AuditStore:
         """
         self._require_writable("close_open_gaps")
         with self._write_lock:
-            recorded = _count(self._con.execute(_RECORD_GAPS, {"older_than": older_than}))
-            # A hole across offsets another shard holds is a boundary of chain segments, no gap here.
-            return max(0, recorded - _count(self._con.execute(DROP_GAPS_HELD_ELSEWHERE)))
+            con = self._con
+            # One transaction: readers never see the gaps recorded here that the next statement drops.
+            con.begin()
+            try:
+                recorded = _count(con.execute(_RECORD_GAPS, {"older_than": older_than}))
+                # A hole across offsets another shard holds is a boundary of chain segments, no gap here.
+                dropped = _count(con.execute(DROP_GAPS_HELD_ELSEWHERE))
+                con.commit()
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    con.rollback()
+                raise
+            return max(0, recorded - dropped)
 
     def archive(
         self,
