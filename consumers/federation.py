@@ -677,7 +677,8 @@ class Stitched:
     conflict, bad_signature, root_mismatch, inconsistent, truncated: not a signing state)."""
 
     false_gaps_recorded_at: tuple[datetime, ...] = ()
-    """When each of `false_gaps` was recorded (what overview_counts counts chain breaks by)."""
+    """When each of `false_gaps`, and each truncated checkpoint `checkpoints` verified, was recorded (what
+    overview_counts counts chain breaks by)."""
     checkpoints: Mapping[tuple[int, int], str] = field(default_factory=dict)
     """(shard index, seq) of `truncated` checkpoints judged over the shards (`_checkpoint_roots`):
     "verified" (every event it covers is held by some shard and their root is the signed one) or
@@ -797,6 +798,15 @@ class _Chains:
             for i, rows in recorded.items()
             for r in rows
         )
+        # A checkpoint the shards' events verify is no break either (as chain_breaks drops it).
+        recorded_at += tuple(
+            _time(r["recorded_at"])
+            for i, rows in recorded.items()
+            for r in rows
+            if r["kind"] == "truncated"
+            and checkpoints.get((i, int(r["seq"]))) == "verified"
+            and r.get("recorded_at") is not None
+        )
         return Stitched(
             events, max_seq, frozenset(real), frozenset(false), link_breaks, distrusted, recorded_at, checkpoints, sizes
         )
@@ -856,7 +866,10 @@ class _Chains:
         return dict(row)
 
     def false_gap_count(self) -> int:
-        return sum(len(s.false_gaps) for s in self.stitched.values())
+        """Break rows of the shards that are none over every shard: gaps another shard fills, truncated
+        checkpoints the shards' events verify."""
+        verified = sum(1 for s in self.stitched.values() for v in s.checkpoints.values() if v == "verified")
+        return sum(len(s.false_gaps) for s in self.stitched.values()) + verified
 
     def false_gaps_recorded_at(self) -> list[datetime]:
         return [t for s in self.stitched.values() for t in s.false_gaps_recorded_at]
@@ -1498,7 +1511,8 @@ def _overview_counts(call: _Call) -> tuple[list[str], list[Row]]:
     for row in rows if chains.split else ():
         if row["metric"] != "chain_breaks":
             continue
-        # A gap one shard recorded where another holds the events is no break (as chain_breaks drops it).
+        # A gap one shard recorded where another holds the events is no break (as chain_breaks drops it),
+        # nor is a truncated checkpoint the shards' events verify.
         since, until, before = (_time(row[c]) for c in ("since", "until", "previous_since"))
         for recorded in chains.false_gaps_recorded_at():
             if since <= recorded < until:

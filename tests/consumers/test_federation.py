@@ -824,6 +824,12 @@ class TestSignedCheckpointsSplitAcrossShards(SplitShards):
             for name in ("chain_status", *TestToolUsesSplitAcrossShards.JUDGING):
                 got, want = self.answers(stores, parts, name)
                 assert got == want, name
+            # The store-wide break counts leave the verified checkpoints out too.
+            got, want = self.answers(stores, parts, "pipeline_health")
+            assert [r["chain_breaks"] for r in got] == [want[0]["chain_breaks"]] * len(got) == [0] * len(got)
+            got, want = self.answers(stores, parts, "overview_counts")
+            breaks = [(r["value"], r["previous"]) for r in got if r["metric"] == "chain_breaks"]
+            assert breaks == [(r["value"], r["previous"]) for r in want if r["metric"] == "chain_breaks"] == [(0, 0)]
         finally:
             self.close(stores, parts)
 
