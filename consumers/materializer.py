@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+import pyarrow as pa
+
 from consumers import shards
 from consumers.store import ROW_GROUP_ROWS, AuditStore, IngestResult, RawRecord, StagedBatch
 
@@ -75,6 +77,14 @@ _GROUP_DEFAULTS: dict[str, int] = {
 
 # Allocations between two collections of the youngest generation while the loop runs (Python's default: 700).
 _GC_YOUNG_THRESHOLD: Final = 50_000
+
+
+def _staging_pool() -> pa.MemoryPool:
+    """jemalloc's pool where this pyarrow has it (its wheels for Linux do), else the default one."""
+    try:
+        return pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        return pa.default_memory_pool()
 
 
 def default_instance_id(db_path: str) -> str:
@@ -396,6 +406,12 @@ class Materializer:
         gc_threshold = gc.get_threshold()
         gc.freeze()
         gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc_threshold[1:])
+        # Arrow's buffers of the staged batches (some 20 MB each) from jemalloc rather than Arrow's
+        # default mimalloc, which gave them back to the system and faulted them in again batch after
+        # batch: a 200,000-event drain spent 0.85 s in the kernel against 0.5, and peaked 90 MiB higher.
+        # Restored at the end.
+        memory_pool = pa.default_memory_pool()
+        pa.set_memory_pool(_staging_pool())
         try:
             ends: dict[Any, int] | None = None
             first_batch_at: float | None = None
@@ -500,6 +516,7 @@ class Materializer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await syncing
             sys.setswitchinterval(switch_interval)
+            pa.set_memory_pool(memory_pool)
             gc.set_threshold(*gc_threshold)
             gc.unfreeze()
             await consumer.stop()

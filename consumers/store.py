@@ -225,12 +225,14 @@ def _quoted_text(value: str) -> str:
 # -- values -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RawRecord:
     """One Kafka record as consumed: where it was (topic, partition, offset), its bytes and headers.
 
     The key and the CloudEvents headers are the record's envelope, which `AuditStore.ingest` checks
-    against the event it carries (see there)."""
+    against the event it carries (see there). Not frozen: the materializer makes one per record, and
+    a frozen dataclass's constructor cost four times as much (0.74 µs against 0.17); nothing changes
+    one after it is made."""
 
     topic: str
     partition: int
@@ -611,6 +613,57 @@ _EVENT_IDS_WITHOUT_INDEX = (
     "ALTER TABLE events_v10 RENAME TO events",
 )
 
+# Each event's JSON (about 1.2 kB, nearly all of a row) compressed with zstd instead of DuckDB's own
+# choice for text (FSST or a dictionary, whose analysis of every row group cost more than the rest of
+# the row's columns together): a drain's inserts took 6.2 µs an event against 9.6, and the file 31 MB
+# against 68 for 100,000 events. The table is rebuilt, as in step 10 (DuckDB cannot change a
+# column's compression in place). Plain text, no shared constants: a released step must never change.
+_EVENT_JSON_ZSTD = (
+    """
+    CREATE TABLE events_v11 (
+        event_id VARCHAR NOT NULL,
+        type VARCHAR NOT NULL,
+        schema_version INTEGER NOT NULL,
+        time TIMESTAMPTZ NOT NULL,
+        producer_id VARCHAR NOT NULL,
+        seq BIGINT NOT NULL,
+        hash VARCHAR NOT NULL,
+        prev_hash VARCHAR NOT NULL,
+        content_hash VARCHAR NOT NULL,
+        gate VARCHAR,
+        workflow VARCHAR,
+        agent VARCHAR,
+        tool VARCHAR,
+        call_id VARCHAR,
+        parent_call_id VARCHAR,
+        run_id VARCHAR,
+        thread_id VARCHAR,
+        tenant VARCHAR,
+        principal VARCHAR,
+        trace_id VARCHAR,
+        span_id VARCHAR,
+        decided_by VARCHAR,
+        outcome VARCHAR,
+        message VARCHAR,
+        duration_ms DOUBLE,
+        kafka_topic VARCHAR,
+        kafka_partition INTEGER,
+        kafka_offset BIGINT,
+        ingested_at TIMESTAMPTZ NOT NULL,
+        event JSON NOT NULL USING COMPRESSION zstd,
+        trail VARCHAR[],
+        shadow_outcome VARCHAR,
+        divergent BOOLEAN,
+        shadow_decided_by VARCHAR,
+        shadow_rule VARCHAR,
+        event_uuid UUID  -- event_id as a UUID (NULL when it is none): what the ingest looks ids up by
+    )
+    """,
+    "INSERT INTO events_v11 BY NAME SELECT * FROM events",
+    "DROP TABLE events",
+    "ALTER TABLE events_v11 RENAME TO events",
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
@@ -622,6 +675,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(8, "shard tenures and handoffs", CREATE_SHARD_TABLES),
     Migration(9, "archive", CREATE_ARCHIVE_TABLES),
     Migration(10, "event ids without an in-memory index", _EVENT_IDS_WITHOUT_INDEX),
+    Migration(11, "event JSON compressed with zstd", _EVENT_JSON_ZSTD),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""

@@ -34,7 +34,7 @@ import annotated_types
 import msgspec
 from pydantic import BaseModel
 
-from events.chain import _SUFFIX, SUFFIX_BYTES
+from events.chain import HASH_MEMBER, SUFFIX_BYTES
 from events.models import EVENT_TYPES, SCHEMA_VERSION
 
 __all__ = ["MAX_BRACKETS", "WireRead", "read_wire"]
@@ -48,6 +48,11 @@ _INT64_MAX: Final = 2**63 - 1
 # with 0 to 6 fraction digits, `Z` or a numeric offset; ASCII digits only, nothing after (`\Z`: `$` would
 # let a final newline through).
 _RFC3339: Final = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})\Z"
+
+
+_HEX_AT: Final = len(HASH_MEMBER)
+"""Where the hash's hex digits start in the suffix."""
+_HEX_DIGITS: Final = b"0123456789abcdef"
 
 
 class _Unsupported(Exception):
@@ -138,11 +143,14 @@ def _struct(model: type[BaseModel], structs: dict[type[BaseModel], Any], tag: st
     if tag is not None:
         options = {"tag_field": "type", "tag": tag, "namespace": {"type": tag}}
     # A model that ignores or keeps unknown fields would take them; forbidding them is only stricter.
+    # Untracked by the cyclic collector (`gc=False`): decoded values hold no reference cycles, and
+    # tracking every struct cost a quarter of the decoding (3.7 µs an event against 2.9).
     struct = msgspec.defstruct(
         f"Wire{model.__name__}",
         [(n, k) if d is msgspec.NODEFAULT else (n, k, d) for n, k, d in fields],
         kw_only=True,
         forbid_unknown_fields=True,
+        gc=False,
         **options,
     )
     structs[model] = struct
@@ -161,10 +169,12 @@ def _decoder() -> msgspec.json.Decoder[Any] | None:
 _DECODER: Final = _decoder()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WireRead:
     """What `read_wire` gives: the event's fields (`event`, a msgspec struct with the attributes of
-    the pydantic model, `type` included, `time` a datetime), as `events.codec.ReadEvent` has them."""
+    the pydantic model, `type` included, `time` a datetime), as `events.codec.ReadEvent` has them.
+    Not frozen: one is made per event a store reads, and a frozen dataclass's constructor costs
+    some 0.5 µs more; nothing changes one after `read_wire` made it."""
 
     event: Any
     content_hash: str
@@ -192,7 +202,14 @@ def read_wire(data: bytes) -> WireRead | None:
         return None
     wire = data.rstrip(b"\r\n")
     end = len(wire) - SUFFIX_BYTES
-    if end > 0 and _SUFFIX.match(wire, end):
+    # `_SUFFIX` (`,"hash":"`, 64 lowercase hex digits, `"}`) in plain byte operations: the regular
+    # expression took 0.6 µs an event, these 0.2.
+    if (
+        end > 0
+        and wire.startswith(HASH_MEMBER, end)
+        and wire.endswith(b'"}')
+        and not wire[end + _HEX_AT : -2].translate(None, _HEX_DIGITS)
+    ):
         # `split_wire`'s body without copying it: the wire up to its hash member, then the `}`.
         digest = hashlib.sha256(memoryview(wire)[:end])
         digest.update(b"}")

@@ -717,6 +717,36 @@ class TestMigrations:
             result = ingest(store, records(reused, partition=2))
             assert (result.stored, result.chain_breaks_by_kind) == (0, {"conflict": 2})
 
+    def test_a_schema_10_store_keeps_its_events_with_their_json_compressed_by_zstd(
+        self, db: Path, tmp_path: Path, older_store: Callable[[Path, int], None]
+    ) -> None:
+        """Migration 11 rebuilds `events` with its event JSON compressed with zstd: every row stays as
+        it was, in its order, the chains still verify, and the next events are stored beside them."""
+        events = gate_events(4)
+        with AuditStore(tmp_path / "today.duckdb") as today:
+            ingest(today, records(events[:3]))
+            before = today.cursor().execute("SELECT * EXCLUDE (ingested_at) FROM events").fetchall()
+        older_store(db, 10)
+        con = duckdb.connect(str(db))
+        con.execute(f"ATTACH '{tmp_path / 'today.duckdb'}' AS today (READ_ONLY)")
+        con.execute("INSERT INTO events SELECT * FROM today.events")
+        con.execute("INSERT INTO kafka_offsets SELECT * FROM today.kafka_offsets")
+        con.close()
+        with AuditStore(db) as store:
+            con = store.cursor()
+            assert con.execute("SELECT * EXCLUDE (ingested_at) FROM events").fetchall() == before
+            result = ingest(store, records(events[3:], start=3))
+            assert (result.stored, result.chain_breaks) == (len(events) - 3, 0)
+            con.execute("CHECKPOINT").fetchall()
+            compression = con.execute(
+                "SELECT DISTINCT compression FROM pragma_storage_info('events')"
+                " WHERE column_name = 'event' AND segment_type = 'JSON'"
+            ).fetchall()
+            assert compression == [("ZSTD",)]
+            assert "USING COMPRESSION ZSTD" in con.execute(
+                "SELECT sql FROM duckdb_tables() WHERE table_name = 'events'"
+            ).fetchall()[0][0]
+
     def test_a_file_from_a_newer_version_is_refused(self, db: Path) -> None:
         """A file whose schema is newer than this code knows raises StoreError instead of being written."""
         AuditStore(db).close()
