@@ -743,9 +743,10 @@ class TestMigrations:
                 " WHERE column_name = 'event' AND segment_type = 'JSON'"
             ).fetchall()
             assert compression == [("ZSTD",)]
-            assert "USING COMPRESSION ZSTD" in con.execute(
-                "SELECT sql FROM duckdb_tables() WHERE table_name = 'events'"
-            ).fetchall()[0][0]
+            assert (
+                "USING COMPRESSION ZSTD"
+                in con.execute("SELECT sql FROM duckdb_tables() WHERE table_name = 'events'").fetchall()[0][0]
+            )
 
     def test_a_file_from_a_newer_version_is_refused(self, db: Path) -> None:
         """A file whose schema is newer than this code knows raises StoreError instead of being written."""
