@@ -144,6 +144,33 @@ class TestValidEvents:
         assert fast is not None
         assert fast.content_hash != fast.event.hash
 
+    def test_a_hash_member_out_of_its_place_is_read_as_read_event_reads_it(self) -> None:
+        """The body is hashed only when the bytes end with `,"hash":"` + 64 lowercase hex + `"}`; for
+        every other ending both readers agree (the same content hash, or both decline)."""
+        (wire,) = wires(KINDS[:1])
+        digest = json.loads(wire)["hash"]
+        member = b',"hash":"' + digest.encode() + b'"'
+        assert b',"output_digest":null' in wire
+        variants = {
+            "upper-case hex": wire.replace(digest.encode(), digest.upper().encode()),
+            "first member": b'{"hash":"' + digest.encode() + b'",' + wire[1:].replace(member, b""),
+            "space before the brace": wire[:-1] + b" }",
+            "63 digits": wire.replace(digest.encode(), digest[:-1].encode()),
+            # Another 64-digit member after the hash: the ending's digits are hex, its name is not `hash`.
+            "a digest last": wire.replace(b',"output_digest":null', b"")[:-1]
+            + b',"output_digest":"'
+            + b"e" * 64
+            + b'"}',
+        }
+        answered = {name: assert_agrees(variant) for name, variant in variants.items()}
+        for name in ("first member", "a digest last"):
+            moved = read_wire(variants[name])
+            assert moved is not None, (name, answered)
+            assert moved.content_hash == "", (name, answered)
+        sealed = read_wire(wire)
+        assert sealed is not None
+        assert sealed.content_hash == digest
+
 
 # Values pydantic refuses, or reads in a way the structs do not reproduce, for some field.
 MALFORMED: list[tuple[str, Any]] = [
