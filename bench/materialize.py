@@ -22,6 +22,10 @@
    keep the JSON; then the row), for the same events sealed as schema version 1 (before: the hash
    needs the canonical JSON rebuilt from the parsed event) and version 2 (after: the hash is over
    the bytes received). Medians of alternating rounds.
+4. The staged columns of a batch of 10,240 events `read_wire` read, built in Python (`_event_row`,
+   `_events_table`: the store's way) against extracted by DuckDB's JSON functions from the wire bytes
+   staged through Arrow (`_EXTRACT_SQL`): wall µs per event, medians of alternating rounds, the two
+   tables checked equal.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import pyarrow as pa
 from figures import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,7 +56,7 @@ from gate_overhead import ARGS, RUN, build_desk
 from pipeline import make_events
 
 from callgate.broker import EmbeddedBroker, free_port
-from consumers.store import AuditStore, _event_row, _events_table, connect
+from consumers.store import AuditStore, _event_row, _events_table, _json_array, connect
 from events import MemorySink, Producer, ToolUseEvent, encode_event
 from events.chain import new_event_id
 from events.codec import ReadEvent, read_event
@@ -259,6 +265,110 @@ def per_event_cost(n: int = 5_000, rounds: int = 7) -> dict[int, float]:
     return {version: statistics.median(values) for version, values in samples.items()}
 
 
+# The staged columns `_event_row` takes from an event, taken by DuckDB's JSON functions from the wire
+# instead: one `json_transform` (one parse) per event, then the same per-type choices.
+_TEXT_FIELDS = [
+    "event_id",
+    "type",
+    "time",
+    "producer_id",
+    "hash",
+    "prev_hash",
+    "gate",
+    "workflow",
+    "agent",
+    "tool",
+    "call_id",
+    "parent_call_id",
+    "run_id",
+    "thread_id",
+    "tenant",
+    "principal",
+    "trace_id",
+    "span_id",
+    "decided_by",
+    "outcome",
+    "cause",
+    "message",
+    "error",
+    "reason",
+    "shadow_outcome",
+    "shadow_decided_by",
+    "shadow_rule",
+]
+_EXTRACTED = {
+    **dict.fromkeys(_TEXT_FIELDS, "VARCHAR"),
+    "schema_version": "INTEGER",
+    "seq": "BIGINT",
+    "approved": "BOOLEAN",
+    "divergent": "BOOLEAN",
+    "duration_ms": "DOUBLE",
+    "decisions": [{"interceptor": "VARCHAR", "enforced": "BOOLEAN"}],
+}
+_SHADOWED = "j.type IN ('ToolUse', 'ToolDenied', 'Blocked', 'Substitute')"
+_EXTRACT_SQL = f"""
+SELECT ord, j.event_id, j.type, j.schema_version, j.time::TIMESTAMPTZ AS time, j.producer_id, j.seq, j.hash,
+    j.prev_hash, content_hash, j.gate, j.workflow, j.agent, j.tool, j.call_id, j.parent_call_id, j.run_id,
+    j.thread_id, j.tenant, j.principal, j.trace_id, j.span_id,
+    CASE WHEN j.type IN ('ToolDenied', 'Blocked', 'Substitute') THEN j.decided_by END AS decided_by,
+    CASE j.type WHEN 'ToolUse' THEN j.outcome WHEN 'ToolDenied' THEN j.cause WHEN 'Blocked' THEN j.cause
+        WHEN 'ApprovalResolved' THEN CASE WHEN j.approved THEN 'approved' ELSE 'refused' END END AS outcome,
+    CASE j.type WHEN 'ToolUse' THEN j.error WHEN 'ToolDenied' THEN j.message WHEN 'Blocked' THEN j.reason
+        WHEN 'Substitute' THEN j.error WHEN 'ApprovalRequested' THEN j.reason
+        WHEN 'ApprovalResolved' THEN j.error END AS message,
+    CASE WHEN j.type = 'ToolUse' THEN j.duration_ms END AS duration_ms,
+    kafka_topic, kafka_partition, kafka_offset, NULL::VARCHAR AS event,
+    [d.interceptor FOR d IN coalesce(j.decisions, []) IF d.enforced IS DISTINCT FROM false] AS trail,
+    CASE WHEN {_SHADOWED} THEN j.shadow_outcome END AS shadow_outcome,
+    CASE WHEN {_SHADOWED} THEN j.divergent END AS divergent,
+    CASE WHEN {_SHADOWED} THEN j.shadow_decided_by END AS shadow_decided_by,
+    CASE WHEN {_SHADOWED} THEN j.shadow_rule END AS shadow_rule,
+    event_json
+FROM (SELECT *, json_transform(event_json, '{json.dumps(_EXTRACTED, separators=(",", ":"))}') AS j FROM raw)
+"""  # noqa: S608 (constants only)
+
+
+def extraction_cost(n: int = 10_240, rounds: int = 7) -> tuple[float, float]:
+    """µs per event, wall, of building a batch's staged columns from events `read_wire` read: in Python
+    (`_event_row`, `_events_table`), and by DuckDB (`_EXTRACT_SQL` over the wire bytes staged through
+    Arrow, on its own threads; Python stages only what it checked: position, wire, content hash). Both
+    give the same table, which is checked. Medians of alternating rounds."""
+    values = [encode_event(e) for e in make_events(n)]
+    reads = [read_wire(value) for value in values]
+    if any(read is None for read in reads):
+        raise SystemExit("bench setup is wrong: read_wire declined a bench event")
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+
+    def python() -> pa.Table:
+        return _events_table([_event_row(read, i, "t", 0, i) for i, read in enumerate(reads)])
+
+    def in_duckdb() -> pa.Table:
+        raw = pa.table(
+            {
+                "ord": pa.array(range(n), pa.int64()),
+                "content_hash": pa.array([read.content_hash for read in reads], pa.string()),
+                "kafka_topic": pa.array(["t"] * n, pa.string()),
+                "kafka_partition": pa.array([0] * n, pa.int32()),
+                "kafka_offset": pa.array(range(n), pa.int64()),
+                "event_json": _json_array([read.wire for read in reads]),
+            }
+        )
+        con.register("raw", raw)
+        return con.sql(_EXTRACT_SQL).to_arrow_table()
+
+    expected, got = python(), in_duckdb().cast(python().schema)
+    if not got.equals(expected):
+        raise SystemExit("bench setup is wrong: DuckDB's extraction differs from _event_row's columns")
+    samples: dict[str, list[float]] = {"python": [], "duckdb": []}
+    for _ in range(rounds):
+        for name, build in (("python", python), ("duckdb", in_duckdb)):
+            started = time.perf_counter()
+            build()
+            samples[name].append((time.perf_counter() - started) / n * 1e6)
+    return statistics.median(samples["python"]), statistics.median(samples["duckdb"])
+
+
 async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag: bool) -> None:
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -276,6 +386,7 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
             lags[rate] = await lag(broker.bootstrap, broker.pid, rate, seconds, tmp, sealed=False)
             lags[fast_rate] = await lag(broker.bootstrap, broker.pid, fast_rate, seconds, tmp, sealed=True)
     cost = per_event_cost()
+    by_python, by_duckdb = extraction_cost()
     rate_full, rate_floor, rate_floor_zstd = n / full_s, floor_n / floor_s, floor_n / floor_zstd_s
     print(f"{'path':<58} {'value':>14}")
     print(f"{f'materialize --drain of {small:,} events (events/s)':<58} {small / small_s:>14,.0f}")
@@ -295,6 +406,8 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
     print(f"{'per-event Python cost, schema version 1 (µs), before':<58} {cost[1]:>14.2f}")
     print(f"{'per-event Python cost, schema version 2 (µs), after':<58} {cost[2]:>14.2f}")
     print(f"{'the same through events.fast_read (µs), the store road':<58} {cost[0]:>14.2f}")
+    print(f"{'staged columns of read events, built in Python (µs/event)':<58} {by_python:>14.2f}")
+    print(f"{'  the same columns extracted by DuckDB from the wire (µs/event)':<58} {by_duckdb:>14.2f}")
     print(f"throughput: materialize / Arrow floor = {rate_full / rate_floor:.3f} (target >= 0.5, goal 0.8)")
     print(f"  against the floor with the store's zstd event JSON: {rate_full / rate_floor_zstd:.3f}")
     print(f"memory: peak RSS {small_rss} MiB at {small:,} events, {full_rss} MiB at {n:,} (target: within 10%)")
@@ -315,6 +428,13 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
             target="report (floor: what 2 cores give per event)",
         )
     report("materializer's per-event Python cost, v2", cost[2], "µs/event", floor=cost[1], target="v1 is the floor")
+    report(
+        "staged columns extracted by DuckDB's JSON functions from the wire bytes, wall",
+        by_duckdb,
+        "µs/event",
+        floor=by_python,
+        target="report (floor: built in Python from read_wire's events)",
+    )
     report(
         "the same through events.fast_read",
         cost[0],

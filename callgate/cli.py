@@ -341,7 +341,7 @@ def materialize(
 
     from callgate.dashboard import is_loopback
     from consumers.materializer import Materializer
-    from consumers.store import StoreLockedError
+    from consumers.store import StoreError
 
     if assignment not in ("all", "group"):
         typer.echo(f"error: --assignment must be 'all' or 'group', got {assignment!r}", err=True)
@@ -415,7 +415,7 @@ def materialize(
             trusted_keys=keys,
             require_signed=require_signed,
         )
-    except StoreLockedError as exc:
+    except StoreError as exc:  # StoreLockedError among them
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 

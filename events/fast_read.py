@@ -12,10 +12,11 @@ could disagree, the generated structs are stricter than pydantic:
   (`1.0`), a string where a number is wanted (`"1"`), `NaN`, numbers beyond 64 bits: pydantic's road;
 - `time` only in the RFC 3339 form with up to 6 fraction digits and an offset (msgspec rounds 7 and
   more digits where pydantic truncates; pydantic also reads Unix times and naive times);
-- values with more than `MAX_BRACKETS` brackets (pydantic's JSON parser refuses nesting deeper than
+- values nested deeper than `MAX_DEPTH` levels (pydantic's JSON parser refuses nesting deeper than
   about 200 levels, the standard library's about 1,000, msgspec stops at its own depth): pydantic's
-  road. A lone surrogate escape (`\\ud800`), which pydantic's road reads, msgspec refuses; pairs
-  both read alike.
+  road. Only fields of type `Any` nest deeper than the models' own few levels; their decoded
+  values are measured (`_nesting`). A lone surrogate escape (`\\ud800`), which pydantic's road
+  reads, msgspec refuses; pairs both read alike.
 
 `tests/events/test_fast_read.py` checks the equivalence on valid events, on every malformed input of
 the store's tests and on generated ones. Pure, safe from any thread; imports msgspec.
@@ -37,10 +38,10 @@ from pydantic import BaseModel
 from events.chain import HASH_MEMBER, SUFFIX_BYTES
 from events.models import EVENT_TYPES, SCHEMA_VERSION
 
-__all__ = ["MAX_BRACKETS", "WireRead", "read_wire"]
+__all__ = ["MAX_DEPTH", "WireRead", "read_wire"]
 
-MAX_BRACKETS: Final = 128
-"""Values with more `[` and `{` bytes than this (in strings too) are left to pydantic's road."""
+MAX_DEPTH: Final = 128
+"""Events nested deeper than this (the event's own object is level 1) are left to pydantic's road."""
 
 _INT64_MAX: Final = 2**63 - 1
 
@@ -53,6 +54,34 @@ _RFC3339: Final = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-
 _HEX_AT: Final = len(HASH_MEMBER)
 """Where the hash's hex digits start in the suffix."""
 _HEX_DIGITS: Final = b"0123456789abcdef"
+
+
+def _holds_any(annotation: Any) -> bool:
+    """Whether values of this annotation may hold values of type `Any` (nesting without a bound)."""
+    if annotation is Any:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return any(_holds_any(info.annotation) for info in annotation.model_fields.values())
+    return any(_holds_any(arg) for arg in typing.get_args(annotation) if arg is not Ellipsis)
+
+
+def _nesting(value: Any, room: int) -> bool:
+    """Whether a decoded JSON value (dict, list, scalar) nests at most `room` levels (a scalar: 0;
+    `{}`: 1). Recurses at most `room` calls deep."""
+    kind = type(value)
+    if kind is dict:
+        items = value.values()
+    elif kind is list:
+        items = value
+    else:
+        return True
+    if room <= 0:
+        return False
+    for item in items:
+        inner = type(item)
+        if (inner is dict or inner is list) and not _nesting(item, room - 1):
+            return False
+    return True
 
 
 class _Unsupported(Exception):
@@ -166,7 +195,39 @@ def _decoder() -> msgspec.json.Decoder[Any] | None:
     return msgspec.json.Decoder(Union[members])  # noqa: UP007 (a union built at run time)
 
 
+def _any_fields() -> dict[str, tuple[str, ...]] | None:
+    """Per event type, its fields whose values may nest without a bound: the ones holding `Any`,
+    all at the event's top level. None when a nested model holds `Any` too: then the depth of an
+    event is bounded by its count of brackets instead (`_bracket_depth`)."""
+    fields: dict[str, tuple[str, ...]] = {}
+    for name, model in EVENT_TYPES.items():
+        deep: list[str] = []
+        for field_name, info in model.model_fields.items():
+            annotation = info.annotation
+            if not _holds_any(annotation):
+                continue
+            members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+            if typing.get_origin(annotation) in (Union, types.UnionType):
+                annotation = members[0] if len(members) == 1 else annotation
+            # `Any`, or a dict or list of `Any`: measured as decoded; anything else, by brackets.
+            if not (annotation is Any or typing.get_args(annotation)[-1:] == (Any,)):
+                return None
+            deep.append(field_name)
+        fields[name] = tuple(deep)
+    return fields
+
+
 _DECODER: Final = _decoder()
+_ANY_FIELDS: Final = _any_fields()
+
+
+def _deep(data: bytes, event: Any) -> bool:
+    """Whether the event nests deeper than `MAX_DEPTH`: its `Any` values measured as decoded (a
+    field's value is at level 2), or, without `_ANY_FIELDS`, every `[` and `{` byte counted as a level
+    (an over-count: brackets in strings too)."""
+    if _ANY_FIELDS is None:
+        return data.count(b"[") + data.count(b"{") > MAX_DEPTH
+    return not all(_nesting(getattr(event, name), MAX_DEPTH - 1) for name in _ANY_FIELDS[event.type])
 
 
 @dataclass(slots=True)
@@ -191,14 +252,15 @@ class WireRead:
 def read_wire(data: bytes) -> WireRead | None:
     """The event in version 2 wire bytes, or None when only `events.codec.read_event` can tell
     (see the module's docstring). Never raises."""
-    if _DECODER is None or data.count(b"[") + data.count(b"{") > MAX_BRACKETS:
+    if _DECODER is None:
         return None
     try:
         event = _DECODER.decode(data)
-        if event.schema_version != SCHEMA_VERSION:
+        if event.schema_version != SCHEMA_VERSION or _deep(data, event):
             return None
         event.time = datetime.fromisoformat(event.time)
-    except (msgspec.ValidationError, msgspec.DecodeError, ValueError):
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError, RecursionError):
+        # RecursionError: nesting past msgspec's own depth (about 1,000 levels).
         return None
     wire = data.rstrip(b"\r\n")
     end = len(wire) - SUFFIX_BYTES

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -60,6 +63,26 @@ def test_tour_shows_every_decision_and_the_bypass() -> None:
     for outcome in ("ok", "denied", "substituted", "error", "blocked"):
         assert f"│ {outcome}" in result.output
     assert "1 unmediated accesses" in result.output
+
+
+@pytest.mark.parametrize("limit", ["abc", ""])
+def test_a_memory_limit_duckdb_cannot_read_exits_2_naming_it(tmp_path: Path, limit: str) -> None:
+    """`CALLGATE_DUCKDB_MEMORY_LIMIT` that is no size: one line naming the variable and its value, exit
+    2, before any broker is contacted (nothing listens at the bootstrap given). A fresh process: the
+    store reads the variable when it is imported."""
+    db = tmp_path / "audit.duckdb"
+    result = subprocess.run(
+        [sys.executable, "-c", "from callgate.cli import main; main()", "materialize", "--bootstrap", "127.0.0.1:1",
+         "--topic", "t", "--db", str(db), "--drain"],
+        env={**os.environ, "CALLGATE_DUCKDB_MEMORY_LIMIT": limit},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: CALLGATE_DUCKDB_MEMORY_LIMIT={limit!r} is not a memory size DuckDB reads (such as 256MB or 1GB)"
+    ]
 
 
 class TestMaterializeApiBinding:

@@ -881,7 +881,14 @@ class TestSignedCheckpointsSplitAcrossShards(SplitShards):
 
         asyncio.run(run())
         events = sorted(sink.events, key=lambda e: e.seq)
-        stores, parts = self.deploy(tmp_path, [e for e in events if e.seq < 700], [e for e in events if e.seq >= 700])
+        # Split between two checkpoints, so shard a holds events after its last one: the heartbeat's
+        # checkpoints fall where the machine's timing puts them (one just before seq 700 left none).
+        marks = [e.seq for e in events if e.type == "Checkpoint"]
+        last = next(seq for seq in marks if seq >= 650)
+        split = last + max(2, (next(seq for seq in marks if seq > last) - last) // 2)
+        stores, parts = self.deploy(
+            tmp_path, [e for e in events if e.seq < split], [e for e in events if e.seq >= split]
+        )
         try:
             kinds = [{r["kind"] for r in self.shard_alone(store, "chain_breaks")} for store in stores]
             assert {"silent", "uncovered"} <= kinds[0]

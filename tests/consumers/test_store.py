@@ -878,6 +878,30 @@ class TestRowGroups:
             assert self.wal_bytes(db) < 1024 * 1024 + sum(len(r.value or b"") for r in batch) * 2
         assert store.counts().total_events == 6_000
 
+    def test_the_buffer_pool_keeps_at_most_twice_the_table_cache_after_an_ingest(self, tmp_path: Path) -> None:
+        """DuckDB keeps the blocks its checkpoints write cached up to its memory limit: the same
+        ingests leave them all in the pool without a bound, and at most twice `table_cache_bytes`
+        with one (evicted down to it); the memory limit is put back each time."""
+        budget = 256 * 1024
+        events = gate_events(2_999)
+        peaks: dict[int | None, int] = {}
+        for cache in (None, budget):
+            with AuditStore(tmp_path / f"cache-{cache}.duckdb", table_cache_bytes=cache) as store:
+                reader = store.cursor()
+                reader.execute("SET checkpoint_threshold = '256KB'").fetchall()
+                limit = reader.execute("SELECT current_setting('memory_limit')").fetchall()
+                peaks[cache] = 0
+                for start in range(0, len(events), 1_000):
+                    ingest(store, records(events[start : start + 1_000], start=start))
+                    (cached,) = reader.execute(
+                        "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() WHERE tag = 'BASE_TABLE'"
+                    ).fetchall()[0]
+                    peaks[cache] = max(peaks[cache], int(cached))
+                    assert reader.execute("SELECT current_setting('memory_limit')").fetchall() == limit
+                assert store.counts().total_events == 3_000
+        assert peaks[None] > 4 * budget, peaks
+        assert peaks[budget] <= 2 * budget, peaks
+
     def test_a_writable_open_spills_beside_its_file(self, store: AuditStore, db: Path) -> None:
         """Pages DuckDB spills go to `<file>.tmp`, not to `.tmp` in the directory the process runs in."""
         rows = store.cursor().execute("SELECT current_setting('temp_directory')").fetchall()

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from events import EventParseError, Producer, encode_event
 from events.codec import read_event
-from events.fast_read import MAX_BRACKETS, read_wire
+from events.fast_read import MAX_DEPTH, read_wire
 from events.models import (
     ApprovalRequestedEvent,
     ApprovalResolvedEvent,
@@ -250,10 +250,23 @@ class TestMalformed:
             assert read_wire(json.dumps(data).encode()) is None, name
 
     def test_deep_nesting_is_left_to_pydantic(self) -> None:
-        """Nesting pydantic's JSON parser refuses (about 200 levels) and many brackets take read_event's road."""
+        """Nesting deeper than MAX_DEPTH (pydantic's JSON parser refuses about 200 levels, msgspec about
+        1,000) takes read_event's road; MAX_DEPTH levels, and many brackets side by side, are read."""
         (wire,) = wires(KINDS[:1])
-        assert read_wire(with_field(wire, "args", {"k": json.loads("[" * 250 + "]" * 250)})) is None
-        assert read_wire(with_field(wire, "args", {"k": [[]] * MAX_BRACKETS})) is None
+
+        def nested(levels: int) -> Any:
+            return json.loads("[" * levels + "]" * levels)
+
+        # The event's object is level 1, `args` level 2, its member "k" level 3 and below.
+        assert assert_agrees(with_field(wire, "args", {"k": nested(MAX_DEPTH - 2)}))
+        assert read_wire(with_field(wire, "args", {"k": nested(MAX_DEPTH - 1)})) is None
+        assert assert_agrees(with_field(wire, "args", {"k": [{"a": nested(MAX_DEPTH - 4)}]}))
+        assert read_wire(with_field(wire, "args", {"k": [{"a": nested(MAX_DEPTH - 3)}]})) is None
+        assert read_wire(with_field(wire, "args", {"k": nested(250)})) is None
+        deeper = wire.replace(b'"args":{', b'"args":{"k":' + b"[" * 5000 + b"]" * 5000 + b",", 1)
+        assert b"[" * 5000 in deeper
+        assert read_wire(deeper) is None
+        assert assert_agrees(with_field(wire, "args", {"k": [[]] * (4 * MAX_DEPTH), "l": [{}] * MAX_DEPTH}))
 
     @settings(max_examples=200, deadline=None)
     @given(units=st.lists(st.integers(0xD700, 0xE000) | st.integers(0, 0xFFFF), min_size=1, max_size=3))
