@@ -526,7 +526,7 @@ class Materializer:
             if gc_enabled:
                 gc.enable()
             gc.unfreeze()
-            await consumer.stop()
+            await _stop_consumer(consumer, "the consumer")
             if self._handoffs is not None:
                 await self._handoffs.stop()
                 self._handoffs = None
@@ -681,14 +681,10 @@ class Materializer:
             await asyncio.wait_for(fresh.start(), 10.0)
         except Exception as exc:
             self._watch = watch
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(fresh.stop(), 10.0)
+            await _stop_consumer(fresh, "the consumer that did not start")
             log.warning("could not start a consumer for the new partitions of %s: %r", self.topic, exc)
             return None
-        try:
-            await asyncio.wait_for(consumer.stop(), 10.0)
-        except Exception as exc:
-            log.warning("the previous consumer did not stop cleanly: %r", exc)
+        await _stop_consumer(consumer, "the previous consumer")
         return fresh
 
     async def _partition_health(self, consumer: Any, listed: set[int]) -> None:
@@ -1073,6 +1069,26 @@ async def _same_log(materializer: Materializer, tp: Any, offset: int) -> bool:
         return False
     finally:
         await probe.stop()
+
+
+async def _stop_consumer(consumer: Any, what: str, timeout_s: float = 10.0) -> None:
+    """`consumer.stop()`, bounded, and never mistaken for the caller's own cancellation.
+
+    aiokafka's fetcher cancels its pending fetch requests on close and awaits them without catching
+    their CancelledError; a request asleep in its retry backoff (the broker went away) then makes
+    `stop()` raise CancelledError although nobody cancelled the caller. Taken for a cancellation, it
+    ended the materializer's run when the broker came back empty ("topic vanished", a new consumer
+    for the new partitions, the old one stopped). Only a cancellation of the calling task itself is
+    passed on."""
+    task = asyncio.current_task()
+    try:
+        await asyncio.wait_for(consumer.stop(), timeout_s)
+    except asyncio.CancelledError:
+        if task is not None and task.cancelling():
+            raise
+        log.warning("%s did not stop cleanly: its fetcher's close raised CancelledError", what)
+    except Exception as exc:
+        log.warning("%s did not stop cleanly: %r", what, exc)
 
 
 async def _topic_exists(bootstrap: str, topic: str, options: Mapping[str, Any]) -> bool:

@@ -675,6 +675,35 @@ class TestTopicLifecycle:
             assert not task.done(), task.exception()
         assert sorted(stored_ids(tmp_path / "audit.duckdb")) == sorted(e.event_id for e in before + after)
 
+    async def test_a_consumer_stopped_while_its_fetch_waits_out_a_retry_backoff_keeps_the_run(
+        self, fresh_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """The broker comes back empty while a fetch request sleeps in its retry backoff: the consumer
+        replaced for the recreated topic is stopped, aiokafka's fetcher raises that request's
+        CancelledError from `stop()`, and the run goes on and reads the recreated topic. Taken for
+        a cancellation of the run, it ended the materializer (a drill row lost its live store)."""
+        from events.kafka import ensure_topic
+
+        await ensure_topic(fresh_broker.bootstrap, topic, 3)
+        # A backoff far longer than the metadata interval: a failed fetch is asleep when the
+        # refresh finds the topic gone and stops the consumer.
+        materializer = Materializer(
+            fresh_broker.bootstrap, topic, str(tmp_path / "audit.duckdb"), partitions=3, metadata_interval_s=0.2,
+            retry_backoff_ms=4000,
+        )  # fmt: skip
+        before, after = sealed_events(6), sealed_events(6)
+        async with running(materializer) as task:
+            await produce_to(fresh_broker.bootstrap, topic, before, 3)
+            await _until(lambda: _count(materializer) == len(before), 60)
+            fresh_broker.restart()
+            await _until(lambda: "is not on the broker" in materializer.health().detail or task.done(), 30)
+            assert not task.done(), task.exception()
+            assert await ensure_topic(fresh_broker.bootstrap, topic, 3) == 3  # what a sink does
+            await produce_to(fresh_broker.bootstrap, topic, after, 3)
+            await _until(lambda: _count(materializer) == len(before) + len(after) or task.done(), 60)
+            assert not task.done(), task.exception()
+        assert sorted(stored_ids(tmp_path / "audit.duckdb")) == sorted(e.event_id for e in before + after)
+
 
 async def _true(awaitable: Any, expected: Any) -> bool:
     return (await awaitable) == expected
