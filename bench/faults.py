@@ -22,7 +22,8 @@ producer's chain (a seq below the highest stored one) or in a range a sink repor
 `LossReport`: the next sink over a dead process's spool found events it had been handed and never
 spooled); a lost tail nobody reported, or a producer lost whole, is invisible to that check: an
 *unreported* loss. The drill exits 1 when any row has an
-unreported loss, duplicates, or a coverage check that could not run (`--strict`: on any loss too).
+unreported loss, duplicates, a materializer that exited with nobody stopping it, or a coverage check
+that could not run (`--strict`: on any loss too).
 
 Rows (`--only` picks them; `--quick` halves every window):
 
@@ -271,6 +272,7 @@ class MaterializerProc:
         self.notes = notes
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.exits = 0  # runs that ended by themselves, with nobody stopping or killing them
         self.summaries: list[str] = []
 
     def args(self) -> list[str]:
@@ -318,13 +320,25 @@ class MaterializerProc:
         """Wait until this run of the materializer has stored a batch, so a kill hits it mid-stream."""
         return wait_for(lambda: bool((self.healthz() or {}).get("last_batch_at")), timeout, 0.1)
 
+    def _exited_by_itself(self) -> None:
+        # A materializer that ended on its own, with nobody stopping it, fails the row: an operator's
+        # supervisor would restart it, but what it stored live in the meantime is the drill's figure.
+        if self.proc is not None and self.proc.poll() is not None:
+            self.exits += 1
+            self.notes.append(
+                f"materializer run {self.starts} exited by itself with code {self.proc.returncode}"
+                f" (see {self.children.logs / f'materializer-{self.starts}.log'})"
+            )
+
     def kill(self) -> None:
+        self._exited_by_itself()
         if self.proc is not None:
             self.children.kill(self.proc)
             self.proc = None
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGINT (a clean leave of the group, a last commit), SIGKILL after `timeout`."""
+        self._exited_by_itself()
         proc = self.proc
         if proc is None:
             return
@@ -462,6 +476,7 @@ class RowResult:
     memory_only: int | None = None
     duplicated: int = 0
     foreign: int = 0
+    materializer_exits: int = 0
     coverage_exit: int | None = None
     coverage: str = ""
     gaps_recorded: int = 0
@@ -584,6 +599,7 @@ class Scenario:
                 self.broker.start()
             self._drain()
             self.broker.stop()
+            self.result.materializer_exits = self.materializer.exits
             self._count()
             if self.result.failed:
                 self._sink_log_lines()
@@ -700,6 +716,8 @@ def verdict(r: RowResult, *, strict: bool) -> tuple[str, bool]:
     """The row's verdict and whether it fails the drill."""
     if r.duplicated:
         return f"DUPLICATES ({r.duplicated})", True
+    if r.materializer_exits:
+        return f"MATERIALIZER EXITED BY ITSELF ({r.materializer_exits}x)", True
     if r.coverage_exit not in (0, 1):
         return "COVERAGE COULD NOT CHECK", True
     if r.lost == 0:
