@@ -176,6 +176,35 @@ class TestExactlyOnce:
         assert scalar(db, "select count(*) from chain_breaks") == 0
 
 
+class TestCommits:
+    async def test_a_stored_batch_is_committed_before_the_loop_waits_for_more(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """A sink with `confirm_group` frees its spool as soon as the store holds its events, however
+        long the materializer would wait for the next records: the batch written is committed first.
+        The commit waited for the next fetch (`poll_ms`), which paced a sink with a small spool to one
+        spoolful per poll."""
+        from events.kafka import ensure_topic
+
+        await ensure_topic(kafka_broker.bootstrap, topic, 3)
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        # A poll far longer than the flush's deadline: only a commit that does not wait for it frees the sink.
+        materializer = Materializer(
+            kafka_broker.bootstrap, topic, str(tmp_path / "audit.duckdb"), group=group, partitions=3, poll_ms=15_000
+        )
+        sink, memory = KafkaSink(kafka_broker.bootstrap, topic, tmp_path / "spool", confirm_group=group), MemorySink()
+        agent = Gate("shop", sinks=[sink, memory]).agent("desk", tools=[refund])
+        async with running(materializer):
+            await _until(lambda: materializer.health().ok, 30)
+            for round_ in range(3):
+                for i in range(5):
+                    await agent.call("refund", {"order_id": f"A-{round_}-{i}", "amount_cents": i})
+                assert await sink.flush(timeout=8), f"round {round_}: {sink.pending} events still unconfirmed"
+            assert sink.confirmed == len(memory.events)
+            await sink.close()
+        assert sorted(stored_ids(tmp_path / "audit.duckdb")) == sorted(e.event_id for e in memory.events)
+
+
 class TestIncrementalDrain:
     @pytest.mark.parametrize("assignment", ["all", "group"])
     async def test_a_second_drain_reads_each_new_record_once(
