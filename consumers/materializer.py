@@ -191,9 +191,6 @@ class Materializer:
       topic or an unreachable broker makes `health()` not ok once it has lasted this long, so a
       normal rebalance or a broker restart does not flap it.
     - `metadata_interval_s`: how often the partitions the broker lists are checked.
-    - `min_batch_interval_s`: a batch smaller than `batch_max` is followed by the next one no sooner
-      than this after it was fetched (the records meanwhile gather in the consumer): at a low rate a
-      DuckDB transaction per fetch cost more CPU than the events. A full batch goes on at once.
     - `commit_timeout_s`: how long one commit of offsets to the group may take before the loop goes on
       (the store's offsets stand; the next batch commits again).
     - `consumer_options` go to `aiokafka.AIOKafkaConsumer` (`fetch_max_wait_ms` is 100 unless given).
@@ -225,7 +222,6 @@ class Materializer:
         join_timeout_s: float = 60.0,
         unread_grace_s: float = 10.0,
         metadata_interval_s: float = 1.0,
-        min_batch_interval_s: float = 0.25,
         commit_timeout_s: float = 5.0,
         **consumer_options: Any,
     ) -> None:
@@ -246,7 +242,6 @@ class Materializer:
         self.join_timeout_s = join_timeout_s
         self.unread_grace_s = unread_grace_s
         self.metadata_interval_s = metadata_interval_s
-        self.min_batch_interval_s = min_batch_interval_s
         self.commit_timeout_s = commit_timeout_s
         self.consumer_options = consumer_options
         self.store = AuditStore(db_path, trusted_keys=trusted_keys, require_signed=require_signed)
@@ -433,7 +428,6 @@ class Materializer:
             deadline = time.monotonic() + self.join_timeout_s
             last_gap_check = time.monotonic()
             next_refresh = 0.0
-            paced_until = 0.0
             while not self._stop.is_set():
                 if time.monotonic() >= next_collect:
                     gc.collect()
@@ -445,11 +439,6 @@ class Materializer:
                     writing = None
                     consumer = await self._refresh(consumer)
                 fetched_from = self._watch.cluster_id
-                if writing is None and (pause := paced_until - time.monotonic()) > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), pause)
-                    if self._stop.is_set():
-                        break
                 if consumer.assignment():
                     # With a batch being written, only what is fetched already: when nothing is, the
                     # batch is settled (stored and committed) before the loop waits for more. A sink
@@ -486,8 +475,6 @@ class Materializer:
                 if raw:
                     if first_batch_at is None:
                         first_batch_at = time.perf_counter()
-                    full = len(raw) >= self.batch_max
-                    paced_until = 0.0 if full else time.monotonic() + self.min_batch_interval_s
                     offsets = {(tp.topic, tp.partition): rows[-1].offset + 1 for tp, rows in batch.items() if rows}
                     # Python work, overlapping the previous batch's DuckDB transaction.
                     staged = await loop.run_in_executor(None, store.stage, raw)
