@@ -592,12 +592,10 @@ class Materializer:
 
         from events.kafka import forbid_topic_creation
 
-        options = {**_CONSUMER_DEFAULTS, **self.consumer_options}
-        if self.assignment == "group":
-            for key, value in _GROUP_DEFAULTS.items():
-                options.setdefault(key, value)
-            if self.instance_id is not None:
-                options.setdefault("group_instance_id", self.instance_id)
+        group = self.assignment == "group"
+        options = {**_CONSUMER_DEFAULTS, **(_GROUP_DEFAULTS if group else {}), **self.consumer_options}
+        if group and self.instance_id is not None:
+            options.setdefault("group_instance_id", self.instance_id)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=self.group,
