@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import functools
 import gc
 import hashlib
@@ -92,6 +94,37 @@ def _staging_pool() -> pa.MemoryPool:
         return pa.jemalloc_memory_pool()
     except NotImplementedError:
         return pa.default_memory_pool()
+
+
+def _heap_trimmer() -> Any | None:
+    """glibc's `malloc_trim`, where the C library has it (None elsewhere: musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_MALLOC_TRIM: Final = _heap_trimmer()
+
+
+def _ingest_and_release(store: AuditStore, staged: StagedBatch, offsets: Mapping[tuple[str, int], int]) -> IngestResult:
+    """`store.ingest_staged`, then the C heap's free pages given back to the system (the write's worker
+    thread; ctypes releases the GIL meanwhile).
+
+    A batch's record values (about 1.2 kB each, some 12 MB a batch) come from the C allocator, not
+    Python's, and so do DuckDB's buffers for its statements; glibc keeps what they freed in its arenas,
+    one per thread that allocated, and gives back only what lies at the top of a heap. Those arenas
+    grew with the length of a drain: peak RSS 1.09 to 1.17 times as much at 200,000 events as at
+    50,000, against 1.02 to 1.09 with a trim after every batch (three drains each)."""
+    result = store.ingest_staged(staged, offsets)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+    return result
 
 
 def default_instance_id(db_path: str) -> str:
@@ -547,7 +580,7 @@ class Materializer:
     def _write(self, staged: StagedBatch, offsets: dict[tuple[str, int], int], fetched_from: Any) -> _Write:
         """Start the batch's DuckDB transaction in a worker thread."""
         started = time.perf_counter()
-        done = asyncio.get_running_loop().run_in_executor(None, self.store.ingest_staged, staged, offsets)
+        done = asyncio.get_running_loop().run_in_executor(None, _ingest_and_release, self.store, staged, offsets)
         return _Write(done, staged.records, offsets, fetched_from, started)
 
     async def _settle(self, consumer: Any, writing: _Write | None, summary: RunSummary) -> None:

@@ -24,8 +24,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from callgate.broker import EmbeddedBroker, free_port
-from consumers.materializer import Materializer
-from consumers.store import AuditStore, StoreLockedError
+from consumers.materializer import _MALLOC_TRIM, Materializer, _ingest_and_release
+from consumers.store import AuditStore, RawRecord, StoreLockedError
 from events import MemorySink, Producer, ToolUseEvent, encode_event, event_hash
 from events.kafka import KafkaSink, _headers, _spool_key
 from interceptor_core import Deny, Gate, RunContext, Substitute, before_tool_call, tool
@@ -816,3 +816,34 @@ class TestHealth:
                 await idle.stop()
             # The idle member gone, the group gives the partition back to the materializer.
             await _until(lambda: health_via_api(port)[0] == 200 and _count(materializer) == 4, 60)
+
+
+def _rss_bytes() -> int:
+    """This process's resident set now (Linux)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class TestMemory:
+    @pytest.mark.skipif(_MALLOC_TRIM is None, reason="this C library has no malloc_trim")
+    def test_a_written_batch_gives_the_freed_c_heap_back_to_the_system(self, tmp_path: Path) -> None:
+        # Record values are C-heap blocks; a batch frees most of them while others stay (the next
+        # batch's), so the freed pages lie between live blocks, where glibc keeps them unless trimmed.
+        events = sealed_events(50)
+        records = [
+            RawRecord("t", 0, i, event.producer_id.encode(), encode_event(event)) for i, event in enumerate(events)
+        ]
+        store = AuditStore(tmp_path / "s.duckdb")
+        try:
+            staged = store.stage(records)
+            values = [bytes(1200) for _ in range(80_000)]  # some 96 MiB
+            kept = values[::10]
+            del values
+            before = _rss_bytes()
+            result = _ingest_and_release(store, staged, {("t", 0): len(records)})
+            released = before - _rss_bytes()
+            assert result.stored == 50
+            assert len(kept) == 8_000
+            # About 86 MiB were freed; whole pages of it (most) go back.
+            assert released > 40 * 2**20, f"only {released / 2**20:.1f} MiB of the freed heap went back"
+        finally:
+            store.close()
