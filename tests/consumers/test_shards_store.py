@@ -99,6 +99,16 @@ class TestGapsAcrossAHandoff:
             assert gaps(store) == [8]
             assert segments(store) == [(6, events[5].prev_hash, 10, events[9].hash, [[8, 8]])]
 
+    def test_holes_of_a_segment_are_listed_in_seq_order_with_its_ends(self, tmp_path: Path) -> None:
+        """Runs 6..7, 9, 12..14 after a handoff at offset 5: one segment, holes [8, 8] and [10, 11]."""
+        events = chain(14)
+        with AuditStore(tmp_path / "shard.duckdb") as store:
+            take(store, 5, None)
+            ingest(store, events[11:], 11)
+            ingest(store, events[5:7], 5)
+            ingest(store, events[8:9], 8)
+            assert segments(store) == [(6, events[5].prev_hash, 14, events[13].hash, [[8, 8], [10, 11]])]
+
     def test_without_a_handoff_the_missing_start_is_a_gap(self, tmp_path: Path) -> None:
         """A store that read the partition from offset 0 (no tenure elsewhere) records seqs 1..5 as gaps."""
         events = chain(10)
