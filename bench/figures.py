@@ -20,9 +20,13 @@ def report(
     floor: float | None = None,
     target: str = "",
     higher_is_better: bool = False,
+    ratio: float | None = None,
 ) -> None:
-    """Print one figure line (`PREFIX` + JSON); `floor` is the same quantity measured for the floor."""
-    ratio = value / floor if floor else None
+    """Print one figure line (`PREFIX` + JSON); `floor` is the same quantity measured for the floor.
+    `ratio` is given when it is not value / floor: the median of the ratios of alternating rounds, where
+    `value` and `floor` are the medians of each."""
+    if ratio is None:
+        ratio = value / floor if floor else None
     line = {
         "name": name,
         "value": value,

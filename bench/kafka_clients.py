@@ -12,14 +12,16 @@ them, every round in a fresh child process so that its process CPU is that consu
   event loop, which then reads the records.
 
 Each consumer is assigned partitions 0..2 from offset 0 (no group join), fetches batches of up to
-10,240 records (the materializer's batch) with the clients' default fetch sizes, and reads every
-record's topic, partition, offset, key, value, timestamp and headers into a `consumers.store.RawRecord`,
-as the materializer does. Figures are µs per record in the steady state, from the end of the first
-non-empty batch to the last record (the connection and the first fetch excluded): wall time, process
-CPU (the client's own threads included: librdkafka fetches and decompresses in threads of its own),
-CPU of the main thread (the event loop for the asyncio variants), CPU of the thread that calls the
-client (the worker thread for `to_thread`, inside `consume()`), and the main thread's CPU spent reading
-the records into RawRecords. The wall time and process CPU over all N records, setup included, follow.
+10,240 records (the materializer's batch) with the clients' default fetch sizes, and hands the records
+over as the store reads them (`consumers.store.KafkaRecord`): aiokafka's records as they come, as the
+materializer does; confluent-kafka's messages read (topic, partition, offset, key, value, timestamp and
+headers) into a `consumers.store.RawRecord` each, since they carry methods, not those attributes.
+Figures are µs per record in the steady state, from the end of the first non-empty batch to the last
+record (the connection and the first fetch excluded): wall time, process CPU (the client's own threads
+included: librdkafka fetches and decompresses in threads of its own), CPU of the main thread (the event
+loop for the asyncio variants), CPU of the thread that calls the client (the worker thread for
+`to_thread`, inside `consume()`), and the main thread's CPU spent handing the records over. The wall
+time and process CPU over all N records, setup included, follow.
 Medians of the rounds; aiokafka is the floor of the confluent-kafka figures. The last lines are the figures.
 """
 
@@ -113,14 +115,8 @@ class Round:
 
 
 def read_aiokafka(batch: dict[Any, list[Any]]) -> tuple[list[Any], float]:
-    from consumers.store import RawRecord
-
     started = time.thread_time()
-    staged = [
-        RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, tuple(r.headers))
-        for records in batch.values()
-        for r in records
-    ]
+    staged = [r for records in batch.values() for r in records]
     return staged, time.thread_time() - started
 
 
@@ -309,7 +305,8 @@ def main_run(n: int, rounds: int) -> None:
     print(
         "main: the main thread's CPU (the event loop's for the asyncio variants); client: the CPU of the thread"
         "\nthat calls the client (to_thread: the worker, inside consume()); reading: the main thread's CPU"
-        "\nreading each record into a RawRecord; all: over all records, the connection and first fetch included"
+        "\nhanding the records over (aiokafka: as they come; confluent-kafka: a RawRecord each); all: over all"
+        "\nrecords, the connection and first fetch included"
     )
     floor = med["aiokafka"]
     for variant in ("confluent", "confluent-thread"):

@@ -1,15 +1,18 @@
 """The materializer's figures: ingest rate against an Arrow floor, peak memory, end-to-end lag.
 
-    python bench/materialize.py [--events N] [--rate R] [--fast-rate R] [--seconds S] [--no-lag]
+    python bench/materialize.py [--events N] [--rate R] [--fast-rate R] [--seconds S] [--no-lag] [--rounds K]
 
 1. Throughput: N events (default 200,000) are published to a topic of the embedded broker; then
    `callgate materialize --drain` runs as a child process and drains them into a fresh store:
    events per second (from its first batch to its end, as the child reports it), against the floor
-   measured in the same run: the same rows (up to 200,000 of them) inserted into DuckDB through
+   measured in the same round: the same rows (up to 200,000 of them) inserted into DuckDB through
    Arrow in one go and checkpointed, with no Kafka and no parsing, into a table of DuckDB's own
    choices (the floor the target is set against) and, reported beside it, into one whose event
    JSON is compressed with zstd as the store's is. The child's peak RSS is reported
-   for a 50,000-event drain and for the full one, at the store's default memory limit.
+   for a 50,000-event drain and for the full one, at the store's default memory limit. K alternating
+   rounds (default 3), each of both drains and both floors: the figures are the medians of the
+   rounds, the ratios the medians of each round's ratio (a loaded moment moves a single drain or
+   floor by a quarter; a round's drain and floor share most of it).
 2. Lag: a gate emits R decisions per second (default 2,000) through a KafkaSink for S seconds while
    `callgate materialize --api` runs; the lag of an event is the time from its decision (`time`)
    to its commit in the store (`ingested_at`, the moment it is visible through the read API):
@@ -98,18 +101,21 @@ def drain(bootstrap: str, topic: str, db: Path, expected: int) -> tuple[float, i
     return seconds, usage.ru_maxrss // 1024
 
 
-def arrow_floor(n: int, tmp: Path, *, zstd_json: bool = False) -> float:
-    """Seconds to insert the same rows into DuckDB through Arrow in one go and checkpoint them: into a
-    table of DuckDB's own choices (`CREATE TABLE AS`), or (`zstd_json`) one whose event JSON is
-    compressed with zstd, as the store's `events` is (migration 11)."""
-    staged = _events_table(
+def floor_rows(n: int) -> pa.Table:
+    """The staged rows of `n` bench events (the floor's input: built once, not timed)."""
+    return _events_table(
         [
             _event_row(ReadEvent(event, event.hash, event.model_dump_json()), ord_, "t", 0, ord_)
             for ord_, event in enumerate(make_events(n))
         ]
     )
-    name = "floor-zstd" if zstd_json else "floor"
-    con = connect(tmp / f"{name}.duckdb", read_only=False)
+
+
+def arrow_floor(staged: pa.Table, db: Path, *, zstd_json: bool = False) -> float:
+    """Seconds to insert `staged` into a fresh DuckDB file `db` through Arrow in one go and checkpoint
+    it: into a table of DuckDB's own choices (`CREATE TABLE AS`), or (`zstd_json`) one whose event JSON
+    is compressed with zstd, as the store's `events` is (migration 11)."""
+    con = connect(db, read_only=False)
     con.register("staged", staged)
     if zstd_json:
         columns = con.execute("DESCRIBE SELECT * FROM staged").fetchall()
@@ -369,32 +375,60 @@ def extraction_cost(n: int = 10_240, rounds: int = 7) -> tuple[float, float]:
     return statistics.median(samples["python"]), statistics.median(samples["duckdb"])
 
 
-async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag: bool) -> None:
+def alternating_rounds(
+    bootstrap: str, tmp: Path, sizes: tuple[int, int], staged: pa.Table, rounds: int
+) -> list[tuple[float, int, float, int, float, float]]:
+    """Per round: the seconds and peak RSS of a drain of the topics "small" and "full" (their sizes),
+    then the seconds of both floors over `staged`. The machine's load moves every figure by a quarter
+    between runs minutes apart; a ratio compares within a round."""
+    small, n = sizes
+    drains: list[tuple[float, int, float, int, float, float]] = []
+    for round_ in range(rounds):
+        small_s, small_rss = drain(bootstrap, "small", tmp / f"small-{round_}.duckdb", small)
+        full_s, full_rss = drain(bootstrap, "full", tmp / f"full-{round_}.duckdb", n)
+        floor_s = arrow_floor(staged, tmp / f"floor-{round_}.duckdb")
+        floor_zstd_s = arrow_floor(staged, tmp / f"floor-zstd-{round_}.duckdb", zstd_json=True)
+        drains.append((small_s, small_rss, full_s, full_rss, floor_s, floor_zstd_s))
+        for path in tmp.glob(f"*-{round_}.duckdb*"):
+            path.unlink()  # a 1,000,000-event store is some 300 MB; the next round writes its own
+    return drains
+
+
+async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag: bool, rounds: int) -> None:
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         small = min(50_000, n)
         await publish(broker.bootstrap, "small", small, tmp)
         await publish(broker.bootstrap, "full", n, tmp)
-        small_s, small_rss = drain(broker.bootstrap, "small", tmp / "small.duckdb", small)
-        full_s, full_rss = drain(broker.bootstrap, "full", tmp / "full.duckdb", n)
         floor_n = min(n, 200_000)
-        floor_s = arrow_floor(floor_n, tmp)
-        floor_zstd_s = arrow_floor(floor_n, tmp, zstd_json=True)
+        staged = floor_rows(floor_n)
+        drains = alternating_rounds(broker.bootstrap, tmp, (small, n), staged, rounds)
         lags = {}
         if with_lag:
             assert broker.pid is not None
             lags[rate] = await lag(broker.bootstrap, broker.pid, rate, seconds, tmp, sealed=False)
             lags[fast_rate] = await lag(broker.bootstrap, broker.pid, fast_rate, seconds, tmp, sealed=True)
+    rates = [(small / d[0], n / d[2], floor_n / d[4], floor_n / d[5]) for d in drains]
+    ratio = statistics.median(full / floor for _, full, floor, _ in rates)
+    ratio_zstd = statistics.median(full / floor_zstd for _, full, _, floor_zstd in rates)
+    rate_small, rate_full, rate_floor, rate_floor_zstd = (statistics.median(r[i] for r in rates) for i in range(4))
+    small_rss, full_rss = statistics.median(d[1] for d in drains), statistics.median(d[3] for d in drains)
+    rss_ratio = statistics.median(d[3] / d[1] for d in drains)
     cost = per_event_cost()
     by_python, by_duckdb = extraction_cost()
-    rate_full, rate_floor, rate_floor_zstd = n / full_s, floor_n / floor_s, floor_n / floor_zstd_s
+    print(f"medians of {rounds} alternating rounds (drains of both topics, then both floors)")
     print(f"{'path':<58} {'value':>14}")
-    print(f"{f'materialize --drain of {small:,} events (events/s)':<58} {small / small_s:>14,.0f}")
+    print(f"{f'materialize --drain of {small:,} events (events/s)':<58} {rate_small:>14,.0f}")
     print(f"{f'materialize --drain of {n:,} events (events/s)':<58} {rate_full:>14,.0f}")
     print(f"{'floor: the same rows into DuckDB through Arrow (rows/s)':<58} {rate_floor:>14,.0f}")
     print(f"{'  the same, the event JSON compressed with zstd (rows/s)':<58} {rate_floor_zstd:>14,.0f}")
-    print(f"{f'peak RSS of the materializer, {small:,} events (MiB)':<58} {small_rss:>14,}")
-    print(f"{f'peak RSS of the materializer, {n:,} events (MiB)':<58} {full_rss:>14,}")
+    print(f"{f'peak RSS of the materializer, {small:,} events (MiB)':<58} {small_rss:>14,.0f}")
+    print(f"{f'peak RSS of the materializer, {n:,} events (MiB)':<58} {full_rss:>14,.0f}")
+    for round_, ((_, full, floor, floor_zstd), d) in enumerate(zip(rates, drains, strict=True), 1):
+        print(
+            f"  round {round_}: drain {full:,.0f}/s, floor {floor:,.0f}/s ({full / floor:.3f}), zstd floor "
+            f"{floor_zstd:,.0f}/s ({full / floor_zstd:.3f}), peak RSS {d[1]} / {d[3]} MiB ({d[3] / d[1]:.3f})"
+        )
     for at, (p50, p99, counted, cpu) in lags.items():
         print(f"{f'lag at {at:,} events/s over {counted:,} events, p50 (s)':<58} {p50:>14.3f}")
         print(f"{f'lag at {at:,} events/s over {counted:,} events, p99 (s)':<58} {p99:>14.3f}")
@@ -408,16 +442,20 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
     print(f"{'the same through events.fast_read (µs), the store road':<58} {cost[0]:>14.2f}")
     print(f"{'staged columns of read events, built in Python (µs/event)':<58} {by_python:>14.2f}")
     print(f"{'  the same columns extracted by DuckDB from the wire (µs/event)':<58} {by_duckdb:>14.2f}")
-    print(f"throughput: materialize / Arrow floor = {rate_full / rate_floor:.3f} (target >= 0.5, goal 0.8)")
-    print(f"  against the floor with the store's zstd event JSON: {rate_full / rate_floor_zstd:.3f}")
-    print(f"memory: peak RSS {small_rss} MiB at {small:,} events, {full_rss} MiB at {n:,} (target: within 10%)")
+    print(f"throughput: materialize / Arrow floor = {ratio:.3f} (target >= 0.5, goal 0.8; median of the rounds')")
+    print(f"  against the floor with the store's zstd event JSON: {ratio_zstd:.3f}")
+    print(
+        f"memory: peak RSS {small_rss:.0f} MiB at {small:,} events, {full_rss:.0f} MiB at {n:,}: {rss_ratio:.3f} "
+        "(target: within 10%; median of the rounds')"
+    )
     for at, (_, p99, _, _) in lags.items():
         print(f"lag: p99 {p99:.3f} s at {at:,} events/s (target <= 2 s)")
     report(f"materialize --drain of {n:,} events", rate_full, "events/s", floor=rate_floor, target=">= 0.5",
-           higher_is_better=True)  # fmt: skip
+           higher_is_better=True, ratio=ratio)  # fmt: skip
     report(f"materialize --drain of {n:,} events, against a floor with the store's zstd event JSON", rate_full,
-           "events/s", floor=rate_floor_zstd, target="report", higher_is_better=True)  # fmt: skip
-    report(f"peak RSS at {n:,} events", full_rss, "MiB", floor=small_rss, target=f"<= 1.1 (floor: at {small:,})")
+           "events/s", floor=rate_floor_zstd, target="report", higher_is_better=True, ratio=ratio_zstd)  # fmt: skip
+    report(f"peak RSS at {n:,} events", full_rss, "MiB", floor=small_rss, target=f"<= 1.1 (floor: at {small:,})",
+           ratio=rss_ratio)  # fmt: skip
     for at, (_, p99, _, cpu) in lags.items():
         report(f"lag at {at:,} events/s, p99", p99, "s", target="<= 2 s")
         report(
@@ -451,8 +489,11 @@ def main() -> None:
     parser.add_argument("--fast-rate", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--no-lag", action="store_true", help="only the drains and the floor (RSS at large N)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the drains and the floors")
     opts = parser.parse_args()
-    asyncio.run(main_async(opts.events, opts.rate, opts.fast_rate, opts.seconds, not opts.no_lag))
+    if opts.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    asyncio.run(main_async(opts.events, opts.rate, opts.fast_rate, opts.seconds, not opts.no_lag, opts.rounds))
 
 
 if __name__ == "__main__":

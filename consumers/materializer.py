@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import pyarrow as pa
 
 from consumers import shards
-from consumers.store import ROW_GROUP_ROWS, AuditStore, IngestResult, RawRecord, StagedBatch
+from consumers.store import ROW_GROUP_ROWS, AuditStore, IngestResult, StagedBatch
 
 if TYPE_CHECKING:
     from consumers.api import HealthStatus
@@ -500,17 +500,18 @@ class Materializer:
                         continue
                     ends = await consumer.end_offsets(list(assigned))
                     summary.partitions = sorted(tp.partition for tp in assigned)
-                raw = [
-                    RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, tuple(r.headers))
-                    for rows in batch.values()
-                    for r in rows
-                ]
+                # aiokafka's records as they come (`KafkaRecord`): a copy of each cost 1.8 µs a record.
+                raw = [r for rows in batch.values() for r in rows]
                 if raw:
                     if first_batch_at is None:
                         first_batch_at = time.perf_counter()
                     offsets = {(tp.topic, tp.partition): rows[-1].offset + 1 for tp, rows in batch.items() if rows}
                     # Python work, overlapping the previous batch's DuckDB transaction.
                     staged = await loop.run_in_executor(None, store.stage, raw)
+                    # The records (some 16 MB of values a batch) are not held while the next are fetched
+                    # and staged: the batch lives on as `staged` alone.
+                    del raw
+                    batch = {}
                     await self._settle(consumer, writing, summary)
                     writing = None
                     writing = self._write(staged, offsets, fetched_from)

@@ -421,6 +421,26 @@ class TestEnvelope:
         assert (result.dead_letters, result.chain_breaks_by_kind) == (0, {"gap": 1})
         assert breaks(store) == [(producer, 5, "gap")]
 
+    def test_aiokafkas_records_are_read_as_they_come(self, store: AuditStore) -> None:
+        """aiokafka's `ConsumerRecord`s, which the materializer hands over without a copy, are read as
+        `RawRecord`s are: their events stored, their envelope checked, a dead letter's Kafka time kept."""
+        from aiokafka.structs import ConsumerRecord
+
+        events = gate_events(2)
+
+        def consumed(raw: RawRecord) -> ConsumerRecord[bytes, bytes]:
+            return ConsumerRecord(
+                raw.topic, raw.partition, raw.offset, 1_700_000_000_123, 0, raw.key, raw.value, None, 0, 0, raw.headers
+            )
+
+        good = [consumed(sent(e, i)) for i, e in enumerate(events)]
+        foreign = consumed(sent(events[-1], len(events), ce_id=b"not-the-event-id"))
+        result = store.ingest([*good, foreign], {(TOPIC, 0): len(events) + 1})
+        assert (result.stored, result.dead_letters_by_reason) == (len(events), {"envelope_mismatch": 1})
+        (row,) = store.cursor().execute("SELECT kafka_time, error FROM dead_letters").fetchall()
+        assert row[0] == datetime.fromtimestamp(1_700_000_000.123, UTC)
+        assert "not-the-event-id" in row[1]
+
 
 class TestChainChecks:
     def test_tampered_content_with_the_old_hash_is_tamper(self, store: AuditStore) -> None:
