@@ -112,9 +112,12 @@ def floor_rows(n: int) -> pa.Table:
 
 
 def arrow_floor(staged: pa.Table, db: Path, *, zstd_json: bool = False) -> float:
-    """Seconds to insert `staged` into a fresh DuckDB file `db` through Arrow in one go and checkpoint
-    it: into a table of DuckDB's own choices (`CREATE TABLE AS`), or (`zstd_json`) one whose event JSON
-    is compressed with zstd, as the store's `events` is (migration 11)."""
+    """Seconds to insert `staged` into a new DuckDB file `db` (replacing one left there) through Arrow
+    in one go and checkpoint it: into a table of DuckDB's own choices (`CREATE TABLE AS`), or
+    (`zstd_json`) one whose event JSON is compressed with zstd, as the store's `events` is (migration
+    11)."""
+    for stale in (db, db.with_name(db.name + ".wal")):
+        stale.unlink(missing_ok=True)
     con = connect(db, read_only=False)
     con.register("staged", staged)
     if zstd_json:
@@ -375,19 +378,29 @@ def extraction_cost(n: int = 10_240, rounds: int = 7) -> tuple[float, float]:
     return statistics.median(samples["python"]), statistics.median(samples["duckdb"])
 
 
+def floors(n: int, tmp: Path) -> tuple[float, float]:
+    """Both floors' seconds over `n` rows, measured in a child process (`--floors`): the rows take this
+    process to some 3 GB, and a drain started after them counted that as its own peak RSS (a child's
+    peak includes what it shared with its parent before `exec`)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--floors", str(n), str(tmp)], capture_output=True, text=True, check=True
+    )
+    floor_s, floor_zstd_s = (float(x) for x in out.stdout.split())
+    return floor_s, floor_zstd_s
+
+
 def alternating_rounds(
-    bootstrap: str, tmp: Path, sizes: tuple[int, int], staged: pa.Table, rounds: int
+    bootstrap: str, tmp: Path, sizes: tuple[int, int, int], rounds: int
 ) -> list[tuple[float, int, float, int, float, float]]:
     """Per round: the seconds and peak RSS of a drain of the topics "small" and "full" (their sizes),
-    then the seconds of both floors over `staged`. The machine's load moves every figure by a quarter
-    between runs minutes apart; a ratio compares within a round."""
-    small, n = sizes
+    then the seconds of both floors over the floor's rows. The machine's load moves every figure by a
+    quarter between runs minutes apart; a ratio compares within a round."""
+    small, n, floor_n = sizes
     drains: list[tuple[float, int, float, int, float, float]] = []
     for round_ in range(rounds):
         small_s, small_rss = drain(bootstrap, "small", tmp / f"small-{round_}.duckdb", small)
         full_s, full_rss = drain(bootstrap, "full", tmp / f"full-{round_}.duckdb", n)
-        floor_s = arrow_floor(staged, tmp / f"floor-{round_}.duckdb")
-        floor_zstd_s = arrow_floor(staged, tmp / f"floor-zstd-{round_}.duckdb", zstd_json=True)
+        floor_s, floor_zstd_s = floors(floor_n, tmp)
         drains.append((small_s, small_rss, full_s, full_rss, floor_s, floor_zstd_s))
         for path in tmp.glob(f"*-{round_}.duckdb*"):
             path.unlink()  # a 1,000,000-event store is some 300 MB; the next round writes its own
@@ -401,8 +414,7 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
         await publish(broker.bootstrap, "small", small, tmp)
         await publish(broker.bootstrap, "full", n, tmp)
         floor_n = min(n, 200_000)
-        staged = floor_rows(floor_n)
-        drains = alternating_rounds(broker.bootstrap, tmp, (small, n), staged, rounds)
+        drains = alternating_rounds(broker.bootstrap, tmp, (small, n, floor_n), rounds)
         lags = {}
         if with_lag:
             assert broker.pid is not None
@@ -490,7 +502,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--no-lag", action="store_true", help="only the drains and the floor (RSS at large N)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the drains and the floors")
+    parser.add_argument("--floors", nargs=2, metavar=("ROWS", "DIR"), help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.floors:
+        # The child of `floors`: both floors' seconds, on one line.
+        rows, where = int(opts.floors[0]), Path(opts.floors[1])
+        staged = floor_rows(rows)
+        print(
+            arrow_floor(staged, where / "floor.duckdb"),
+            arrow_floor(staged, where / "floor-zstd.duckdb", zstd_json=True),
+        )
+        return
     if opts.rounds < 1:
         parser.error("--rounds must be at least 1")
     asyncio.run(main_async(opts.events, opts.rate, opts.fast_rate, opts.seconds, not opts.no_lag, opts.rounds))

@@ -268,8 +268,8 @@ class RawRecord:
 
 class KafkaRecord(Protocol):
     """What the store reads of a consumed record: a `RawRecord`, or aiokafka's `ConsumerRecord` as
-    it comes (the materializer hands those over as they are: a `RawRecord` made of each cost 1.8 µs
-    a record, on the thread that also reads and checks the events)."""
+    it comes (the materializer hands those over as they are: a `RawRecord` made of each cost 0.35 µs
+    a record, on the interpreter's lock that reading and checking the events keep busy)."""
 
     @property
     def topic(self) -> str: ...
