@@ -45,7 +45,7 @@ QUICK: dict[str, list[str]] = {
     "policy": ["--calls", "300", "--rounds", "3", "--engine-evals", "200"],
     "counters": ["--calls", "2000", "--redis-calls", "200", "--rounds", "3"],
     "pipeline": ["--events", "2000", "--rounds", "2", "--calls", "300"],
-    "materialize": ["--events", "5000", "--seconds", "2"],
+    "materialize": ["--events", "5000", "--seconds", "2", "--rounds", "1"],
     "kafka_clients": ["--events", "20000", "--rounds", "2"],
     "proofs": ["--events", "20000", "--ingest-events", "10000", "--rounds", "1", "--proofs", "50"],
     "queries": ["--events", "20000", "--runs", "1", "--ingest", "1000"],

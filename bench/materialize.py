@@ -45,6 +45,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -389,22 +390,31 @@ def floors(n: int, tmp: Path) -> tuple[float, float]:
     return floor_s, floor_zstd_s
 
 
-def alternating_rounds(
-    bootstrap: str, tmp: Path, sizes: tuple[int, int, int], rounds: int
-) -> list[tuple[float, int, float, int, float, float]]:
-    """Per round: the seconds and peak RSS of a drain of the topics "small" and "full" (their sizes),
-    then the seconds of both floors over the floor's rows. The machine's load moves every figure by a
-    quarter between runs minutes apart; a ratio compares within a round."""
+@dataclass(frozen=True)
+class Round:
+    """One round's drains (their seconds and peak RSS) and floors (their seconds)."""
+
+    small_s: float
+    small_rss: int
+    full_s: float
+    full_rss: int
+    floor_s: float
+    floor_zstd_s: float
+
+
+def alternating_rounds(bootstrap: str, tmp: Path, sizes: tuple[int, int, int], rounds: int) -> list[Round]:
+    """Per round: a drain of the topics "small" and "full" (their sizes), then both floors over the
+    floor's rows. The machine's load moves every figure by a quarter between runs minutes apart; a
+    ratio compares within a round."""
     small, n, floor_n = sizes
-    drains: list[tuple[float, int, float, int, float, float]] = []
+    done: list[Round] = []
     for round_ in range(rounds):
         small_s, small_rss = drain(bootstrap, "small", tmp / f"small-{round_}.duckdb", small)
         full_s, full_rss = drain(bootstrap, "full", tmp / f"full-{round_}.duckdb", n)
-        floor_s, floor_zstd_s = floors(floor_n, tmp)
-        drains.append((small_s, small_rss, full_s, full_rss, floor_s, floor_zstd_s))
+        done.append(Round(small_s, small_rss, full_s, full_rss, *floors(floor_n, tmp)))
         for path in tmp.glob(f"*-{round_}.duckdb*"):
             path.unlink()  # a 1,000,000-event store is some 300 MB; the next round writes its own
-    return drains
+    return done
 
 
 async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag: bool, rounds: int) -> None:
@@ -420,12 +430,13 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
             assert broker.pid is not None
             lags[rate] = await lag(broker.bootstrap, broker.pid, rate, seconds, tmp, sealed=False)
             lags[fast_rate] = await lag(broker.bootstrap, broker.pid, fast_rate, seconds, tmp, sealed=True)
-    rates = [(small / d[0], n / d[2], floor_n / d[4], floor_n / d[5]) for d in drains]
+    # Per round: the drains' and floors' rates.
+    rates = [(small / r.small_s, n / r.full_s, floor_n / r.floor_s, floor_n / r.floor_zstd_s) for r in drains]
     ratio = statistics.median(full / floor for _, full, floor, _ in rates)
     ratio_zstd = statistics.median(full / floor_zstd for _, full, _, floor_zstd in rates)
     rate_small, rate_full, rate_floor, rate_floor_zstd = (statistics.median(r[i] for r in rates) for i in range(4))
-    small_rss, full_rss = statistics.median(d[1] for d in drains), statistics.median(d[3] for d in drains)
-    rss_ratio = statistics.median(d[3] / d[1] for d in drains)
+    small_rss, full_rss = statistics.median(r.small_rss for r in drains), statistics.median(r.full_rss for r in drains)
+    rss_ratio = statistics.median(r.full_rss / r.small_rss for r in drains)
     cost = per_event_cost()
     by_python, by_duckdb = extraction_cost()
     print(f"medians of {rounds} alternating rounds (drains of both topics, then both floors)")
@@ -436,10 +447,11 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
     print(f"{'  the same, the event JSON compressed with zstd (rows/s)':<58} {rate_floor_zstd:>14,.0f}")
     print(f"{f'peak RSS of the materializer, {small:,} events (MiB)':<58} {small_rss:>14,.0f}")
     print(f"{f'peak RSS of the materializer, {n:,} events (MiB)':<58} {full_rss:>14,.0f}")
-    for round_, ((_, full, floor, floor_zstd), d) in enumerate(zip(rates, drains, strict=True), 1):
+    for round_, ((_, full, floor, floor_zstd), r) in enumerate(zip(rates, drains, strict=True), 1):
         print(
             f"  round {round_}: drain {full:,.0f}/s, floor {floor:,.0f}/s ({full / floor:.3f}), zstd floor "
-            f"{floor_zstd:,.0f}/s ({full / floor_zstd:.3f}), peak RSS {d[1]} / {d[3]} MiB ({d[3] / d[1]:.3f})"
+            f"{floor_zstd:,.0f}/s ({full / floor_zstd:.3f}), peak RSS {r.small_rss} / {r.full_rss} MiB "
+            f"({r.full_rss / r.small_rss:.3f})"
         )
     for at, (p50, p99, counted, cpu) in lags.items():
         print(f"{f'lag at {at:,} events/s over {counted:,} events, p50 (s)':<58} {p50:>14.3f}")
