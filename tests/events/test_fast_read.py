@@ -280,6 +280,21 @@ class TestMalformed:
         if any(0xD800 <= unit < 0xE000 for unit in units) and len(units) == 1:
             assert read_wire(wire.replace(b'"tool":"t"', b'"tool":"' + escaped + b'"')) is None
 
+    def test_the_type_member_is_read_alike_wherever_it_stands(self) -> None:
+        """Where `events.codec` writes `type` (last before the hash) read_wire decodes with that type's
+        own struct; moved first, or naming another type there, the event is read or declined as
+        read_event reads it."""
+        for wire in wires():
+            kind = json.loads(wire)["type"]
+            member = b',"type":"' + kind.encode() + b'"'
+            assert member + b',"hash":"' in wire
+            moved = b'{"type":"' + kind.encode() + b'",' + wire[1:].replace(member, b"", 1)
+            assert assert_agrees(wire), kind
+            assert assert_agrees(moved), kind
+            for other in ("Blocked", "ToolUse"):
+                renamed = wire.replace(member + b',"hash"', b',"type":"' + other.encode() + b'","hash"')
+                assert assert_agrees(renamed) == (other == kind), (kind, other)
+
     def test_duplicate_members_agree(self) -> None:
         """A member given twice: read_wire declines or takes the last one as pydantic does."""
         (wire,) = wires(KINDS[:1])
@@ -300,6 +315,29 @@ class TestTimes:
         """Every `time` read_wire accepts is the instant (and offset) pydantic reads."""
         (wire,) = wires(KINDS[:1])
         assert_agrees(with_field(wire, "time", text))
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        when=st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+        digits=st.integers(0, 6),
+        minutes=st.integers(-23 * 60 - 59, 23 * 60 + 59),
+        zulu=st.booleans(),
+    )
+    def test_every_time_of_the_strict_form_is_answered(
+        self, when: datetime, digits: int, minutes: int, zulu: bool
+    ) -> None:
+        """The strict form (0 to 6 fraction digits, `Z` or an offset of either sign) is checked by its
+        shape: none of its texts is declined."""
+        fraction = "." + f"{when.microsecond:06d}"[:digits] if digits else ""
+        sign = "-" if minutes < 0 else "+"
+        zone = "Z" if zulu else f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+        text = (
+            f"{when.year:04d}-{when.month:02d}-{when.day:02d}T{when.hour:02d}:{when.minute:02d}:{when.second:02d}"
+            + fraction
+            + zone
+        )
+        (wire,) = wires(KINDS[:1])
+        assert assert_agrees(with_field(wire, "time", text)), text
 
     @settings(max_examples=100, deadline=None)
     @given(
