@@ -11,7 +11,8 @@ could disagree, the generated structs are stricter than pydantic:
 - a JSON integer where a float is wanted is accepted by both; a float where an integer is wanted
   (`1.0`), a string where a number is wanted (`"1"`), `NaN`, numbers beyond 64 bits: pydantic's road;
 - `time` only in the RFC 3339 form with up to 6 fraction digits and an offset (msgspec rounds 7 and
-  more digits where pydantic truncates; pydantic also reads Unix times and naive times);
+  more digits where pydantic truncates; pydantic also reads Unix times and naive times), the
+  offset's minutes below 60 (the standard library reads `+00:60` as an hour, pydantic refuses it);
 - values nested deeper than `MAX_DEPTH` levels (pydantic's JSON parser refuses nesting deeper than
   about 200 levels, the standard library's about 1,000, msgspec stops at its own depth): pydantic's
   road. Only fields of type `Any` nest deeper than the models' own few levels; their decoded
@@ -303,13 +304,16 @@ def read_wire(data: bytes) -> WireRead | None:
         decoder = _BY_TYPE.get(wire[start:end], _DECODER)
     try:
         event = decoder.decode(data)
+        text = event.time
         if (
             event.schema_version != SCHEMA_VERSION
-            or event.time.encode().translate(_DIGITS_TO_ZERO) not in _TIME_SHAPES
+            or text.encode().translate(_DIGITS_TO_ZERO) not in _TIME_SHAPES
+            # An offset's minutes past 59 (`+00:60`): `fromisoformat` reads them, pydantic does not.
+            or (text[-1] != "Z" and text[-2] > "5")
             or _deep(data, event)
         ):
             return None
-        event.time = datetime.fromisoformat(event.time)
+        event.time = datetime.fromisoformat(text)
     except (msgspec.ValidationError, msgspec.DecodeError, ValueError, RecursionError):
         # RecursionError: nesting past msgspec's own depth (about 1,000 levels).
         return None

@@ -316,6 +316,16 @@ class TestTimes:
         (wire,) = wires(KINDS[:1])
         assert_agrees(with_field(wire, "time", text))
 
+    def test_an_offset_of_sixty_minutes_or_more_is_declined(self) -> None:
+        """`+00:60` has the strict form's shape; `fromisoformat` reads it as an hour, pydantic refuses it."""
+        (wire,) = wires(KINDS[:1])
+        for zone in ("+00:60", "-00:60", "+01:99"):
+            odd = with_field(wire, "time", "2026-01-01T00:00:00" + zone)
+            assert read_wire(odd) is None
+            with pytest.raises(EventParseError):
+                read_event(odd)
+        assert assert_agrees(with_field(wire, "time", "2026-01-01T00:00:00+23:59"))
+
     @settings(max_examples=300, deadline=None)
     @given(
         when=st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
