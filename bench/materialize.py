@@ -8,8 +8,10 @@
    measured in the same round: the same rows (up to 200,000 of them) inserted into DuckDB through
    Arrow in one go and checkpointed, with no Kafka and no parsing, into a table of DuckDB's own
    choices (the floor the target is set against) and, reported beside it, into one whose event
-   JSON is compressed with zstd as the store's is. The child's peak RSS is reported
-   for a 50,000-event drain and for the full one, at the store's default memory limit. K alternating
+   JSON is compressed with zstd as the store's is. Beside the rates, the CPU each spent per event
+   (row), all its threads together, and the cores that kept busy on average (CPU over wall): the
+   drain's work runs on several threads at once, the floor's insert on one. The child's peak RSS is
+   reported for a 50,000-event drain and for the full one, at the store's default memory limit. K alternating
    rounds (default 3), each of both drains and both floors: the figures are the medians of the
    rounds, the ratios the medians of each round's ratio (a loaded moment moves a single drain or
    floor by a quarter; a round's drain and floor share most of it).
@@ -80,8 +82,9 @@ async def publish(bootstrap: str, topic: str, n: int, spool: Path) -> None:
     await sink.close()
 
 
-def drain(bootstrap: str, topic: str, db: Path, expected: int) -> tuple[float, int]:
-    """Seconds of ingest (first batch to the end, as the child reports it) and its peak RSS in MiB."""
+def drain(bootstrap: str, topic: str, db: Path, expected: int) -> tuple[float, int, float]:
+    """Seconds of ingest (first batch to the end, as the child reports it), its peak RSS in MiB, and the
+    CPU seconds it spent over its ingest (all its threads, as it reports them)."""
     group = f"bench-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
         [*CLI, "materialize", "--bootstrap", bootstrap, "--topic", topic, "--db", str(db), "--group", group, "--drain"],
@@ -96,10 +99,11 @@ def drain(bootstrap: str, topic: str, db: Path, expected: int) -> tuple[float, i
     if proc.returncode != 0:
         raise SystemExit(f"materialize --drain exited {proc.returncode}: {output}")
     seconds = float(output.rsplit(" in ", 1)[1].split(" s ")[0])
+    cpu_seconds = float(output.rsplit(" in ", 1)[1].split(" (", 1)[1].split(" s of CPU")[0])
     stored = int(output.split("materialized ", 1)[1].split(" records", 1)[0])
     if stored < expected:
         raise SystemExit(f"the drain read {stored} records of {expected}: {output}")
-    return seconds, usage.ru_maxrss // 1024
+    return seconds, usage.ru_maxrss // 1024, cpu_seconds
 
 
 def floor_rows(n: int) -> pa.Table:
@@ -112,11 +116,11 @@ def floor_rows(n: int) -> pa.Table:
     )
 
 
-def arrow_floor(staged: pa.Table, db: Path, *, zstd_json: bool = False) -> float:
-    """Seconds to insert `staged` into a new DuckDB file `db` (replacing one left there) through Arrow
-    in one go and checkpoint it: into a table of DuckDB's own choices (`CREATE TABLE AS`), or
-    (`zstd_json`) one whose event JSON is compressed with zstd, as the store's `events` is (migration
-    11)."""
+def arrow_floor(staged: pa.Table, db: Path, *, zstd_json: bool = False) -> tuple[float, float]:
+    """Seconds, and CPU seconds (all of DuckDB's threads), to insert `staged` into a new DuckDB file `db`
+    (replacing one left there) through Arrow in one go and checkpoint it: into a table of DuckDB's own
+    choices (`CREATE TABLE AS`), or (`zstd_json`) one whose event JSON is compressed with zstd, as the
+    store's `events` is (migration 11)."""
     for stale in (db, db.with_name(db.name + ".wal")):
         stale.unlink(missing_ok=True)
     con = connect(db, read_only=False)
@@ -129,15 +133,15 @@ def arrow_floor(staged: pa.Table, db: Path, *, zstd_json: bool = False) -> float
             for column, kind, *_ in columns
         )
         con.execute(f"CREATE TABLE events ({ddl})")
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     if zstd_json:
         con.execute("INSERT INTO events SELECT * FROM staged")
     else:
         con.execute("CREATE TABLE events AS SELECT * FROM staged")
     con.execute("CHECKPOINT")
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     con.close()
-    return elapsed
+    return elapsed, cpu
 
 
 def cpu_seconds(pid: int) -> float:
@@ -379,20 +383,21 @@ def extraction_cost(n: int = 10_240, rounds: int = 7) -> tuple[float, float]:
     return statistics.median(samples["python"]), statistics.median(samples["duckdb"])
 
 
-def floors(n: int, tmp: Path) -> tuple[float, float]:
-    """Both floors' seconds over `n` rows, measured in a child process (`--floors`): the rows take this
-    process to some 3 GB, and a drain started after them counted that as its own peak RSS (a child's
-    peak includes what it shared with its parent before `exec`)."""
+def floors(n: int, tmp: Path) -> tuple[float, float, float]:
+    """Both floors' seconds over `n` rows, and the first one's CPU seconds, measured in a child process
+    (`--floors`): the rows take this process to some 3 GB, and a drain started after them counted that
+    as its own peak RSS (a child's peak includes what it shared with its parent before `exec`)."""
     out = subprocess.run(
         [sys.executable, __file__, "--floors", str(n), str(tmp)], capture_output=True, text=True, check=True
     )
-    floor_s, floor_zstd_s = (float(x) for x in out.stdout.split())
-    return floor_s, floor_zstd_s
+    floor_s, floor_cpu_s, floor_zstd_s = (float(x) for x in out.stdout.split())
+    return floor_s, floor_zstd_s, floor_cpu_s
 
 
 @dataclass(frozen=True)
 class Round:
-    """One round's drains (their seconds and peak RSS) and floors (their seconds)."""
+    """One round's drains (their seconds and peak RSS) and floors (their seconds), with the CPU the full
+    drain and the first floor spent."""
 
     small_s: float
     small_rss: int
@@ -400,6 +405,10 @@ class Round:
     full_rss: int
     floor_s: float
     floor_zstd_s: float
+    full_cpu_s: float
+    """The full drain's CPU seconds over its ingest."""
+    floor_cpu_s: float
+    """The floor's CPU seconds."""
 
 
 def alternating_rounds(bootstrap: str, tmp: Path, sizes: tuple[int, int, int], rounds: int) -> list[Round]:
@@ -409,9 +418,10 @@ def alternating_rounds(bootstrap: str, tmp: Path, sizes: tuple[int, int, int], r
     small, n, floor_n = sizes
     done: list[Round] = []
     for round_ in range(rounds):
-        small_s, small_rss = drain(bootstrap, "small", tmp / f"small-{round_}.duckdb", small)
-        full_s, full_rss = drain(bootstrap, "full", tmp / f"full-{round_}.duckdb", n)
-        done.append(Round(small_s, small_rss, full_s, full_rss, *floors(floor_n, tmp)))
+        small_s, small_rss, _ = drain(bootstrap, "small", tmp / f"small-{round_}.duckdb", small)
+        full_s, full_rss, full_cpu_s = drain(bootstrap, "full", tmp / f"full-{round_}.duckdb", n)
+        floor_s, floor_zstd_s, floor_cpu_s = floors(floor_n, tmp)
+        done.append(Round(small_s, small_rss, full_s, full_rss, floor_s, floor_zstd_s, full_cpu_s, floor_cpu_s))
         for path in tmp.glob(f"*-{round_}.duckdb*"):
             path.unlink()  # a 1,000,000-event store is some 300 MB; the next round writes its own
     return done
@@ -437,6 +447,11 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
     rate_small, rate_full, rate_floor, rate_floor_zstd = (statistics.median(r[i] for r in rates) for i in range(4))
     small_rss, full_rss = statistics.median(r.small_rss for r in drains), statistics.median(r.full_rss for r in drains)
     rss_ratio = statistics.median(r.full_rss / r.small_rss for r in drains)
+    # CPU per event (row) and the cores it kept busy on average (CPU seconds over wall seconds).
+    drain_cpu = statistics.median(r.full_cpu_s / n * 1e6 for r in drains)
+    drain_cores = statistics.median(r.full_cpu_s / r.full_s for r in drains)
+    floor_cpu = statistics.median(r.floor_cpu_s / floor_n * 1e6 for r in drains)
+    floor_cores = statistics.median(r.floor_cpu_s / r.floor_s for r in drains)
     cost = per_event_cost()
     by_python, by_duckdb = extraction_cost()
     print(f"medians of {rounds} alternating rounds (drains of both topics, then both floors)")
@@ -445,6 +460,8 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
     print(f"{f'materialize --drain of {n:,} events (events/s)':<58} {rate_full:>14,.0f}")
     print(f"{'floor: the same rows into DuckDB through Arrow (rows/s)':<58} {rate_floor:>14,.0f}")
     print(f"{'  the same, the event JSON compressed with zstd (rows/s)':<58} {rate_floor_zstd:>14,.0f}")
+    print(f"{f'  CPU per event of the {n:,}-event drain (µs), cores busy':<58} {drain_cpu:>8.1f}, {drain_cores:.2f}")
+    print(f"{'  CPU per row of the floor (µs), cores busy':<58} {floor_cpu:>8.1f}, {floor_cores:.2f}")
     print(f"{f'peak RSS of the materializer, {small:,} events (MiB)':<58} {small_rss:>14,.0f}")
     print(f"{f'peak RSS of the materializer, {n:,} events (MiB)':<58} {full_rss:>14,.0f}")
     for round_, ((_, full, floor, floor_zstd), r) in enumerate(zip(rates, drains, strict=True), 1):
@@ -478,6 +495,8 @@ async def main_async(n: int, rate: int, fast_rate: int, seconds: float, with_lag
            higher_is_better=True, ratio=ratio)  # fmt: skip
     report(f"materialize --drain of {n:,} events, against a floor with the store's zstd event JSON", rate_full,
            "events/s", floor=rate_floor_zstd, target="report", higher_is_better=True, ratio=ratio_zstd)  # fmt: skip
+    report(f"CPU per event of the drain of {n:,} events, all its threads", drain_cpu, "µs/event", floor=floor_cpu,
+           target="report (floor: the Arrow floor's CPU per row)")  # fmt: skip
     report(f"peak RSS at {n:,} events", full_rss, "MiB", floor=small_rss, target=f"<= 1.1 (floor: at {small:,})",
            ratio=rss_ratio)  # fmt: skip
     for at, (_, p99, _, cpu) in lags.items():
@@ -521,8 +540,8 @@ def main() -> None:
         rows, where = int(opts.floors[0]), Path(opts.floors[1])
         staged = floor_rows(rows)
         print(
-            arrow_floor(staged, where / "floor.duckdb"),
-            arrow_floor(staged, where / "floor-zstd.duckdb", zstd_json=True),
+            *arrow_floor(staged, where / "floor.duckdb"),
+            arrow_floor(staged, where / "floor-zstd.duckdb", zstd_json=True)[0],
         )
         return
     if opts.rounds < 1:

@@ -440,7 +440,7 @@ def materialize(
         f"{summary.dead_letters} dead letters, {summary.chain_breaks} chain breaks, "
         f"{summary.gaps_recorded} gaps recorded, "
         + (f"{summary.checkpoint_breaks} checkpoint breaks recorded, " if keys else "")
-        + f"in {summary.ingest_seconds:.2f} s -> {db}"
+        + f"in {summary.ingest_seconds:.2f} s ({summary.ingest_cpu_seconds:.2f} s of CPU) -> {db}"
     )
 
 

@@ -152,6 +152,9 @@ class TestExactlyOnce:
         summary = await drain(kafka_broker.bootstrap, topic, db)
         assert summary.stored == len(ids)
         assert sorted(stored_ids(db)) == sorted(ids)
+        # What the ingest cost beside how long it took: the process's CPU over the same span, which all
+        # its cores together bound (plus the kernel's accounting tick).
+        assert 0 < summary.ingest_cpu_seconds <= summary.ingest_seconds * (os.cpu_count() or 1) + 0.02
         again = await drain(kafka_broker.bootstrap, topic, db)
         assert again.stored == 0
         # The same messages a second time (a producer that retried, a topic replayed by hand).
