@@ -24,12 +24,13 @@ Tables: `events` (one row per event, typed columns plus the whole event as JSON)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -735,6 +736,7 @@ SCHEMA_VERSION: Final = MIGRATIONS[-1].version
 # Arrow's canonical JSON extension type (pyarrow 19 and later); a plain string before, which DuckDB
 # then casts to JSON like the other column.
 _ARROW_JSON: Final = pa.json_(pa.string()) if hasattr(pa, "json_") else pa.string()
+_INT32_MAX: Final = 2**31 - 1
 
 # The Arrow schema of the staged events: the typed columns, plus where each came from (`ord`, its
 # position in the batch, decides which of two events claiming one seq was first).
@@ -1760,9 +1762,24 @@ def _events_table(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
 
 
 def _json_array(wires: Sequence[bytes | None]) -> pa.Array:
-    """`event_json` from the kept wire bytes (UTF-8 already checked by msgspec), without decoding
-    them to text and encoding them again: their bytes become the JSON column's storage as they are."""
-    storage = pa.array(wires, type=pa.binary()).view(pa.string())
-    if isinstance(_ARROW_JSON, pa.ExtensionType):
-        return pa.ExtensionArray.from_storage(_ARROW_JSON, storage)
-    return storage
+    """`event_json`'s storage (text; the staged schema makes it Arrow's JSON type) from the kept wire
+    bytes (UTF-8 already checked by msgspec), without decoding them to text and encoding them again:
+    the bytes joined once are its data, their lengths its offsets, None a null.
+
+    Appended one by one, Arrow's builder grew its buffer to a batch's 12 MB in steps, each a new
+    allocation and a copy: in the jemalloc pool the materializer stages with, 2.1 to 2.2 µs an event
+    under the interpreter's lock, against 0.7 joined."""
+    present = [wire for wire in wires if wire is not None]
+    lengths: Iterable[int] = map(len, present)
+    validity = None
+    if len(present) < len(wires):
+        lengths = [0 if wire is None else len(wire) for wire in wires]
+        validity = pa.array([wire is not None for wire in wires], pa.bool_()).buffers()[1]
+    data = b"".join(present)
+    if len(data) > _INT32_MAX:
+        # Past what 32-bit offsets reach: Arrow's builder splits or refuses it, as before.
+        return pa.array(wires, type=pa.binary()).view(pa.string())
+    offsets = pa.array(itertools.accumulate(lengths, initial=0), pa.int32())
+    return pa.Array.from_buffers(
+        pa.string(), len(wires), [validity, offsets.buffers()[1], pa.py_buffer(data)], len(wires) - len(present)
+    )

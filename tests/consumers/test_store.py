@@ -31,6 +31,7 @@ from consumers import metrics as materializer_metrics
 from consumers.store import DEAD_LETTER_REASONS, ROW_GROUP_ROWS, _reason_kind
 from events import EventBase, MemorySink, ToolUseEvent, encode_event, event_hash, parse_event
 from events.chain import Producer, new_event_id
+from events.fast_read import read_wire
 from events.kafka import _headers, _spool_key
 from events.loss import LossReport, encode_loss_report
 from events.models import ZERO_HASH
@@ -1072,3 +1073,18 @@ class TestFastRead:
         assert len(fast["events"]) == 11
         assert len(fast["dead_letters"]) == len(bad) - 2 + 1
         assert {row[2] for row in fast["chain_breaks"]} == {"tamper", "conflict"}
+
+    def test_each_event_keeps_its_value_byte_for_byte(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The JSON a store keeps of an event is the value it received, multi-byte text included, whichever
+        road read it: a batch of events msgspec reads, one that pydantic's road reads and a tombstone
+        between them."""
+        values = [forged(e, rehash=True, tenant=f"Zoë 🙂 {i}") for i, e in enumerate(gate_events(5))]
+        assert "🙂".encode() in values[0]
+        by_pydantic = values[2]
+        monkeypatch.setattr("consumers.store.read_wire", lambda v: None if v == by_pydantic else read_wire(v))
+        batch = [record(value, i) for i, value in enumerate([*values[:3], None, *values[3:]])]
+        with AuditStore(tmp_path / "audit.duckdb") as store:
+            result = ingest(store, batch)
+            kept = dict(store.cursor().execute("SELECT event_id, CAST(event AS VARCHAR) FROM events").fetchall())
+        assert (result.stored, result.dead_letters) == (len(values), 1)
+        assert kept == {json.loads(value)["event_id"]: value.decode() for value in values}
