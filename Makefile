@@ -14,13 +14,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@# Debian packages the tests drive: chromium for the dashboard's browser test (no browser download),
-	@# redis-server for the shared call counters' tests, nodejs for the chain verifier written in another
-	@# language (docs/verify_chain.mjs). Root installs the missing ones, one apt-get update.
+	@# redis-server for the shared call counters' tests, postgresql for the SQL checks against a real
+	@# catalog and the lake's catalog, nodejs for the chain verifier written in another language
+	@# (docs/verify_chain.mjs) and the URL parser of the differential test. Root installs the missing
+	@# ones, one apt-get update.
 	missing=""; command -v chromium >/dev/null || missing=" chromium"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	[ -z "$$missing" ] || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing) \
-		|| { echo "make: cannot install$$missing (apt-get as root): the dashboard's browser test needs chromium, the counter tests redis-server, the chain verifier's test nodejs" >&2; exit 1; }
+		|| { echo "make: cannot install$$missing (apt-get as root): the dashboard's browser test needs chromium, the counter tests redis-server, the SQL and lake tests postgresql, the Node tests nodejs" >&2; exit 1; }
 	touch $(STAMP)
 
 test: $(STAMP) lint typecheck pytest

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import glob
+import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -95,3 +99,48 @@ def _wait_for_ping(process: subprocess.Popen[bytes], port: int, log: str, timeou
             if time.monotonic() > deadline:
                 pytest.fail(f"redis-server on port {port} did not answer PING in {timeout_s} s; log: {log}")
             time.sleep(0.01)  # sleep-ok: a poll interval inside the deadline loop
+
+
+# A real PostgreSQL: Debian's server, started as the `postgres` user on a free loopback port.
+
+
+def _postgres_bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    if not found:
+        pytest.fail("PostgreSQL is not installed; run `make venv` (it installs Debian's postgresql)", pytrace=False)
+    return found[-1]
+
+
+def _as_postgres(command: list[str]) -> list[str]:
+    """The command run as the `postgres` user when we are root (the server refuses to run as root)."""
+    if os.geteuid() != 0:
+        return command
+    return ["runuser", "-u", "postgres", "--", *command]
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A libpq connection string to a PostgreSQL server of the session's own (trust authentication on
+    127.0.0.1, database `postgres`, user `postgres`); stopped, and its directory removed, afterwards.
+
+    Tests share it: each works in a database or schema of its own. Fails, never skips, when the
+    server is missing.
+    """
+    # Outside pytest's own temporary root, which only our user may enter: the server runs as `postgres`.
+    workdir = Path(tempfile.mkdtemp(prefix="callgate-postgres-"))
+    workdir.chmod(0o777)  # noqa: S103 - the server's own user writes its cluster here
+    data = workdir / "data"
+    initdb = _as_postgres([_postgres_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"])
+    subprocess.run(initdb, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    port = _free_port()
+    options = f"-p {port} -k {workdir} -c listen_addresses=127.0.0.1 -c fsync=off"
+    pg_ctl = _postgres_bin("pg_ctl")
+    log = workdir / "postgres.log"
+    start = [pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "30", "start"]
+    subprocess.run(_as_postgres(start), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        yield f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+    finally:
+        stop = [pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]
+        subprocess.run(_as_postgres(stop), check=False, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        shutil.rmtree(workdir, ignore_errors=True)
