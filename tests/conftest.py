@@ -128,7 +128,7 @@ def postgres_dsn() -> Iterator[str]:
     """
     # Outside pytest's own temporary root, which only our user may enter: the server runs as `postgres`.
     workdir = Path(tempfile.mkdtemp(prefix="callgate-postgres-"))
-    workdir.chmod(0o777)  # noqa: S103 - the server's own user writes its cluster here
+    workdir.chmod(0o777)  # the server runs as its own user and writes its cluster here
     data = workdir / "data"
     initdb = _as_postgres([_postgres_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"])
     subprocess.run(initdb, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
