@@ -148,6 +148,51 @@ def _engine_message(text: str) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip() and not part.strip().startswith("|"))
 
 
+_INT_MIN, _UINT_MAX = -(2**63), 2**64 - 1
+
+
+def unfaithful(value: Any, path: str) -> str | None:
+    """Why the engine could not hold `value` whole, naming where (`path`, then `.key` and `[i]`
+    below it); None when it can. The engine's strings end at their first NUL, and it refuses text
+    that is not UTF-8 (a lone surrogate) and integers beyond 64 bits: a condition reading such a
+    value would judge another value than the one the tool receives, so the policy fails it closed.
+
+    Iterative, so a deeply nested value costs no recursion; about 1 µs for a few short arguments.
+    """
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if (why := _text_problem(item)) is not None:
+                return f"{where} holds {why}"
+        elif kind is dict:
+            for key, member in item.items():
+                if type(key) is str and (why := _text_problem(key)) is not None:
+                    return f"a key of {where} holds {why}"
+                stack.append(
+                    (member, f"{where}.{key}" if type(key) is str and key.isidentifier() else f"{where}[{key!r}]")
+                )
+        elif kind is list or kind is tuple:
+            stack.extend((member, f"{where}[{index}]") for index, member in enumerate(item))
+        elif kind is int and not _INT_MIN <= item <= _UINT_MAX:
+            return f"{where} holds an integer beyond 64 bits"
+        elif kind is bytes and b"\x00" in item:
+            return f"{where} holds a NUL byte"
+    return None
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "a NUL character (U+0000)"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a lone surrogate (text that is not valid Unicode)"
+    return None
+
+
 BOOL = _T.BOOL
 DYN = _T.DYN
 ERROR = _T.ERROR

@@ -102,6 +102,9 @@ class _Compiled:
     """The condition reads neither arguments nor time nor counters: a run alone decides it."""
     shadow: bool = False
     """A shadow rule of an enforcing policy: it decides only the call's shadow decision."""
+    reads: frozenset[str] = frozenset()
+    """The variables among `args` and `run` its expressions read: when one holds a value the engine
+    cannot hold whole, the rule is not evaluated and fails closed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,7 +451,9 @@ def _parse_rule(
     static = when is None or not any(
         _cel.uses(rule.when or "", name) for name in ("args", "now", "count_calls", "has_secrets")
     )
+    sources = [source for source in (rule.when, *rule.set.values(), rule.result) if source]
     return rule, _Compiled(
+        reads=frozenset(name for name in ("args", "run") if any(_cel.uses(source, name) for source in sources)),
         rule=rule,
         when=when,
         sets=tuple(sets),
@@ -494,6 +499,15 @@ def _model_fields(input_model: type[BaseModel]) -> set[str]:
     return fields
 
 
+def _unheld(compiled: _Compiled, unheld: dict[str, str | None]) -> str | None:
+    """Why the rule cannot be evaluated on these values (it reads one the engine cannot hold)."""
+    for name in compiled.reads:
+        why = unheld.get(name)
+        if why is not None:
+            return f"not evaluated: {why}, which the policy engine cannot hold whole"
+    return None
+
+
 def _error_text(value: Any) -> str:
     return str(value.value()).replace("\n", " ")
 
@@ -537,7 +551,9 @@ class Policy:
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
-        self._last_context: tuple[RunContext, ScopePath | None, dict[str, Any], dict[str, Any]] | None = None
+        self._last_context: tuple[RunContext, ScopePath | None, dict[str, Any], dict[str, Any], str | None] | None = (
+            None
+        )
 
     # -- building -------------------------------------------------------------------------------
 
@@ -752,11 +768,17 @@ class Policy:
         # scope: kept from the last call (a tuple swapped whole, so safe from several threads).
         last = self._last_context
         if last is not None and last[0] is run and last[1] is scope:
-            run_data, scope_data = last[2], last[3]
+            run_data, scope_data, run_problem = last[2], last[3], last[4]
         else:
             run_data, scope_data = _run_data(run), _scope_data(scope)
-            self._last_context = (run, scope, run_data, scope_data)
+            run_problem = _cel.unfaithful(run_data, "run")
+            self._last_context = (run, scope, run_data, scope_data, run_problem)
         data: dict[str, Any] = {"args": dict(args), "tool": tool, "run": run_data, "scope": scope_data}
+        # What the engine cannot hold whole (a NUL ends its strings) no rule may judge: the rules
+        # reading it fail closed instead of deciding on a shortened value.
+        unheld = {"args": _cel.unfaithful(data["args"], "args"), "run": run_problem}
+        if unheld["args"] is None and run_problem is None:
+            unheld = {}
         if snapshot.uses_now:
             data["now"] = datetime.fromtimestamp(at, UTC)
         outcomes: list[RuleOutcome] = []
@@ -772,12 +794,14 @@ class Policy:
             env = _cel.ENV if _cel.ENV is not None else _cel.env()
             activation = env.Activation(data)
             rewritten: Any = None
-            fast = _evaluate_all(plan.everything, activation)
+            fast = _evaluate_all(plan.everything, activation) if not unheld else None
             position = 0
             status: bool | None
             error: str | None
             for compiled in rewrites:
-                if compiled.when is None:
+                if unheld and (why := _unheld(compiled, unheld)) is not None:
+                    status, error = None, why
+                elif compiled.when is None:
                     status, error = True, None
                 elif fast is not None and rewritten is None:
                     status, error = fast[position], None
@@ -813,6 +837,9 @@ class Policy:
                     else:
                         rewritten = new_args
                     data["args"] = new_args
+                    if unheld:
+                        unheld = {"args": _cel.unfaithful(new_args, "args"), "run": run_problem}
+                        unheld = unheld if unheld["args"] is not None or run_problem is not None else {}
                     activation = env.Activation(data)
                     matched.append((compiled.rule.id, "rewrite"))
                 if error is not None:
@@ -825,10 +852,12 @@ class Policy:
             results: dict[str, Any] = {}
             if rewritten is not None:
                 # The arguments changed: the decisions are taken on the final ones.
-                fast, position = _evaluate_all(plan.decisions, activation), 0
+                fast, position = (_evaluate_all(plan.decisions, activation) if not unheld else None), 0
             for compiled in () if fast is not None and plan.all_conditional and True not in fast else others:
                 rule = compiled.rule
-                if compiled.when is None:
+                if unheld and (why := _unheld(compiled, unheld)) is not None:
+                    status, error = None, why
+                elif compiled.when is None:
                     status, error = True, None
                 elif fast is not None:
                     status, error = fast[position], None
