@@ -7,8 +7,9 @@
 - `sql_writes(query, *, dialect=None)` / `ReadOnlySQL`: SQL text that may write, parsed with sqlglot.
 - `has_secrets(value, *, redactor=None)` / `NoSecrets`: a value holds what the audit redactor
   would redact.
-- `KEYS`, `CallCounter`, `InProcessCounter`, `RedisCounter`, `RateLimit`: call counts per window
-  (`interceptor_core.builtins.counters`).
+- `KEYS`, `CallCounter`, `InProcessCounter`, `RedisCounter`, `RateLimit`, `shared_counter`: call
+  counts per window (`interceptor_core.builtins.counters`); policies of one name share one count
+  per process.
 
 Each function never raises for the model's value (a value it cannot judge is judged unsafe) and
 raises `TypeError` or `ValueError` for a bad argument of the policy author's; each interceptor
@@ -16,7 +17,14 @@ checks its configuration when built (`ConfigurationError`) and denies with a `De
 what to do instead.
 """
 
-from interceptor_core.builtins.counters import KEYS, CallCounter, InProcessCounter, RateLimit, RedisCounter
+from interceptor_core.builtins.counters import (
+    KEYS,
+    CallCounter,
+    InProcessCounter,
+    RateLimit,
+    RedisCounter,
+    shared_counter,
+)
 from interceptor_core.builtins.paths import PathsWithin, within
 from interceptor_core.builtins.secrets import NoSecrets, has_secrets
 from interceptor_core.builtins.sql import ReadOnlySQL, sql_writes
@@ -35,5 +43,6 @@ __all__ = [
     "has_secrets",
     "host_in",
     "sql_writes",
+    "shared_counter",
     "within",
 ]

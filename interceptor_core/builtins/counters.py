@@ -64,9 +64,11 @@ class CallCounter(Protocol):
         ...
 
     def count(self, tool_glob: str, key: str, run: RunContext, window_s: float, at: float) -> int:
-        """Calls recorded at times in `(at - window_s, at]` of the tools matching `tool_glob`
+        """Calls recorded at times after `at - window_s` of the tools matching `tool_glob`
         (`fnmatch.fnmatchcase`), made for the same `key` value as `run`: the same tenant,
-        principal or run id, or every call for "global".
+        principal or run id, or every call for "global". A call recorded with a time later than
+        `at` counts too: two concurrent calls, each recorded before it counts, can then never both
+        pass a limit, whatever order their clocks read them in.
 
         A run without a tenant (or principal) is counted with every other run without one: they
         share one bucket of their own, never exempt from a limit and never mixed with a tenant
@@ -119,6 +121,24 @@ def _check_window(window_s: float, retention_s: float) -> None:
             f"window_s={window_s!r} is longer than the counter keeps (retention_s={retention_s!r}); "
             "build the counter with a retention_s at least as long as the longest window"
         )
+
+
+_SHARED: dict[str, InProcessCounter] = {}
+_SHARED_LOCK = Lock()
+
+
+def shared_counter(name: str) -> InProcessCounter:
+    """The process's one `InProcessCounter` for the policy called `name` (made on first use).
+
+    Every policy of that name loaded in this process counts into it, however many times its file
+    is loaded and by however many gates: a limit of 5 is 5 for the process. Safe from several
+    threads. A `RedisCounter` extends the same sharing across processes.
+    """
+    with _SHARED_LOCK:
+        counter = _SHARED.get(name)
+        if counter is None:
+            counter = _SHARED[name] = InProcessCounter()
+        return counter
 
 
 class InProcessCounter:
@@ -186,11 +206,11 @@ class InProcessCounter:
                 return 0
             if not _is_glob(tool_glob):
                 times = tools.get(tool_glob)
-                return 0 if times is None else bisect.bisect_right(times, at) - bisect.bisect_right(times, since)
+                return 0 if times is None else len(times) - bisect.bisect_right(times, since)
             total = 0
             for tool, times in tools.items():
                 if self._matches_glob(tool_glob, tool):
-                    total += bisect.bisect_right(times, at) - bisect.bisect_right(times, since)
+                    total += len(times) - bisect.bisect_right(times, since)
             return total
 
     def footprint(self) -> Footprint:
@@ -311,7 +331,7 @@ class RedisCounter:
         """See `CallCounter.count`; one round trip for an exact tool name, two for a glob."""
         bucket = self._bucket(key, _key_value(key, run))
         _check_window(window_s, self._retention_s)
-        since, until = f"({at - window_s!r}", repr(at)
+        since, until = f"({at - window_s!r}", "+inf"
         if not _is_glob(tool_glob):
             tools = [tool_glob]
         else:

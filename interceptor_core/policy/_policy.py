@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeAlias
 from pydantic import BaseModel, ValidationError
 
 from events.redaction import Redactor
-from interceptor_core.builtins.counters import CallCounter, InProcessCounter
+from interceptor_core.builtins.counters import CallCounter, InProcessCounter, shared_counter
 from interceptor_core.context import RunContext, ScopePath, ToolCall
 from interceptor_core.decisions import (
     Allow,
@@ -542,7 +542,11 @@ class Policy:
     ) -> None:
         self._snapshot = snapshot
         self.path = path
-        self.counter: CallCounter = counter if counter is not None else InProcessCounter(clock=clock)
+        if counter is None:
+            # One count per policy name in the process, so two gates loading one file share its
+            # limits; a clock of the caller's own (tests, replays) keeps a count of its own too.
+            counter = shared_counter(snapshot.name) if clock is time.time else InProcessCounter(clock=clock)
+        self.counter: CallCounter = counter
         self.clock = clock
         self.redactor = redactor if redactor is not None else Redactor()
         self.base = base
@@ -570,7 +574,8 @@ class Policy:
     ) -> Policy:
         """A policy from YAML text; `source` names it in errors. Raises `PolicyError`.
 
-        `counter` answers `count_calls` (an `InProcessCounter` by default; a `RedisCounter` shares
+        `counter` answers `count_calls` (by default the process's shared count for the policy's
+        name, so every gate and every load of the file counts together; a `RedisCounter` shares
         limits between gate processes), `clock` gives `now` and the counters' time, `redactor`
         holds the detectors `has_secrets` uses, `base` is the directory `within` resolves relative
         paths against (the process's working directory by default).
