@@ -42,7 +42,7 @@ __all__ = [
     "RedisCounter",
     "has_secrets",
     "host_in",
-    "sql_writes",
     "shared_counter",
+    "sql_writes",
     "within",
 ]
