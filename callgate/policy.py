@@ -47,6 +47,32 @@ def _tool_models(spec: str | None) -> dict[str, Any]:
     return {t.name: t.input_model for t in tools}
 
 
+def _tool_specs(spec: str | None) -> dict[str, Any]:
+    """Input models or JSON Schemas by tool name: `MODULE:ATTR` (see `_tool_models`), or a tools
+    manifest, a JSON or YAML file listing `{name, inputSchema}` objects, alone or under `tools`
+    (the shape of an MCP server's `tools/list` answer)."""
+    if spec is None or not spec.endswith((".json", ".yaml", ".yml")):
+        return _tool_models(spec)
+    import yaml
+
+    path = Path(spec)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(f"cannot read the tools manifest {spec}: {exc}") from None
+    entries = data.get("tools") if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        raise typer.BadParameter(f"{spec}: a tools manifest is a list of {{name, inputSchema}} (or one under 'tools')")
+    found: dict[str, Any] = {}
+    for index, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        schema = entry.get("inputSchema", entry.get("input_schema", {})) if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name or not isinstance(schema, dict):
+            raise typer.BadParameter(f"{spec}: tool {index + 1} needs a name and an inputSchema object")
+        found[name] = schema
+    return found
+
+
 def _load(path: Path) -> Any:
     from interceptor_core.policy import PolicyError, load_policy
 
@@ -62,13 +88,17 @@ def _load(path: Path) -> Any:
 def check(
     files: Annotated[list[Path], typer.Argument(help="Policy files.")],
     tools: Annotated[
-        str | None, typer.Option(help="MODULE:ATTR of the tools (or a scope or gate): also check fields.")
+        str | None,
+        typer.Option(
+            help="The tools: MODULE:ATTR (tools, a scope or a gate) or a manifest FILE.json|.yaml of "
+            "{name, inputSchema}; fields, tool globs and count_calls globs are then checked against them."
+        ),
     ] = None,
 ) -> None:
     """Exit 0 with one line per file (rules, version), or 2 with FILE:LINE rule-id: what is wrong."""
     from interceptor_core.policy import PolicyError, load_policy
 
-    models = _tool_models(tools)
+    models = _tool_specs(tools)
     failed = False
     for file in files:
         try:
@@ -78,7 +108,7 @@ def check(
             for problem in exc.problems:
                 err.print(str(problem), markup=False)
             continue
-        problems = [p for name, model in models.items() for p in policy.problems_for(name, set(model.model_fields))]
+        problems = policy.lint(models) if models else []
         if problems:
             failed = True
             for problem in problems:

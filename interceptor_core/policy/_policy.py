@@ -30,7 +30,7 @@ from interceptor_core.decisions import (
     Substitute,
 )
 from interceptor_core.exceptions import ConfigurationError
-from interceptor_core.policy import _cel
+from interceptor_core.policy import _calls, _cel
 from interceptor_core.policy._source import Located, Problem, SourceError, read_yaml
 from interceptor_core.policy._template import Template, TemplateError
 
@@ -102,6 +102,10 @@ class _Compiled:
     """The condition reads neither arguments nor time nor counters: a run alone decides it."""
     shadow: bool = False
     """A shadow rule of an enforcing policy: it decides only the call's shadow decision."""
+    guarded_fields: frozenset[str] = frozenset()
+    """Argument fields the rule reads only behind `has()`: some tool of the rule should have each."""
+    count_globs: tuple[str, ...] = ()
+    """The tool globs its `count_calls` name as constants."""
     reads: frozenset[str] = frozenset()
     """The variables among `args` and `run` its expressions read: when one holds a value the engine
     cannot hold whole, the rule is not evaluated and fails closed."""
@@ -381,6 +385,11 @@ def _parse_rule(
             return None
         pairs, guards = _cel.references(source)
         guarded.update(guards)
+        wrong = _calls.problems(source)
+        for why in wrong:
+            fail(key, why)
+        if wrong:
+            return None
         for variable, member in pairs:
             known = _cel.FIELDS[variable]
             if member is None:
@@ -454,6 +463,13 @@ def _parse_rule(
     sources = [source for source in (rule.when, *rule.set.values(), rule.result) if source]
     return rule, _Compiled(
         reads=frozenset(name for name in ("args", "run") if any(_cel.uses(source, name) for source in sources)),
+        guarded_fields=frozenset(guarded),
+        count_globs=tuple(
+            glob
+            for source in sources
+            for call in _calls.calls(source)
+            if call.name == "count_calls" and call.args and isinstance(glob := _calls.constant(call.args[0]), str)
+        ),
         rule=rule,
         when=when,
         sets=tuple(sets),
@@ -497,6 +513,43 @@ def _model_fields(input_model: type[BaseModel]) -> set[str]:
     if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
         fields.update(schema["properties"])
     return fields
+
+
+def _fields_of(spec: type[BaseModel] | Mapping[str, Any]) -> set[str]:
+    if isinstance(spec, type) and issubclass(spec, BaseModel):
+        return _model_fields(spec)
+    properties = spec.get("properties")
+    return set(properties) if isinstance(properties, Mapping) else set()
+
+
+def _number_fields(spec: type[BaseModel] | Mapping[str, Any]) -> set[str]:
+    """The arguments whose schema allows numbers only (integer or number)."""
+    schema = spec.model_json_schema() if isinstance(spec, type) and issubclass(spec, BaseModel) else spec
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping):
+        return set()
+    return {
+        name
+        for name, prop in properties.items()
+        if isinstance(prop, Mapping) and prop.get("type") in ("integer", "number")
+    }
+
+
+_COMPARED = re.compile(
+    r"""args\.([A-Za-z_]\w*)\s*(?:==|!=|<=|>=|<|>)\s*("(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*')"""
+    r"""|("(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*')\s*(?:==|!=|<=|>=|<|>)\s*args\.([A-Za-z_]\w*)"""
+)
+
+
+def _text_comparisons(rule: Rule) -> list[tuple[str, str]]:
+    """(field, text literal) for each `args.field <op> 'text'` of the rule's condition."""
+    found = []
+    for match in _COMPARED.finditer(rule.when or ""):
+        if match.group(1):
+            found.append((match.group(1), match.group(2)))
+        else:
+            found.append((match.group(4), match.group(3)))
+    return found
 
 
 def _unheld(compiled: _Compiled, unheld: dict[str, str | None]) -> str | None:
@@ -667,7 +720,9 @@ class Policy:
         naming an argument the tool does not have, or a condition reading one, is a `PolicyError`.
         Called by the gate when it builds a chain with this policy; remembered, so a reload is
         checked against every tool the policy already serves."""
-        problems = self._tool_problems(self._snapshot, name, _model_fields(input_model))
+        with self._lock:
+            known = {tool: _model_fields(model) for tool, model in self._checked.items()}
+        problems = self._tool_problems(self._snapshot, name, _model_fields(input_model), known)
         if problems:
             raise PolicyError(problems)
         with self._lock:
@@ -970,7 +1025,11 @@ class Policy:
     # -- checks against tools -------------------------------------------------------------------
 
     @staticmethod
-    def _tool_problems(snapshot: _Snapshot, tool: str, fields: set[str]) -> list[Problem]:
+    def _tool_problems(
+        snapshot: _Snapshot, tool: str, fields: set[str], others: Mapping[str, set[str]] | None = None
+    ) -> list[Problem]:
+        """What the rules applying to `tool` get wrong about its arguments. `others` are the fields
+        of the other tools known: `has()` is suggested only for a field one of them has."""
         problems = []
         for compiled in snapshot.compiled:
             rule = compiled.rule
@@ -987,15 +1046,65 @@ class Policy:
                         )
                     )
             for name in sorted(compiled.args_fields - fields):
+                having = sorted(
+                    other
+                    for other, known in (others or {}).items()
+                    if other != tool and rule.applies_to(other) and name in known
+                )
+                hint = (
+                    f"; tool {having[0]} has it: guard with has(args.{name}) if the rule is meant for both"
+                    if having
+                    else ""
+                )
                 problems.append(
                     Problem(
                         snapshot.source,
                         rule.line,
                         rule.id,
-                        f"args.{name}: tool {tool} has no such argument (it has: {', '.join(sorted(fields))}; "
-                        f"guard with has(args.{name}) if the rule covers tools without it)",
+                        f"args.{name}: tool {tool} has no such argument (it has: {', '.join(sorted(fields)) or 'none'})"
+                        + hint,
                     )
                 )
+        return problems
+
+    def lint(self, tools: Mapping[str, type[BaseModel] | Mapping[str, Any]]) -> list[Problem]:
+        """Every mistake the policy makes about these tools (name -> input model or JSON Schema of the
+        arguments), for `callgate policy check --tools`: a field a tool lacks (also behind `has()`
+        when no tool of the rule has it), a tool glob or a `count_calls` glob that matches no tool,
+        and an argument holding a number compared with text. Empty when it fits."""
+        snapshot = self._snapshot
+        fields = {name: _fields_of(spec) for name, spec in tools.items()}
+        numbers = {name: _number_fields(spec) for name, spec in tools.items()}
+        names = ", ".join(sorted(fields)) or "none"
+        problems: list[Problem] = []
+
+        def add(rule: Rule, text: str) -> None:
+            problems.append(Problem(snapshot.source, rule.line, rule.id, text))
+
+        for compiled in snapshot.compiled:
+            rule = compiled.rule
+            for glob in rule.tools or ():
+                if not any(fnmatch.fnmatchcase(tool, glob) for tool in fields):
+                    add(rule, f"tool glob {glob!r} matches no tool (tools: {names})")
+            for glob in compiled.count_globs:
+                if not any(fnmatch.fnmatchcase(tool, glob) for tool in fields):
+                    add(rule, f"count_calls tool glob {glob!r} matches no tool (tools: {names})")
+            covered = [tool for tool in fields if rule.applies_to(tool)]
+            if not covered:
+                continue
+            for name in sorted(compiled.guarded_fields):
+                if not any(name in fields[tool] for tool in covered):
+                    add(
+                        rule,
+                        f"args.{name}: no tool of this rule has such an argument, so has(args.{name}) is "
+                        f"always false (tools: {', '.join(covered)})",
+                    )
+            for name, literal in _text_comparisons(rule):
+                typed = [tool for tool in covered if name in numbers[tool]]
+                if typed and all(name in numbers[tool] or name not in fields[tool] for tool in covered):
+                    add(rule, f"args.{name} is a number in tool {typed[0]}, compared with the text {literal}")
+        for tool in fields:
+            problems.extend(self._tool_problems(snapshot, tool, fields[tool], fields))
         return problems
 
     # -- reloading ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from callgate.cli import app
@@ -63,6 +64,96 @@ class TestCheck:
         """With --tools, a rule reading an argument the real tool lacks is a problem."""
         result = runner.invoke(app, ["policy", "check", str(POLICY_FILE), "--tools", "callgate.demo:build_gate"])
         assert result.exit_code == 0, result.output
+
+
+MANIFEST = """\
+tools:
+  - name: read_file
+    inputSchema: {type: object, properties: {path: {type: string}}}
+  - name: refund
+    inputSchema: {type: object, properties: {order_id: {type: string}, amount_cents: {type: integer}}}
+"""
+
+
+def check_with_manifest(tmp_path: Path, rules: str) -> tuple[int, str]:
+    """`policy check` of a file with these rules against MANIFEST's tools: exit code and stderr."""
+    (tmp_path / "tools.yaml").write_text(MANIFEST)
+    (tmp_path / "p.yaml").write_text("version: 1\nname: p\nrules:\n" + rules)
+    result = runner.invoke(
+        app, ["policy", "check", str(tmp_path / "p.yaml"), "--tools", str(tmp_path / "tools.yaml")], env=WIDE
+    )
+    return result.exit_code, result.stderr
+
+
+class TestCheckMistakes:
+    """`policy check` reports, with file and line, every mistake it can know before a call runs."""
+
+    def test_a_misspelt_field_behind_has_is_reported(self, tmp_path: Path) -> None:
+        """`has(args.pth) && ...` never fires when no tool of the rule has `pth`."""
+        code, errors = check_with_manifest(
+            tmp_path,
+            "  - id: etc\n    tools: [read_file]\n    when: \"has(args.pth) && args.pth.startsWith('/etc')\"\n"
+            "    decision: deny\n",
+        )
+        assert code == 2
+        assert "p.yaml:4 etc: args.pth: no tool of this rule has such an argument" in errors
+
+    def test_a_field_some_tool_of_the_rule_has_may_be_guarded(self, tmp_path: Path) -> None:
+        """A rule over both tools may guard `path`, which read_file has: no problem."""
+        code, errors = check_with_manifest(
+            tmp_path, "  - id: etc\n    when: \"has(args.path) && args.path.startsWith('/etc')\"\n    decision: deny\n"
+        )
+        assert code == 0, errors
+
+    def test_tool_globs_matching_no_tool_are_reported(self, tmp_path: Path) -> None:
+        """A rule's tool glob and a count_calls glob that match no tool are both named."""
+        code, errors = check_with_manifest(
+            tmp_path,
+            "  - id: rate\n    tools: [refnd, refund]\n"
+            "    when: \"count_calls('refnd*', 'tenant', duration('1h')) > 5\"\n    decision: deny\n",
+        )
+        assert code == 2
+        assert "rate: tool glob 'refnd' matches no tool" in errors
+        assert "rate: count_calls tool glob 'refnd*' matches no tool" in errors
+
+    def test_a_number_compared_with_text_is_reported(self, tmp_path: Path) -> None:
+        """`args.amount_cents > '10000'` compares an integer argument with text."""
+        code, errors = check_with_manifest(
+            tmp_path,
+            "  - id: big\n    tools: [refund]\n    when: \"args.amount_cents > '10000'\"\n    decision: deny\n",
+        )
+        assert code == 2
+        assert "big: args.amount_cents is a number in tool refund, compared with the text '10000'" in errors
+
+    def test_a_field_no_tool_has_is_reported_without_suggesting_has(self, tmp_path: Path) -> None:
+        """An unguarded field missing from the only tool of the rule: no advice to guard it with has()."""
+        code, errors = check_with_manifest(
+            tmp_path, "  - id: p\n    tools: [read_file]\n    when: \"args.pth == ''\"\n    decision: deny\n"
+        )
+        assert code == 2
+        assert "args.pth: tool read_file has no such argument (it has: path)" in errors
+        assert "has(" not in errors
+
+    @pytest.mark.parametrize(
+        ("when", "expected"),
+        [
+            ("count_calls('refund', 'tenantt', duration('1h')) > 5", "count_calls key 'tenantt' does not exist"),
+            ("count_calls('refund', 'tenant', '48h') > 5", "count_calls window '48h' is text: write duration('48h')"),
+            ("count_calls('refund', 'tenant') > 5", "count_calls takes 3 arguments"),
+            ("sql_writes(args.q, 'postgress')", "sql_writes: dialect 'postgress'"),
+            ("!host_in(args.url, ['https://example.com'])", "host_in entry 'https://example.com' is not a host"),
+            ("!within(args.path)", "within takes 2 arguments"),
+            ("has_secrets(args, args)", "has_secrets takes 1 argument (the value to look in), got 2"),
+        ],
+    )
+    def test_built_in_arguments_that_cannot_be_right_are_named(self, tmp_path: Path, when: str, expected: str) -> None:
+        """A wrong key, a window as text, an unknown dialect, a host with a scheme, a wrong argument count."""
+        (tmp_path / "p.yaml").write_text(
+            f'version: 1\nname: p\nrules:\n  - id: r\n    when: "{when}"\n    decision: deny\n'
+        )
+        result = runner.invoke(app, ["policy", "check", str(tmp_path / "p.yaml")], env=WIDE)
+        assert result.exit_code == 2
+        assert f"p.yaml:5 r: {expected}" in result.stderr
 
 
 class TestTest:

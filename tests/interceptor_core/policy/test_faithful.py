@@ -172,6 +172,6 @@ def test_the_policy_route_agrees_with_the_python_route_on_any_string(builtin: st
     def agree(prefix: str, text: str) -> None:
         value = prefix + text
         refused = isinstance(check.evaluate("act", {"value": value}, RUN, record=False).decision, Deny)
-        assert refused is python(value, roots), f"{builtin}: {value!r}"
+        assert refused is python(value, roots), f"{builtin}: {value[:120]!r} ({len(value)} characters)"
 
     agree()
