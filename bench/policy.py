@@ -12,6 +12,9 @@ means are reported, and the ratio policy / Python (target <= 2.0).
 - "10 plain rules": the same without the three built-ins (each replaced by a plain comparison),
   so the ratio shows what CEL itself costs, not what sqlglot or realpath cost in both.
 
+Then each built-in function alone, as it is now against the last revision before its bypasses
+were closed (`PREVIOUS`, read from git; skipped outside a clone), on ordinary arguments.
+
 Then the CEL engines on PyPI, one compiled condition evaluated in a loop (those installed: the
 `bench` extra brings the two that are not dependencies).
 """
@@ -20,17 +23,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import statistics
+import subprocess
+import sys
 import time
 import timeit
+import types
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from figures import report
 from pydantic import BaseModel
 
 from interceptor_core import Allow, Block, Deny, Gate, RequireApproval, Rewrite, RunContext, ToolCall, tool
-from interceptor_core.builtins import host_in, sql_writes, within
+from interceptor_core.builtins import has_secrets, host_in, sql_writes, within
 from interceptor_core.policy import Policy
 
 
@@ -176,6 +184,73 @@ async def run(calls: int, rounds: int) -> dict[str, list[float]]:
     return samples
 
 
+PREVIOUS = "e112c1a"
+"""The revision whose built-ins are the ones before the bypass corpus was closed."""
+BUILTIN_MODULES = {"within": "paths", "host_in": "urls", "sql_writes": "sql", "has_secrets": "secrets"}
+BUILTIN_ARGS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    "within": (("/srv/data/exports/42.csv", ["/srv/data"]), {}),
+    "host_in": (("https://docs.example.com/returns?page=2", ["docs.example.com", "*.help.example.com"]), {}),
+    "sql_writes": (
+        ("select status, total from orders where id = 42 and lower(note) like 'x%'",),
+        {"dialect": "postgres"},
+    ),
+    "has_secrets": (({"order_id": "ACME-42", "note": "customer asked twice about the refund of order 42"},), {}),
+}
+
+
+def previous_builtins() -> dict[str, Callable[..., Any]] | str:
+    """The built-in functions as they were at PREVIOUS, loaded from git under a private name; or why not."""
+    root = Path(__file__).resolve().parent.parent
+    functions: dict[str, Callable[..., Any]] = {}
+    package = types.ModuleType("_previous_builtins")
+    package.__path__ = []
+    sys.modules["_previous_builtins"] = package
+    for name, module in BUILTIN_MODULES.items():
+        try:
+            source = subprocess.run(
+                ["git", "show", f"{PREVIOUS}:interceptor_core/builtins/{module}.py"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.CalledProcessError) as exc:
+            return f"revision {PREVIOUS} not readable from git ({exc})"
+        spec = importlib.util.spec_from_loader(f"_previous_builtins.{module}", loader=None)
+        assert spec is not None
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = loaded
+        exec(compile(source, f"{PREVIOUS}:{module}.py", "exec"), loaded.__dict__)  # noqa: S102 - our own history
+        functions[name] = getattr(loaded, name)
+    return functions
+
+
+def _per_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], number: int) -> float:
+    return min(timeit.repeat(lambda: fn(*args, **kwargs), number=number, repeat=3)) / number * 1e6
+
+
+def builtin_costs(rounds: int, number: int) -> dict[str, tuple[float, float | None]]:
+    """µs per call of each built-in now, and at PREVIOUS (None when that cannot be loaded): the median
+    of `rounds` alternating rounds of `number` calls."""
+    current = {"within": within, "host_in": host_in, "sql_writes": sql_writes, "has_secrets": has_secrets}
+    previous = previous_builtins()
+    if isinstance(previous, str):
+        print(f"  previous built-ins: {previous}")
+        previous = {}
+    out: dict[str, tuple[float, float | None]] = {}
+    for name, fn in current.items():
+        args, kwargs = BUILTIN_ARGS[name]
+        now: list[float] = []
+        before: list[float] = []
+        old = previous.get(name)
+        for _ in range(rounds):
+            now.append(_per_call(fn, args, kwargs, number))
+            if old is not None:
+                before.append(_per_call(old, args, kwargs, number))
+        out[name] = (statistics.median(now), statistics.median(before) if before else None)
+    return out
+
+
 ENGINE_EXPRESSION = "!args.order_id.startsWith(run.tenant + '-') && args.amount_cents > 10000"
 ENGINE_DATA = {"args": {"order_id": "ACME-42", "amount_cents": 1200}, "run": {"tenant": "ACME"}}
 
@@ -257,6 +332,14 @@ def main() -> None:
     print(f"ratio policy / Python, 10 plain rules: {med['policy_plain'] / med['python_plain']:.2f}")
     print(f"ratio shadow / enforced, 10 plain rules: {med['shadow_plain'] / med['policy_plain']:.2f}  (target: 1)")
     print()
+    print(f"built-ins alone, µs per call (median of {opts.rounds} rounds): now against {PREVIOUS}")
+    costs = builtin_costs(opts.rounds, max(opts.engine_evals // 25, 20))
+    for name, (now, before) in costs.items():
+        if before is None:
+            print(f"  {name:<14} {now:>9.1f}")
+        else:
+            print(f"  {name:<14} {now:>9.1f}   before {before:>9.1f}   ratio {now / before:.2f}")
+    print()
     print(f"CEL engines, µs per evaluation (best of 5): small = {ENGINE_EXPRESSION!r}; large = 40 such clauses")
     for engine, figures in engines(opts.engine_evals).items():
         if "error" in figures:
@@ -265,6 +348,9 @@ def main() -> None:
             print(f"  {engine:<40} small {figures['small']:>9.1f}   large {figures['large']:>9.1f}")
     report("policy file per call, 10 rules", med["policy"], "µs", floor=med["python"], target="ratio <= 2.0")
     report("policy file per call, 10 plain rules", med["policy_plain"], "µs", floor=med["python_plain"])
+    for name, (now, before) in costs.items():
+        if before is not None:
+            report(f"{name} alone, hardened, against before", now, "µs", floor=before)
     report(
         "the same 10 rules in shadow mode, against enforced",
         med["shadow_plain"],
