@@ -779,11 +779,12 @@ class Policy:
         if not rules:
             return False
         data = {"args": {}, "tool": tool, "run": _run_data(run), "scope": _scope_data(path), "now": datetime.now(UTC)}
+        run_unheld = _cel.unfaithful(data["run"], "run") is not None
         token = _cel.current.set(_cel.CallScope(run, self.clock(), None, self.redactor, self.base))
         try:
             activation = _cel.env().Activation(data)
             for compiled in rules:
-                if compiled.when is None:
+                if compiled.when is None or (run_unheld and "run" in compiled.reads):
                     return True
                 value = compiled.when.eval(activation)
                 if value.type() != _cel.BOOL or value.value() is True:

@@ -175,3 +175,15 @@ def test_the_policy_route_agrees_with_the_python_route_on_any_string(builtin: st
         assert refused is python(value, roots), f"{builtin}: {value[:120]!r} ({len(value)} characters)"
 
     agree()
+
+
+def test_a_tool_is_hidden_from_a_run_whose_values_a_rule_cannot_hold() -> None:
+    """`hides` fails closed too: a mandatory deny on the run's tenant hides the tool from a tenant
+    holding a NUL, whatever its first part says."""
+    check = Policy.from_text(
+        "version: 1\nname: p\nmandatory: true\nrules:\n"
+        "  - id: trial\n    tools: [refund]\n    when: \"run.tenant == 'trial'\"\n    decision: deny\n"
+    )
+    assert not check.hides("refund", RunContext(tenant="acme"))
+    assert check.hides("refund", RunContext(tenant="trial"))
+    assert check.hides("refund", RunContext(tenant="acme\0trial"))
