@@ -57,6 +57,7 @@ _SCHEMES_WITH_HOSTS = frozenset({"http", "https", "ws", "wss"})
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")
 _END_OF_AUTHORITY = re.compile(r"[/?#]")
 _ASCII_REFUSED = re.compile(r"[\x00-\x20\x7f\\]")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
 """Controls, format characters (zero-width, bidi), surrogates, private-use and unassigned code
 points, spaces and separators: characters clients strip, reject, encode or read differently."""
@@ -145,8 +146,7 @@ class HostAllowList:
             host = _url_host(value)
             if isinstance(host, _Refused):
                 return Deny(
-                    f"{tool}: argument {field!r} {host.reason}. Only such URLs can be checked against the hosts "
-                    f"this tool may reach ({', '.join(self.hosts)})."
+                    f"{tool}: argument {field!r} {host.reason}. The hosts this tool may reach: {', '.join(self.hosts)}."
                 )
             if not self._allowed.admits(host):
                 return Deny(
@@ -199,13 +199,12 @@ def _url_host(url: object) -> _Host | _Refused:
 
 def _refused_character(url: str) -> str | None:
     """The first character of `url` that no host check can read the same way as every client."""
-    if url.isascii():
-        found = _ASCII_REFUSED.search(url)
-        return found.group() if found else None
-    for character in url:
-        if character == "\\" or unicodedata.category(character) in _REFUSED_CATEGORIES:
-            return character
-    return None
+    found = _ASCII_REFUSED.search(url)
+    if not url.isascii():
+        for character in _NON_ASCII.finditer(url, 0, found.start() if found else len(url)):
+            if unicodedata.category(character.group()) in _REFUSED_CATEGORIES:
+                return character.group()
+    return found.group() if found else None
 
 
 def _character_name(character: str) -> str:
