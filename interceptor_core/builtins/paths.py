@@ -4,11 +4,20 @@ A path is judged where the operating system would take it: joined to a base dire
 relative, then resolved by `os.path.realpath`, which follows every symlink that exists and
 normalizes `.`, `..` and repeated separators. A root is resolved the same way, so a root that is
 itself a symlink is compared by its target.
+
+A path that tools read differently is refused before it is resolved: a NUL byte (the system call
+ends the path there), a lone surrogate (no text; CEL cannot hold it either), a leading `~` (shells,
+`os.path.expanduser` and file servers such as MCP's filesystem server read it as a home
+directory), a backslash where `/` is the separator (a separator to Windows and to tools that
+normalize it), and look-alikes of `/`, `\\` and `.` that Unicode normalization (NFKC) turns into
+them or that Unicode lists as confusable with them (`／`, `＼`, `．`, `∕`, ...).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -18,6 +27,14 @@ from interceptor_core.decisions import Deny
 from interceptor_core.exceptions import ConfigurationError
 
 __all__ = ["PathsWithin", "within"]
+
+_LOOKALIKES = (
+    # Every character whose NFKC form holds '/' or '\\' or is '.' or '..' (a test checks this
+    # against the Unicode database), then the confusables of '/' and '\\' NFKC leaves alone.
+    "\u2024\u2025\u2100\u2101\u2105\u2106\ufe30\ufe52\ufe68\uff0e\uff0f\uff3c\u2044\u2215\u2216\u29f5\u29f8"
+)
+_READ_DIFFERENTLY = _LOOKALIKES + ("\\" if os.sep == "/" else "")
+_UNREADABLE = re.compile("[\0\ud800-\udfff" + re.escape(_READ_DIFFERENTLY) + "]")
 
 Roots: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """One root directory, or a sequence of them."""
@@ -30,13 +47,14 @@ def within(path: Any, roots: Roots, *, base: str | os.PathLike[str] | None = Non
     `/data` and `/data/x`, never `/database`. A relative path or root is joined to `base` (default:
     the current directory when called), so the empty string stands for `base` itself. Resolving
     follows the symlinks that exist (a link inside a root that points outside is outside) and is
-    lexical past the first component that does not exist. `~` is not expanded: it is an ordinary
-    directory name, as it is to `open()`. An empty list is inside (it names no path).
+    lexical past the first component that does not exist. An empty list is inside (it names no path).
 
     Never raises for `path`, which is the model's: anything but a str or `os.PathLike` of str (bytes,
-    None, a number, a nested list), or a path with a NUL byte, is False. Raises `TypeError` or
-    `ValueError` for a bad `roots` or `base`: no roots, a root that is not a str or path, an empty
-    root, a NUL byte. Calls `os.path.realpath` (file-system metadata reads); blocks on them.
+    None, a number, a nested list), and a path tools read differently (see this module's docstring:
+    a NUL byte, a lone surrogate, a leading `~`, a backslash, a look-alike of `/`, `\\` or `.`) is
+    False. Raises `TypeError` or `ValueError` for a bad `roots` or `base`: no roots, a root that is
+    not a str or path, an empty root, a NUL byte or lone surrogate, a root starting with `~` (never
+    expanded). Calls `os.path.realpath` (file-system metadata reads); blocks on them.
 
     The answer holds when it is given: a symlink created between the check and the tool's own use of
     the path is not seen. A tool working in a tree others can write should open with `O_NOFOLLOW`
@@ -98,6 +116,12 @@ class PathsWithin:
         roots = _resolved_roots(self.roots, self._base)
         for field in present:
             for value in each_value(args[field]):
+                reason = _unreadable(value)
+                if reason is not None:
+                    return Deny(
+                        f"{tool}: argument {field!r} is {shown(value)}, which {reason}. This tool may use paths "
+                        f"inside {', '.join(map(repr, self.roots))}."
+                    )
                 if roots is None or not _one_within(value, roots, self._base):
                     return Deny(
                         f"{tool}: argument {field!r} is {shown(value)}, which is outside the directories "
@@ -122,8 +146,9 @@ def _checked_roots(roots: Roots) -> tuple[str, ...]:
             raise TypeError(f"a root must be a str or an os.PathLike of str, got {root!r}")
         if not text:
             raise ValueError("a root is the empty string; write the directory (for the base, '.')")
-        if "\0" in text:
-            raise ValueError(f"root {text!r} holds a NUL byte")
+        _check_text("root", text)
+        if text.startswith("~"):
+            raise ValueError(f"root {text!r} starts with '~', which is not expanded: write the directory in full")
         checked.append(text)
     return tuple(checked)
 
@@ -134,9 +159,15 @@ def _checked_base(base: str | os.PathLike[str] | None) -> str | None:
     text = os.fspath(base) if isinstance(base, os.PathLike) else base
     if not isinstance(text, str):
         raise TypeError(f"base must be a str or an os.PathLike of str, got {base!r}")
-    if "\0" in text:
-        raise ValueError(f"base {text!r} holds a NUL byte")
+    _check_text("base", text)
     return text
+
+
+def _check_text(what: str, text: str) -> None:
+    if "\0" in text:
+        raise ValueError(f"{what} {text!r} holds a NUL byte")
+    if any("\ud800" <= character <= "\udfff" for character in text):
+        raise ValueError(f"{what} {text!r} holds a lone surrogate")
 
 
 def _resolved_roots(roots: tuple[str, ...], base: str | None) -> tuple[str, ...] | None:
@@ -159,13 +190,35 @@ def _resolve(path: str, base: str | None) -> str | None:
         return None
 
 
+def _unreadable(path: object) -> str | None:
+    """Why tools would read `path` differently, completing "..., which ..."; None when they would not."""
+    if not isinstance(path, str):
+        return None  # not a path at all: _one_within refuses it
+    found = _UNREADABLE.search(path)
+    if found is not None:
+        character = found.group()
+        if character == "\0":
+            return "holds a NUL byte, where the operating system would end the path: remove it"
+        if "\ud800" <= character <= "\udfff":
+            return f"holds a lone surrogate (U+{ord(character):04X}), which is no text: send the path as valid Unicode"
+        if character == "\\":
+            return "holds a backslash, a separator to Windows and to some tools: write '/' between directories"
+        return (
+            f"holds U+{ord(character):04X} ({unicodedata.name(character).lower()}), which some tools turn into "
+            "'/', '\\' or '.': write the ASCII character"
+        )
+    if path.startswith("~"):
+        return "starts with '~', which shells and many tools read as a home directory: write the path in full"
+    return None
+
+
 def _one_within(path: object, roots: tuple[str, ...], base: str | None) -> bool:
     if isinstance(path, os.PathLike):
         try:
             path = os.fspath(path)
         except Exception:
             return False  # a broken __fspath__ names no path
-    if not isinstance(path, str) or "\0" in path:
+    if not isinstance(path, str) or _unreadable(path) is not None:
         return False
     resolved = _resolve(path, base)
     if resolved is None:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import stat
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from interceptor_core import ConfigurationError, Deny, Gate, tool
 from interceptor_core.builtins import PathsWithin, within
 from interceptor_core.decisions import Allow
-from interceptor_core.testing import check_before
+from interceptor_core.testing import check_before, make_call
 
 
 @pytest.fixture
@@ -146,17 +148,73 @@ class TestWithin:
         assert within("notes.txt", [str(tree / "data")], base="data")
         assert not within("../precious.txt", [str(tree / "data")], base="data")
 
-    def test_tilde_is_a_directory_name_not_home(self, tree: Path) -> None:
-        """`~/x` is a directory called ~ under the base, as open() would read it."""
+    @pytest.mark.parametrize("path", ["~", "~/x", "~root/x", "~/../data/notes.txt"])
+    def test_a_leading_tilde_is_refused(self, tree: Path, path: str) -> None:
+        """`~/x` is a directory called ~ to open(), the home directory to a shell, `expanduser` and MCP's
+        filesystem server: refused even where both readings would be inside."""
         data = str(tree / "data")
-        assert within("~/x", [data], base=data)
-        assert not within("~/x", [os.path.expanduser("~")], base=data)
+        assert not within(path, [data], base=data)
+        assert not within(path, [data, os.path.expanduser("~")], base=data)
+
+    def test_a_tilde_past_the_start_is_an_ordinary_name(self, tree: Path) -> None:
+        """Only a leading `~` is expanded by anyone: `data/~/x` is a directory called ~."""
+        data = str(tree / "data")
+        assert within(f"{data}/~/x", [data])
+        assert within("./~", [data], base=data)
+
+    @pytest.mark.parametrize(
+        "path",
+        [
+            "{data}/..\\..\\precious.txt",
+            "{data}\\notes.txt",
+            "{data}/\uff0e\uff0e\uff0fprecious.txt",
+            "{data}/..\uff0fprecious.txt",
+            "{data}/\u2025/precious.txt",
+            "{data}/x\u2215..\u2215..\u2215precious.txt",
+            "{data}/x\u2044y",
+            "{data}/\uff3c",
+            "{data}/\u2100",
+        ],
+    )
+    def test_backslashes_and_look_alike_separators_are_refused(self, tree: Path, path: str) -> None:
+        """To POSIX they are ordinary names inside the root; to Windows, NFKC-normalizing tools or a
+        reader of confusables some are '..' and '/'. Each is refused."""
+        data = str(tree / "data")
+        assert not within(path.format(data=data), [data])
+
+    def test_every_character_nfkc_turns_into_a_separator_or_dots_is_refused(self, tree: Path) -> None:
+        """The look-alike list is complete against this Python's Unicode database."""
+        data = str(tree / "data")
+        turned = [
+            character
+            for character in map(chr, range(0x80, 0x110000))
+            if not 0xD800 <= ord(character) <= 0xDFFF
+            and ((normal := unicodedata.normalize("NFKC", character)) in (".", "..") or "/" in normal or "\\" in normal)
+        ]
+        assert len(turned) >= 12
+        assert [c for c in turned if within(f"{data}/a{c}b", [data])] == []
+
+    @pytest.mark.parametrize("path", ["{data}/a\0b", "{data}/a\ud800", "{data}/\udcff", "\0", "{data}/x\0/../../etc"])
+    def test_a_nul_or_a_lone_surrogate_is_refused(self, tree: Path, path: str) -> None:
+        """Both are refused wherever they stand (the system call would stop at the NUL; a surrogate is no
+        text), in a str and in a list."""
+        data = str(tree / "data")
+        assert not within(path.format(data=data), [data])
+        assert not within([f"{data}/notes.txt", path.format(data=data)], [data])
 
     def test_values_that_are_not_paths_are_outside(self, tree: Path) -> None:
         """NUL bytes, bytes, None, numbers and nested lists are never inside, and never raise."""
         data = str(tree / "data")
         for value in (f"{data}/a\0b", f"{data}/x".encode(), None, 42, [[f"{data}/a"]], [f"{data}/a", None]):
             assert not within(value, [data])
+
+    def test_long_paths_are_judged_whole(self, tree: Path) -> None:
+        """Thousands of components, in or out, and a name longer than the system allows."""
+        data = str(tree / "data")
+        assert within(f"{data}/" + "a/" * 5000 + "b", [data])
+        assert not within(f"{data}/" + "a/" * 5000 + "../" * 5001 + "precious.txt", [data])
+        assert within(f"{data}/" + "n" * 10_000, [data])
+        assert not within(f"{data}/" + "n" * 10_000 + "/../../precious.txt", [data])
 
     def test_path_objects_are_paths(self, tree: Path) -> None:
         """An `os.PathLike` of str is judged as its text."""
@@ -175,10 +233,19 @@ class TestWithin:
 
     @pytest.mark.parametrize(
         ("roots", "error"),
-        [([], ValueError), ([""], ValueError), (["/a\0"], ValueError), ([42], TypeError), (42, TypeError)],
+        [
+            ([], ValueError),
+            ([""], ValueError),
+            (["/a\0"], ValueError),
+            (["/a\udcff"], ValueError),
+            (["~/data"], ValueError),
+            ([42], TypeError),
+            (42, TypeError),
+        ],
     )
     def test_bad_roots_raise(self, roots: Any, error: type[Exception]) -> None:
-        """No roots, an empty root, a NUL byte or a root that is not a path is the author's mistake."""
+        """No roots, an empty root, a NUL byte, a lone surrogate, a `~` that would never be expanded or a
+        root that is not a path is the author's mistake."""
         with pytest.raises(error):
             within("/data/x", roots)
 
@@ -214,6 +281,99 @@ class TestWithinProperty:
         assert within(path, [property_root], base=property_root) == expected
 
 
+@pytest.fixture(scope="module")
+def linked_tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, frozenset[tuple[int, int]]]:
+    """{root}/data (the root) with a file, a subdirectory, links out (to a file and to {root}) and a
+    link in; and the (device, inode) of everything inside data that is not a link."""
+    root = Path(os.path.realpath(tmp_path_factory.mktemp("within-kernel")))
+    data = root / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "notes.txt").write_text("ok")
+    (root / "precious.txt").write_text("secret")
+    (data / "escape").symlink_to(root / "precious.txt")
+    (data / "up").symlink_to(root)
+    (data / "alias").symlink_to(data / "notes.txt")
+    inside = {(data.stat().st_dev, data.stat().st_ino)}
+    for directory, names, files in os.walk(data):
+        for name in names + files:
+            entry = os.lstat(os.path.join(directory, name))
+            if not stat.S_ISLNK(entry.st_mode):
+                inside.add((entry.st_dev, entry.st_ino))
+    return str(root), frozenset(inside)
+
+
+PATH_PIECES = [
+    *("data", "sub", "notes.txt", "escape", "up", "alias", "precious.txt", "new", "..", ".", "", "~"),
+    *("\\", "\uff0f", "\uff0e\uff0e", "\u2215", "\0", "\ud800", "\udcff", "\u200b", "\n", " ", "a" * 300),
+]
+ADVERSARIAL_PATHS = st.lists(
+    st.one_of(
+        st.sampled_from(PATH_PIECES),
+        st.characters(categories=["Cc", "Cf", "Cs", "Zs"]),
+        st.text(max_size=6),
+    ),
+    max_size=10,
+)
+
+
+def _routes(path: Any, root: str, base: str) -> tuple[bool, bool]:
+    """(plain function says inside, interceptor lets it through)."""
+    decision = PathsWithin("path", [root], base=base).before_tool_call(make_call(any_reader, {"path": path}))
+    return within(path, [root], base=base), decision is None
+
+
+@tool
+def any_reader(path: Any) -> str:
+    """Reads whatever it is given (the property tests send values no str field would accept)."""
+    return ""
+
+
+class TestWithinProperties:
+    # No deadline: the machine's load, not the check, sets how long one example takes.
+    @settings(deadline=None, max_examples=300)
+    @given(parts=ADVERSARIAL_PATHS, absolute=st.booleans())
+    def test_an_admitted_path_is_one_the_kernel_resolves_inside(
+        self, linked_tree: tuple[str, frozenset[tuple[int, int]]], parts: list[str], absolute: bool
+    ) -> None:
+        """Whatever the pieces: both Python routes agree; what they admit holds no NUL, surrogate,
+        backslash, look-alike or leading `~`; and the file the kernel opens for it (or the directory it
+        would create it in) is one inside the root, links followed."""
+        root, inside = linked_tree
+        data = f"{root}/data"
+        path = "/".join(parts)
+        path = f"{data}/{path}" if absolute else path
+        admitted, let_through = _routes(path, data, data)
+        assert admitted is let_through
+        if not admitted:
+            return
+        assert not any(character in path for character in "\0\\\uff0f\uff0e\u2215")
+        assert not any("\ud800" <= character <= "\udfff" for character in path)
+        assert not path.startswith("~")
+        full = os.path.join(data, path)
+        for candidate in (full, os.path.dirname(full)):
+            try:
+                found = os.stat(candidate)
+            except (OSError, ValueError):
+                continue  # not there (or not a directory): the kernel would open nothing here
+            assert (found.st_dev, found.st_ino) in inside, path
+            break
+
+    @settings(deadline=None)
+    @given(prefix=st.sampled_from(["{data}/", "{root}/", "", "~/"]), text=st.text(max_size=20))
+    def test_a_nul_or_a_lone_surrogate_anywhere_is_refused(
+        self, linked_tree: tuple[str, frozenset[tuple[int, int]]], prefix: str, text: str
+    ) -> None:
+        """A NUL or a surrogate added anywhere to any path refuses it, alone and in a list."""
+        root, _ = linked_tree
+        data = f"{root}/data"
+        path = prefix.format(root=root, data=data) + text
+        for odd in ("\0", "\ud800", "\udfff"):
+            for at in (0, len(path) // 2, len(path)):
+                bad = path[:at] + odd + path[at:]
+                assert _routes(bad, data, data) == (False, False)
+                assert not within([f"{data}/notes.txt", bad], [data], base=data)
+
+
 def reader(seen: list[str]) -> Any:
     @tool
     def read_file(path: str, encoding: str = "utf-8") -> str:
@@ -241,6 +401,26 @@ class TestPathsWithin:
         allowed = await desk.call("read_file", {"path": "notes.txt"})
         assert allowed.kind == "ok"
         assert seen == ["notes.txt"]
+
+    @pytest.mark.parametrize(
+        ("path", "reason"),
+        [
+            ("notes.txt\0/../../precious.txt", "holds a NUL byte, where the operating system would end the path"),
+            ("notes\udcff", "holds a lone surrogate (U+DCFF)"),
+            ("~/notes.txt", "starts with '~', which shells and many tools read as a home directory"),
+            ("..\\precious.txt", "holds a backslash, a separator to Windows and to some tools"),
+            ("\uff0e\uff0e/precious.txt", "holds U+FF0E (fullwidth full stop), which some tools turn into"),
+        ],
+    )
+    async def test_a_path_tools_read_differently_is_denied_with_what_to_write(
+        self, tree: Path, path: str, reason: str
+    ) -> None:
+        """The denial says what makes the path ambiguous and what to send instead."""
+        data = str(tree / "data")
+        decision = await check_before(PathsWithin("path", [data], base=data), any_reader, {"path": path})
+        assert isinstance(decision, Deny)
+        assert reason in decision.message
+        assert f"This tool may use paths inside {data!r}" in decision.message
 
     async def test_only_matching_tools_are_checked(self, tree: Path) -> None:
         """A tool outside the `tools` globs is not checked; a matching one is."""
