@@ -115,10 +115,10 @@ _SYNTAX = _classes(
     *("DecodeCase", "GroupConcat", "ArgMax", "ArgMin", "Max", "Min", "ApproxQuantile", "PercentileCont"),
     *("JSONObject", "JSONArrayAgg", "JSONExtract", "JSONExtractScalar", "JSONBExtract", "JSONBExtractScalar"),
     *("JSONBExists", "JSONBContainsTopKey", "ArrayContainsAll", "ArrayContainedBy", "ArrayOverlaps"),
-    *("RegexpLike", "RegexpILike", "MatchAgainst", "Soundex", "StartsWith", "Pow", "Sqrt", "Abs", "Xor"),
+    *("RegexpLike", "RegexpILike", "MatchAgainst", "Soundex", "StartsWith", "Pow", "Sqrt", "Abs", "Xor", "Unnest"),
 )
 # What sqlglot makes of syntax rather than of a name written before "(": operators (||, ->>, @>, ~,
-# ^, |/), casts, CASE, EXISTS, ARRAY[...], CURRENT_DATE and its kin, and the calls it parses by
+# ^, |/), casts, CASE, EXISTS, ARRAY[...], UNNEST in FROM, CURRENT_DATE and its kin, and the calls it parses by
 # special rules (TRIM(x FROM y), SUBSTRING(... FOR ...), STRING_AGG, CEIL, JSON_OBJECT(...)). None has
 # an effect. Any other such node (NEXT VALUE FOR, which advances a sequence, among them) counts as
 # writing.
