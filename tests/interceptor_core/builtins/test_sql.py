@@ -323,3 +323,102 @@ class TestReadOnlySQL:
         assert (ReadOnlySQL("q").name, ReadOnlySQL("q").mandatory) == ("read-only-sql", False)
         custom = ReadOnlySQL("q", name="reports", mandatory=True)
         assert (custom.name, custom.mandatory) == ("reports", True)
+
+
+class TestFunctions:
+    @pytest.mark.parametrize(
+        "query",
+        [
+            "SELECT nextval('s')",
+            "SELECT pg_sleep(1)",
+            "SELECT * FROM pg_sleep(1)",
+            "SELECT set_config('search_path', 'x', false)",
+            "SELECT query_to_xml('DELETE FROM t', true, true, '')",
+            "SELECT pg_catalog.pg_read_file('/etc/passwd')",
+            "SELECT my_fn(1)",
+            "SELECT public.lower('A')",
+            "SELECT \"LOWER\"('A')",
+            "SELECT txid_current()",
+        ],
+    )
+    def test_a_call_of_a_function_not_known_free_of_effects_writes(self, query: str) -> None:
+        """Volatile, unknown, quoted-in-another-case and qualified-elsewhere calls all count."""
+        assert sql_writes(query, dialect="postgres") is True
+
+    @pytest.mark.parametrize(
+        "query",
+        [
+            "SELECT lower(a), coalesce(a, b), now(), date_trunc('day', c), pg_catalog.upper(a) FROM t",
+            "SELECT random(), a::int, a || b, a ->> 'k', CASE WHEN a THEN 1 END FROM t",
+            "SELECT * FROM generate_series(1, 3) AS g(n), unnest(ARRAY[1]) AS u(x)",
+        ],
+    )
+    def test_calls_of_functions_free_of_effects_read(self, query: str) -> None:
+        """Built-ins the catalog calls immutable or stable, casts, operators and CASE read."""
+        assert sql_writes(query, dialect="postgres") is False
+
+    @pytest.mark.parametrize(
+        ("query", "dialect"),
+        [
+            ("SELECT sleep(1)", "mysql"),
+            ("SELECT benchmark(1000000, md5('x'))", "mysql"),
+            ("SELECT @a := 1", "mysql"),
+            ("SELECT load_file('/etc/passwd')", "mysql"),
+            ("SELECT load_extension('x')", "sqlite"),
+            ("SELECT * FROM read_csv('/etc/passwd')", "duckdb"),
+            ("SELECT * FROM 'data.csv'", "duckdb"),
+            ('SELECT * FROM "data.parquet"', "duckdb"),
+            ("SELECT * FROM query('DELETE FROM t')", "duckdb"),
+            ("SELECT nextval('s')", "duckdb"),
+            ("SELECT NEXT VALUE FOR s", "tsql"),
+        ],
+    )
+    def test_functions_with_effects_write_in_their_dialects(self, query: str, dialect: str) -> None:
+        """Sleeps, file reads, variable assignments and sequences, by each dialect's list."""
+        assert sql_writes(query, dialect=dialect) is True
+
+    def test_without_a_dialect_a_function_must_be_free_of_effects_everywhere(self) -> None:
+        """now() is known in PostgreSQL but not in SQLite: without a dialect it counts as writing."""
+        assert sql_writes("SELECT now()", dialect="postgres") is False
+        assert sql_writes("SELECT now()") is True
+        assert sql_writes("SELECT lower(a), count(*) FROM t") is False
+
+    def test_a_policy_may_name_its_own_safe_functions(self) -> None:
+        """Named functions read, unqualified or qualified, without regard to case; others still write."""
+        assert sql_writes("SELECT my_fn(1)", dialect="postgres", safe_functions=["MY_FN"]) is False
+        assert sql_writes("SELECT reports.total(1)", dialect="postgres", safe_functions=["reports.total"]) is False
+        assert sql_writes("SELECT other.total(1)", dialect="postgres", safe_functions=["reports.total"]) is True
+        assert sql_writes("SELECT my_fn(1), pg_sleep(1)", dialect="postgres", safe_functions=["my_fn"]) is True
+
+    @pytest.mark.parametrize(("names", "error"), [("my_fn", TypeError), (["a b"], ValueError), ([""], ValueError)])
+    def test_bad_safe_functions_are_the_authors_mistake(self, names: Any, error: type[Exception]) -> None:
+        """A bare string (not a list) raises TypeError; a name that is not one raises ValueError."""
+        with pytest.raises(error):
+            sql_writes("SELECT 1", safe_functions=names)
+
+    @pytest.mark.parametrize("query", ["SELECT 1\0", "SELECT 1\0; DELETE FROM t", "SELECT '\ud800'"])
+    def test_text_holding_a_nul_or_a_lone_surrogate_writes(self, query: str) -> None:
+        """Text a driver or a policy engine may cut or fail to encode is refused, whatever follows."""
+        assert sql_writes(query, dialect="postgres") is True
+
+
+class TestReadOnlySQLFunctions:
+    async def test_the_denial_names_the_function(self) -> None:
+        """A call of a function with effects is denied, its name in the message."""
+        decision = await check_before(
+            ReadOnlySQL("sql", dialect="postgres"), database([]), {"sql": "SELECT pg_sleep(9)"}
+        )
+        assert isinstance(decision, Deny)
+        assert "pg_sleep()" in decision.message
+
+    async def test_safe_functions_are_allowed(self) -> None:
+        """A function the interceptor names as safe is allowed."""
+        check = ReadOnlySQL("sql", dialect="postgres", safe_functions=["my_fn"])
+        assert await check_before(check, database([]), {"sql": "SELECT my_fn(1)"}) == Allow()
+        assert check.safe_functions == ("my_fn",)
+
+    @pytest.mark.parametrize("names", ["my_fn", ["not a name"], [3]])
+    def test_bad_safe_functions_are_refused_when_built(self, names: Any) -> None:
+        """ConfigurationError names safe_functions."""
+        with pytest.raises(ConfigurationError, match="safe_functions"):
+            ReadOnlySQL("sql", safe_functions=names)

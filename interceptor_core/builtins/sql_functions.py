@@ -1,0 +1,654 @@
+"""Functions known to be free of effects, per database: what a read-only query may call.
+
+`sql_writes` judges a call by the name written in the query: a name is free of effects in a
+dialect when it is in that dialect's set here (or a policy names it). Every set is an allow-list;
+a function not in it counts as writing. The sets hold the database's own built-in functions only,
+by name: a name is in a set only when every overload of it is free of effects.
+
+- PostgreSQL: derived from the catalog of PostgreSQL 15 (`pg_proc`): the functions, aggregates and
+  window functions of `pg_catalog` whose every overload is immutable or stable (`provolatile` 'i'
+  or 's'), minus `POSTGRES_STABLE_WITH_EFFECTS`; plus `POSTGRES_SYNTAX` (calls the grammar handles
+  without `pg_proc`) and `POSTGRES_VOLATILE_WITHOUT_EFFECTS`. A volatile function may change
+  state (`nextval`, `set_config`, `lo_import`, `pg_terminate_backend`), wait (`pg_sleep`), read
+  server files (`pg_read_file`) or run SQL text (`query_to_xml`, `ts_stat`): none is here. A test
+  regenerates the catalog part from a real server and compares.
+- DuckDB: from `duckdb_functions()`: scalar, aggregate and window functions without side effects
+  that are not volatile, the macros that call only those, and a reviewed few table functions
+  (`DUCKDB_TABLE_FUNCTIONS`); never one that reads files (`read_csv`, `glob`) or runs SQL text
+  (`query`). A test checks each name against the installed DuckDB.
+- SQLite and MySQL: reviewed by hand from their manuals (no catalog states effects). Left out on
+  purpose: SQLite's `load_extension`, `fts3_tokenizer`, `sqlite_log`; MySQL's `sleep`,
+  `benchmark`, `get_lock`, `release_lock`, `load_file`, `last_insert_id`, `uuid_short` and the
+  replication waits.
+
+Names are lower case, as an unquoted name is read by every one of these databases.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DUCKDB", "EVERY", "MYSQL", "POSTGRES", "SAFE_FUNCTIONS", "SQLITE"]
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+POSTGRES_STABLE_WITH_EFFECTS = frozenset({"txid_current", "pg_current_xact_id"})
+"""Stable in the catalog, yet they assign the transaction an id: a write to the commit log."""
+
+POSTGRES_SYNTAX = frozenset({"array", "coalesce", "greatest", "grouping", "least", "nullif", "row"})
+"""Written like calls, read by the grammar: they are not in `pg_proc`."""
+
+POSTGRES_VOLATILE_WITHOUT_EFFECTS = frozenset({"clock_timestamp", "gen_random_uuid", "random", "timeofday"})
+"""Volatile because each call may return another value, with no effect beyond that."""
+
+_POSTGRES_CATALOG = """
+abbrev abs aclcontains acldefault aclexplode aclinsert aclitemeq aclitemin aclitemout aclremove acos
+acosd acosh age any_in any_out anyarray_in anyarray_out anyarray_recv anyarray_send anycompatible_in
+anycompatible_out anycompatiblearray_in anycompatiblearray_out anycompatiblearray_recv
+anycompatiblearray_send anycompatiblemultirange_in anycompatiblemultirange_out
+anycompatiblenonarray_in anycompatiblenonarray_out anycompatiblerange_in anycompatiblerange_out
+anyelement_in anyelement_out anyenum_in anyenum_out anymultirange_in anymultirange_out
+anynonarray_in anynonarray_out anyrange_in anyrange_out anytextcat area areajoinsel areasel
+array_agg array_agg_array_finalfn array_agg_array_transfn array_agg_finalfn array_agg_transfn
+array_append array_cat array_dims array_eq array_fill array_ge array_gt array_in array_larger
+array_le array_length array_lower array_lt array_ndims array_ne array_out array_position
+array_positions array_prepend array_recv array_remove array_replace array_send array_smaller
+array_subscript_handler array_to_json array_to_string array_to_tsvector array_typanalyze
+array_unnest_support array_upper arraycontained arraycontains arraycontjoinsel arraycontsel
+arrayoverlap ascii asin asind asinh atan atan2 atan2d atand atanh avg big5_to_euc_tw big5_to_mic
+big5_to_utf8 bit bit_and bit_count bit_in bit_length bit_or bit_out bit_recv bit_send bit_xor bitand
+bitcat bitcmp biteq bitge bitgt bitle bitlt bitne bitnot bitor bitshiftleft bitshiftright
+bittypmodin bittypmodout bitxor bool bool_accum bool_accum_inv bool_alltrue bool_and bool_anytrue
+bool_or booland_statefunc booleq boolge boolgt boolin boolle boollt boolne boolor_statefunc boolout
+boolrecv boolsend bound_box box box_above box_above_eq box_add box_below box_below_eq box_center
+box_contain box_contain_pt box_contained box_distance box_div box_eq box_ge box_gt box_in
+box_intersect box_le box_left box_lt box_mul box_out box_overabove box_overbelow box_overlap
+box_overleft box_overright box_recv box_right box_same box_send box_sub bpchar bpchar_larger
+bpchar_pattern_ge bpchar_pattern_gt bpchar_pattern_le bpchar_pattern_lt bpchar_smaller
+bpchar_sortsupport bpcharcmp bpchareq bpcharge bpchargt bpchariclike bpcharicnlike bpcharicregexeq
+bpcharicregexne bpcharin bpcharle bpcharlike bpcharlt bpcharne bpcharnlike bpcharout bpcharrecv
+bpcharregexeq bpcharregexne bpcharsend bpchartypmodin bpchartypmodout brin_bloom_add_value
+brin_bloom_consistent brin_bloom_opcinfo brin_bloom_options brin_bloom_summary_in
+brin_bloom_summary_out brin_bloom_summary_recv brin_bloom_summary_send brin_bloom_union
+brin_inclusion_add_value brin_inclusion_consistent brin_inclusion_opcinfo brin_inclusion_union
+brin_minmax_add_value brin_minmax_consistent brin_minmax_multi_add_value
+brin_minmax_multi_consistent brin_minmax_multi_distance_date brin_minmax_multi_distance_float4
+brin_minmax_multi_distance_float8 brin_minmax_multi_distance_inet brin_minmax_multi_distance_int2
+brin_minmax_multi_distance_int4 brin_minmax_multi_distance_int8 brin_minmax_multi_distance_interval
+brin_minmax_multi_distance_macaddr brin_minmax_multi_distance_macaddr8
+brin_minmax_multi_distance_numeric brin_minmax_multi_distance_pg_lsn brin_minmax_multi_distance_tid
+brin_minmax_multi_distance_time brin_minmax_multi_distance_timestamp
+brin_minmax_multi_distance_timetz brin_minmax_multi_distance_uuid brin_minmax_multi_opcinfo
+brin_minmax_multi_options brin_minmax_multi_summary_in brin_minmax_multi_summary_out
+brin_minmax_multi_summary_recv brin_minmax_multi_summary_send brin_minmax_multi_union
+brin_minmax_opcinfo brin_minmax_union broadcast btarraycmp btboolcmp btbpchar_pattern_cmp
+btbpchar_pattern_sortsupport btcharcmp btequalimage btfloat48cmp btfloat4cmp btfloat4sortsupport
+btfloat84cmp btfloat8cmp btfloat8sortsupport btint24cmp btint28cmp btint2cmp btint2sortsupport
+btint42cmp btint48cmp btint4cmp btint4sortsupport btint82cmp btint84cmp btint8cmp btint8sortsupport
+btnamecmp btnamesortsupport btnametextcmp btoidcmp btoidsortsupport btoidvectorcmp btrecordcmp
+btrecordimagecmp btrim bttext_pattern_cmp bttext_pattern_sortsupport bttextcmp bttextnamecmp
+bttextsortsupport bttidcmp btvarstrequalimage bytea_sortsupport bytea_string_agg_finalfn
+bytea_string_agg_transfn byteacat byteacmp byteaeq byteage byteagt byteain byteale bytealike bytealt
+byteane byteanlike byteaout bytearecv byteasend cardinality cash_cmp cash_div_cash cash_div_flt4
+cash_div_flt8 cash_div_int2 cash_div_int4 cash_div_int8 cash_eq cash_ge cash_gt cash_in cash_le
+cash_lt cash_mi cash_mul_flt4 cash_mul_flt8 cash_mul_int2 cash_mul_int4 cash_mul_int8 cash_ne
+cash_out cash_pl cash_recv cash_send cash_words cashlarger cashsmaller cbrt ceil ceiling center char
+char_length character_length chareq charge chargt charin charle charlt charne charout charrecv
+charsend chr cideq cidin cidout cidr cidr_in cidr_out cidr_recv cidr_send cidrecv cidsend circle
+circle_above circle_add_pt circle_below circle_center circle_contain circle_contain_pt
+circle_contained circle_distance circle_div_pt circle_eq circle_ge circle_gt circle_in circle_le
+circle_left circle_lt circle_mul_pt circle_ne circle_out circle_overabove circle_overbelow
+circle_overlap circle_overleft circle_overright circle_recv circle_right circle_same circle_send
+circle_sub_pt close_ls close_lseg close_pb close_pl close_ps close_sb col_description concat
+concat_ws contjoinsel contsel convert convert_from convert_to corr cos cosd cosh cot cotd count
+covar_pop covar_samp cstring_in cstring_out cstring_recv cstring_send cume_dist cume_dist_final
+current_database current_schema current_schemas current_setting current_user database_to_xml
+database_to_xml_and_xmlschema database_to_xmlschema date date_bin date_cmp date_cmp_timestamp
+date_cmp_timestamptz date_eq date_eq_timestamp date_eq_timestamptz date_ge date_ge_timestamp
+date_ge_timestamptz date_gt date_gt_timestamp date_gt_timestamptz date_in date_larger date_le
+date_le_timestamp date_le_timestamptz date_lt date_lt_timestamp date_lt_timestamptz date_mi
+date_mi_interval date_mii date_ne date_ne_timestamp date_ne_timestamptz date_out date_part
+date_pl_interval date_pli date_recv date_send date_smaller date_sortsupport date_trunc
+datemultirange daterange daterange_canonical daterange_subdiff datetime_pl datetimetz_pl dcbrt
+decode degrees dense_rank dense_rank_final dexp diagonal diameter dispell_init dispell_lexize
+dist_bp dist_bs dist_cpoint dist_cpoly dist_lp dist_ls dist_pathp dist_pb dist_pc dist_pl dist_polyc
+dist_polyp dist_ppath dist_ppoly dist_ps dist_sb dist_sl dist_sp div dlog1 dlog10 domain_in
+domain_recv dpow dround dsimple_init dsimple_lexize dsqrt dsynonym_init dsynonym_lexize dtrunc
+elem_contained_by_multirange elem_contained_by_range encode enum_cmp enum_eq enum_first enum_ge
+enum_gt enum_in enum_larger enum_last enum_le enum_lt enum_ne enum_out enum_range enum_recv
+enum_send enum_smaller eqjoinsel eqsel euc_cn_to_mic euc_cn_to_utf8 euc_jis_2004_to_shift_jis_2004
+euc_jis_2004_to_utf8 euc_jp_to_mic euc_jp_to_sjis euc_jp_to_utf8 euc_kr_to_mic euc_kr_to_utf8
+euc_tw_to_big5 euc_tw_to_mic euc_tw_to_utf8 event_trigger_in event_trigger_out every exp extract
+factorial family fdw_handler_in fdw_handler_out first_value float4 float48div float48eq float48ge
+float48gt float48le float48lt float48mi float48mul float48ne float48pl float4_accum float4abs
+float4div float4eq float4ge float4gt float4in float4larger float4le float4lt float4mi float4mul
+float4ne float4out float4pl float4recv float4send float4smaller float4um float4up float8 float84div
+float84eq float84ge float84gt float84le float84lt float84mi float84mul float84ne float84pl
+float8_accum float8_avg float8_combine float8_corr float8_covar_pop float8_covar_samp
+float8_regr_accum float8_regr_avgx float8_regr_avgy float8_regr_combine float8_regr_intercept
+float8_regr_r2 float8_regr_slope float8_regr_sxx float8_regr_sxy float8_regr_syy float8_stddev_pop
+float8_stddev_samp float8_var_pop float8_var_samp float8abs float8div float8eq float8ge float8gt
+float8in float8larger float8le float8lt float8mi float8mul float8ne float8out float8pl float8recv
+float8send float8smaller float8um float8up floor flt4_mul_cash flt8_mul_cash fmgr_c_validator
+fmgr_internal_validator fmgr_sql_validator format format_type gb18030_to_utf8 gbk_to_utf8 gcd
+generate_series generate_series_int4_support generate_series_int8_support generate_subscripts
+get_bit get_byte get_current_ts_config getdatabaseencoding getpgusername gin_cmp_prefix
+gin_cmp_tslexeme gin_compare_jsonb gin_consistent_jsonb gin_consistent_jsonb_path gin_extract_jsonb
+gin_extract_jsonb_path gin_extract_jsonb_query gin_extract_jsonb_query_path gin_extract_tsquery
+gin_extract_tsvector gin_triconsistent_jsonb gin_triconsistent_jsonb_path gin_tsquery_consistent
+gin_tsquery_triconsistent ginarrayconsistent ginarrayextract ginarraytriconsistent
+ginqueryarrayextract gist_box_consistent gist_box_distance gist_box_penalty gist_box_picksplit
+gist_box_same gist_box_union gist_circle_compress gist_circle_consistent gist_circle_distance
+gist_point_compress gist_point_consistent gist_point_distance gist_point_fetch
+gist_point_sortsupport gist_poly_compress gist_poly_consistent gist_poly_distance gtsquery_compress
+gtsquery_consistent gtsquery_penalty gtsquery_picksplit gtsquery_same gtsquery_union
+gtsvector_compress gtsvector_consistent gtsvector_decompress gtsvector_options gtsvector_penalty
+gtsvector_picksplit gtsvector_same gtsvector_union gtsvectorin gtsvectorout has_any_column_privilege
+has_column_privilege has_database_privilege has_foreign_data_wrapper_privilege
+has_function_privilege has_language_privilege has_parameter_privilege has_schema_privilege
+has_sequence_privilege has_server_privilege has_table_privilege has_tablespace_privilege
+has_type_privilege hash_aclitem hash_aclitem_extended hash_array hash_array_extended hash_multirange
+hash_multirange_extended hash_numeric hash_numeric_extended hash_range hash_range_extended
+hash_record hash_record_extended hashbpchar hashbpcharextended hashchar hashcharextended hashenum
+hashenumextended hashfloat4 hashfloat4extended hashfloat8 hashfloat8extended hashinet
+hashinetextended hashint2 hashint2extended hashint4 hashint4extended hashint8 hashint8extended
+hashmacaddr hashmacaddr8 hashmacaddr8extended hashmacaddrextended hashname hashnameextended hashoid
+hashoidextended hashoidvector hashoidvectorextended hashtext hashtextextended hashtid
+hashtidextended hashvarlena hashvarlenaextended height host hostmask iclikejoinsel iclikesel
+icnlikejoinsel icnlikesel icregexeqjoinsel icregexeqsel icregexnejoinsel icregexnesel in_range
+index_am_handler_in index_am_handler_out inet_client_addr inet_client_port inet_gist_compress
+inet_gist_consistent inet_gist_fetch inet_gist_penalty inet_gist_picksplit inet_gist_same
+inet_gist_union inet_in inet_merge inet_out inet_recv inet_same_family inet_send inet_server_addr
+inet_server_port inet_spg_choose inet_spg_config inet_spg_inner_consistent inet_spg_leaf_consistent
+inet_spg_picksplit inetand inetmi inetmi_int8 inetnot inetor inetpl initcap int2 int24div int24eq
+int24ge int24gt int24le int24lt int24mi int24mul int24ne int24pl int28div int28eq int28ge int28gt
+int28le int28lt int28mi int28mul int28ne int28pl int2_accum int2_accum_inv int2_avg_accum
+int2_avg_accum_inv int2_mul_cash int2_sum int2abs int2and int2div int2eq int2ge int2gt int2in
+int2int4_sum int2larger int2le int2lt int2mi int2mod int2mul int2ne int2not int2or int2out int2pl
+int2recv int2send int2shl int2shr int2smaller int2um int2up int2vectorin int2vectorout
+int2vectorrecv int2vectorsend int2xor int4 int42div int42eq int42ge int42gt int42le int42lt int42mi
+int42mul int42ne int42pl int48div int48eq int48ge int48gt int48le int48lt int48mi int48mul int48ne
+int48pl int4_accum int4_accum_inv int4_avg_accum int4_avg_accum_inv int4_avg_combine int4_mul_cash
+int4_sum int4abs int4and int4div int4eq int4ge int4gt int4in int4inc int4larger int4le int4lt int4mi
+int4mod int4mul int4multirange int4ne int4not int4or int4out int4pl int4range int4range_canonical
+int4range_subdiff int4recv int4send int4shl int4shr int4smaller int4um int4up int4xor int8 int82div
+int82eq int82ge int82gt int82le int82lt int82mi int82mul int82ne int82pl int84div int84eq int84ge
+int84gt int84le int84lt int84mi int84mul int84ne int84pl int8_accum int8_accum_inv int8_avg
+int8_avg_accum int8_avg_accum_inv int8_avg_combine int8_avg_deserialize int8_avg_serialize
+int8_mul_cash int8_sum int8abs int8and int8dec int8dec_any int8div int8eq int8ge int8gt int8in
+int8inc int8inc_any int8inc_float8_float8 int8inc_support int8larger int8le int8lt int8mi int8mod
+int8mul int8multirange int8ne int8not int8or int8out int8pl int8pl_inet int8range
+int8range_canonical int8range_subdiff int8recv int8send int8shl int8shr int8smaller int8um int8up
+int8xor integer_pl_date inter_lb inter_sb inter_sl internal_in internal_out interval interval_accum
+interval_accum_inv interval_avg interval_cmp interval_combine interval_div interval_eq interval_ge
+interval_gt interval_hash interval_hash_extended interval_in interval_larger interval_le interval_lt
+interval_mi interval_mul interval_ne interval_out interval_pl interval_pl_date interval_pl_time
+interval_pl_timestamp interval_pl_timestamptz interval_pl_timetz interval_recv interval_send
+interval_smaller interval_support interval_um intervaltypmodin intervaltypmodout is_normalized
+isclosed isempty isfinite ishorizontal iso8859_1_to_utf8 iso8859_to_utf8 iso_to_koi8r iso_to_mic
+iso_to_win1251 iso_to_win866 isopen isparallel isperp isvertical johab_to_utf8 json_agg
+json_agg_finalfn json_agg_transfn json_array_element json_array_element_text json_array_elements
+json_array_elements_text json_array_length json_build_array json_build_object json_each
+json_each_text json_extract_path json_extract_path_text json_in json_object json_object_agg
+json_object_agg_finalfn json_object_agg_transfn json_object_field json_object_field_text
+json_object_keys json_out json_populate_record json_populate_recordset json_recv json_send
+json_strip_nulls json_to_record json_to_recordset json_to_tsvector json_typeof jsonb_agg
+jsonb_agg_finalfn jsonb_agg_transfn jsonb_array_element jsonb_array_element_text
+jsonb_array_elements jsonb_array_elements_text jsonb_array_length jsonb_build_array
+jsonb_build_object jsonb_cmp jsonb_concat jsonb_contained jsonb_contains jsonb_delete
+jsonb_delete_path jsonb_each jsonb_each_text jsonb_eq jsonb_exists jsonb_exists_all jsonb_exists_any
+jsonb_extract_path jsonb_extract_path_text jsonb_ge jsonb_gt jsonb_hash jsonb_hash_extended jsonb_in
+jsonb_insert jsonb_le jsonb_lt jsonb_ne jsonb_object jsonb_object_agg jsonb_object_agg_finalfn
+jsonb_object_agg_transfn jsonb_object_field jsonb_object_field_text jsonb_object_keys jsonb_out
+jsonb_path_exists jsonb_path_exists_opr jsonb_path_exists_tz jsonb_path_match jsonb_path_match_opr
+jsonb_path_match_tz jsonb_path_query jsonb_path_query_array jsonb_path_query_array_tz
+jsonb_path_query_first jsonb_path_query_first_tz jsonb_path_query_tz jsonb_populate_record
+jsonb_populate_recordset jsonb_pretty jsonb_recv jsonb_send jsonb_set jsonb_set_lax
+jsonb_strip_nulls jsonb_subscript_handler jsonb_to_record jsonb_to_recordset jsonb_to_tsvector
+jsonb_typeof jsonpath_in jsonpath_out jsonpath_recv jsonpath_send justify_days justify_hours
+justify_interval koi8r_to_iso koi8r_to_mic koi8r_to_utf8 koi8r_to_win1251 koi8r_to_win866
+koi8u_to_utf8 lag language_handler_in language_handler_out last_value latin1_to_mic latin2_to_mic
+latin2_to_win1250 latin3_to_mic latin4_to_mic lcm lead left length like like_escape likejoinsel
+likesel line line_distance line_eq line_horizontal line_in line_interpt line_intersect line_out
+line_parallel line_perp line_recv line_send line_vertical ln log log10 lower lower_inc lower_inf
+lpad lseg lseg_center lseg_distance lseg_eq lseg_ge lseg_gt lseg_horizontal lseg_in lseg_interpt
+lseg_intersect lseg_le lseg_length lseg_lt lseg_ne lseg_out lseg_parallel lseg_perp lseg_recv
+lseg_send lseg_vertical ltrim macaddr macaddr8 macaddr8_and macaddr8_cmp macaddr8_eq macaddr8_ge
+macaddr8_gt macaddr8_in macaddr8_le macaddr8_lt macaddr8_ne macaddr8_not macaddr8_or macaddr8_out
+macaddr8_recv macaddr8_send macaddr8_set7bit macaddr_and macaddr_cmp macaddr_eq macaddr_ge
+macaddr_gt macaddr_in macaddr_le macaddr_lt macaddr_ne macaddr_not macaddr_or macaddr_out
+macaddr_recv macaddr_send macaddr_sortsupport make_date make_interval make_time make_timestamp
+make_timestamptz makeaclitem masklen matchingjoinsel matchingsel max md5 mic_to_big5 mic_to_euc_cn
+mic_to_euc_jp mic_to_euc_kr mic_to_euc_tw mic_to_iso mic_to_koi8r mic_to_latin1 mic_to_latin2
+mic_to_latin3 mic_to_latin4 mic_to_sjis mic_to_win1250 mic_to_win1251 mic_to_win866 min min_scale
+mod mode mode_final money mul_d_interval multirange multirange_adjacent_multirange
+multirange_adjacent_range multirange_after_multirange multirange_after_range multirange_agg_finalfn
+multirange_agg_transfn multirange_before_multirange multirange_before_range multirange_cmp
+multirange_contained_by_multirange multirange_contained_by_range multirange_contains_elem
+multirange_contains_multirange multirange_contains_range multirange_eq multirange_ge
+multirange_gist_compress multirange_gist_consistent multirange_gt multirange_in multirange_intersect
+multirange_intersect_agg_transfn multirange_le multirange_lt multirange_minus multirange_ne
+multirange_out multirange_overlaps_multirange multirange_overlaps_range
+multirange_overleft_multirange multirange_overleft_range multirange_overright_multirange
+multirange_overright_range multirange_recv multirange_send multirange_typanalyze multirange_union
+multirangesel mxid_age name nameconcatoid nameeq nameeqtext namege namegetext namegt namegttext
+nameiclike nameicnlike nameicregexeq nameicregexne namein namele nameletext namelike namelt
+namelttext namene namenetext namenlike nameout namerecv nameregexeq nameregexne namesend neqjoinsel
+neqsel netmask network network_cmp network_eq network_ge network_gt network_larger network_le
+network_lt network_ne network_overlap network_smaller network_sortsupport network_sub network_subeq
+network_subset_support network_sup network_supeq networkjoinsel networksel nlikejoinsel nlikesel
+normalize notlike now npoints nth_value ntile num_nonnulls num_nulls numeric numeric_abs
+numeric_accum numeric_accum_inv numeric_add numeric_avg numeric_avg_accum numeric_avg_combine
+numeric_avg_deserialize numeric_avg_serialize numeric_cmp numeric_combine numeric_deserialize
+numeric_div numeric_div_trunc numeric_eq numeric_exp numeric_ge numeric_gt numeric_in numeric_inc
+numeric_larger numeric_le numeric_ln numeric_log numeric_lt numeric_mod numeric_mul numeric_ne
+numeric_out numeric_pl_pg_lsn numeric_poly_avg numeric_poly_combine numeric_poly_deserialize
+numeric_poly_serialize numeric_poly_stddev_pop numeric_poly_stddev_samp numeric_poly_sum
+numeric_poly_var_pop numeric_poly_var_samp numeric_power numeric_recv numeric_send numeric_serialize
+numeric_smaller numeric_sortsupport numeric_sqrt numeric_stddev_pop numeric_stddev_samp numeric_sub
+numeric_sum numeric_support numeric_uminus numeric_uplus numeric_var_pop numeric_var_samp
+numerictypmodin numerictypmodout nummultirange numnode numrange numrange_subdiff obj_description
+octet_length oid oideq oidge oidgt oidin oidlarger oidle oidlt oidne oidout oidrecv oidsend
+oidsmaller oidvectoreq oidvectorge oidvectorgt oidvectorin oidvectorle oidvectorlt oidvectorne
+oidvectorout oidvectorrecv oidvectorsend oidvectortypes on_pb on_pl on_ppath on_ps on_sb on_sl
+ordered_set_transition ordered_set_transition_multi overlaps overlay parse_ident path path_add
+path_add_pt path_contain_pt path_distance path_div_pt path_in path_inter path_length path_mul_pt
+path_n_eq path_n_ge path_n_gt path_n_le path_n_lt path_npoints path_out path_recv path_send
+path_sub_pt pclose percent_rank percent_rank_final percentile_cont percentile_cont_float8_final
+percentile_cont_float8_multi_final percentile_cont_interval_final
+percentile_cont_interval_multi_final percentile_disc percentile_disc_final
+percentile_disc_multi_final pg_available_extension_versions pg_available_extensions pg_backend_pid
+pg_char_to_encoding pg_client_encoding pg_collation_for pg_collation_is_visible
+pg_column_compression pg_column_is_updatable pg_column_size pg_conf_load_time pg_config
+pg_conversion_is_visible pg_current_snapshot pg_current_xact_id_if_assigned pg_cursor
+pg_ddl_command_in pg_ddl_command_out pg_ddl_command_recv pg_ddl_command_send pg_dependencies_in
+pg_dependencies_out pg_dependencies_recv pg_dependencies_send pg_describe_object
+pg_encoding_max_length pg_encoding_to_char pg_event_trigger_ddl_commands
+pg_event_trigger_dropped_objects pg_event_trigger_table_rewrite_oid
+pg_event_trigger_table_rewrite_reason pg_extension_update_paths pg_filenode_relation
+pg_function_is_visible pg_get_catalog_foreign_keys pg_get_constraintdef pg_get_expr
+pg_get_function_arg_default pg_get_function_arguments pg_get_function_identity_arguments
+pg_get_function_result pg_get_function_sqlbody pg_get_functiondef pg_get_indexdef pg_get_keywords
+pg_get_object_address pg_get_partition_constraintdef pg_get_partkeydef pg_get_publication_tables
+pg_get_replica_identity_index pg_get_replication_slots pg_get_ruledef pg_get_serial_sequence
+pg_get_statisticsobjdef pg_get_statisticsobjdef_columns pg_get_statisticsobjdef_expressions
+pg_get_triggerdef pg_get_userbyid pg_get_viewdef pg_has_role pg_identify_object
+pg_identify_object_as_address pg_index_column_has_property pg_index_has_property
+pg_indexam_has_property pg_indexam_progress_phasename pg_is_other_temp_schema pg_listening_channels
+pg_lsn pg_lsn_cmp pg_lsn_eq pg_lsn_ge pg_lsn_gt pg_lsn_hash pg_lsn_hash_extended pg_lsn_in
+pg_lsn_larger pg_lsn_le pg_lsn_lt pg_lsn_mi pg_lsn_mii pg_lsn_ne pg_lsn_out pg_lsn_pli pg_lsn_recv
+pg_lsn_send pg_lsn_smaller pg_mcv_list_in pg_mcv_list_items pg_mcv_list_out pg_mcv_list_recv
+pg_mcv_list_send pg_my_temp_schema pg_ndistinct_in pg_ndistinct_out pg_ndistinct_recv
+pg_ndistinct_send pg_node_tree_in pg_node_tree_out pg_node_tree_recv pg_node_tree_send
+pg_opclass_is_visible pg_operator_is_visible pg_opfamily_is_visible pg_options_to_table
+pg_partition_root pg_postmaster_start_time pg_prepared_statement pg_relation_filenode
+pg_relation_filepath pg_relation_is_publishable pg_relation_is_updatable pg_replication_origin_oid
+pg_sequence_parameters pg_settings_get_flags pg_show_all_settings pg_size_bytes pg_size_pretty
+pg_snapshot_in pg_snapshot_out pg_snapshot_recv pg_snapshot_send pg_snapshot_xip pg_snapshot_xmax
+pg_snapshot_xmin pg_stat_get_activity pg_stat_get_analyze_count pg_stat_get_archiver
+pg_stat_get_autoanalyze_count pg_stat_get_autovacuum_count pg_stat_get_backend_activity
+pg_stat_get_backend_activity_start pg_stat_get_backend_client_addr pg_stat_get_backend_client_port
+pg_stat_get_backend_dbid pg_stat_get_backend_idset pg_stat_get_backend_pid pg_stat_get_backend_start
+pg_stat_get_backend_userid pg_stat_get_backend_wait_event pg_stat_get_backend_wait_event_type
+pg_stat_get_backend_xact_start pg_stat_get_bgwriter_buf_written_checkpoints
+pg_stat_get_bgwriter_buf_written_clean pg_stat_get_bgwriter_maxwritten_clean
+pg_stat_get_bgwriter_requested_checkpoints pg_stat_get_bgwriter_stat_reset_time
+pg_stat_get_bgwriter_timed_checkpoints pg_stat_get_blocks_fetched pg_stat_get_blocks_hit
+pg_stat_get_buf_alloc pg_stat_get_buf_fsync_backend pg_stat_get_buf_written_backend
+pg_stat_get_checkpoint_sync_time pg_stat_get_checkpoint_write_time pg_stat_get_db_active_time
+pg_stat_get_db_blk_read_time pg_stat_get_db_blk_write_time pg_stat_get_db_blocks_fetched
+pg_stat_get_db_blocks_hit pg_stat_get_db_checksum_failures pg_stat_get_db_checksum_last_failure
+pg_stat_get_db_conflict_all pg_stat_get_db_conflict_bufferpin pg_stat_get_db_conflict_lock
+pg_stat_get_db_conflict_snapshot pg_stat_get_db_conflict_startup_deadlock
+pg_stat_get_db_conflict_tablespace pg_stat_get_db_deadlocks pg_stat_get_db_idle_in_transaction_time
+pg_stat_get_db_numbackends pg_stat_get_db_session_time pg_stat_get_db_sessions
+pg_stat_get_db_sessions_abandoned pg_stat_get_db_sessions_fatal pg_stat_get_db_sessions_killed
+pg_stat_get_db_stat_reset_time pg_stat_get_db_temp_bytes pg_stat_get_db_temp_files
+pg_stat_get_db_tuples_deleted pg_stat_get_db_tuples_fetched pg_stat_get_db_tuples_inserted
+pg_stat_get_db_tuples_returned pg_stat_get_db_tuples_updated pg_stat_get_db_xact_commit
+pg_stat_get_db_xact_rollback pg_stat_get_dead_tuples pg_stat_get_function_calls
+pg_stat_get_function_self_time pg_stat_get_function_total_time pg_stat_get_ins_since_vacuum
+pg_stat_get_last_analyze_time pg_stat_get_last_autoanalyze_time pg_stat_get_last_autovacuum_time
+pg_stat_get_last_vacuum_time pg_stat_get_live_tuples pg_stat_get_mod_since_analyze
+pg_stat_get_numscans pg_stat_get_progress_info pg_stat_get_replication_slot pg_stat_get_slru
+pg_stat_get_snapshot_timestamp pg_stat_get_subscription pg_stat_get_subscription_stats
+pg_stat_get_tuples_deleted pg_stat_get_tuples_fetched pg_stat_get_tuples_hot_updated
+pg_stat_get_tuples_inserted pg_stat_get_tuples_returned pg_stat_get_tuples_updated
+pg_stat_get_vacuum_count pg_stat_get_wal pg_stat_get_wal_receiver pg_stat_get_wal_senders
+pg_statistics_obj_is_visible pg_table_is_visible pg_tablespace_databases pg_tablespace_location
+pg_timezone_abbrevs pg_timezone_names pg_trigger_depth pg_ts_config_is_visible pg_ts_dict_is_visible
+pg_ts_parser_is_visible pg_ts_template_is_visible pg_type_is_visible pg_typeof
+pg_visible_in_snapshot pg_wal_lsn_diff pg_walfile_name pg_walfile_name_offset phraseto_tsquery pi
+plainto_tsquery point point_above point_add point_below point_distance point_div point_eq
+point_horiz point_in point_left point_mul point_ne point_out point_recv point_right point_send
+point_sub point_vert poly_above poly_below poly_center poly_contain poly_contain_pt poly_contained
+poly_distance poly_in poly_left poly_npoints poly_out poly_overabove poly_overbelow poly_overlap
+poly_overleft poly_overright poly_recv poly_right poly_same poly_send polygon popen position
+positionjoinsel positionsel postgresql_fdw_validator pow power prefixjoinsel prefixsel prsd_end
+prsd_headline prsd_lextype prsd_nexttoken prsd_start pt_contained_circle pt_contained_poly querytree
+quote_ident quote_literal quote_nullable radians radius range_adjacent range_adjacent_multirange
+range_after range_after_multirange range_agg range_agg_finalfn range_agg_transfn range_before
+range_before_multirange range_cmp range_contained_by range_contained_by_multirange range_contains
+range_contains_elem range_contains_multirange range_eq range_ge range_gist_consistent
+range_gist_penalty range_gist_picksplit range_gist_same range_gist_union range_gt range_in
+range_intersect range_intersect_agg range_intersect_agg_transfn range_le range_lt range_merge
+range_minus range_ne range_out range_overlaps range_overlaps_multirange range_overleft
+range_overleft_multirange range_overright range_overright_multirange range_recv range_send
+range_typanalyze range_union rangesel rank rank_final raw_array_subscript_handler record_eq
+record_ge record_gt record_image_eq record_image_ge record_image_gt record_image_le record_image_lt
+record_image_ne record_in record_le record_lt record_ne record_out record_recv record_send regclass
+regclassin regclassout regclassrecv regclasssend regcollationin regcollationout regcollationrecv
+regcollationsend regconfigin regconfigout regconfigrecv regconfigsend regdictionaryin
+regdictionaryout regdictionaryrecv regdictionarysend regexeqjoinsel regexeqsel regexnejoinsel
+regexnesel regexp_count regexp_instr regexp_like regexp_match regexp_matches regexp_replace
+regexp_split_to_array regexp_split_to_table regexp_substr regnamespacein regnamespaceout
+regnamespacerecv regnamespacesend regoperatorin regoperatorout regoperatorrecv regoperatorsend
+regoperin regoperout regoperrecv regopersend regprocedurein regprocedureout regprocedurerecv
+regproceduresend regprocin regprocout regprocrecv regprocsend regr_avgx regr_avgy regr_count
+regr_intercept regr_r2 regr_slope regr_sxx regr_sxy regr_syy regrolein regroleout regrolerecv
+regrolesend regtypein regtypeout regtyperecv regtypesend repeat replace reverse right round
+row_number row_security_active row_to_json rpad rtrim satisfies_hash_partition scalargejoinsel
+scalargesel scalargtjoinsel scalargtsel scalarlejoinsel scalarlesel scalarltjoinsel scalarltsel
+scale schema_to_xml schema_to_xml_and_xmlschema schema_to_xmlschema session_user set_bit set_byte
+set_masklen setweight sha224 sha256 sha384 sha512 shell_in shell_out shift_jis_2004_to_euc_jis_2004
+shift_jis_2004_to_utf8 shobj_description sign similar_escape similar_to_escape sin sind sinh
+sjis_to_euc_jp sjis_to_mic sjis_to_utf8 slope spg_bbox_quad_config spg_box_quad_choose
+spg_box_quad_config spg_box_quad_inner_consistent spg_box_quad_leaf_consistent
+spg_box_quad_picksplit spg_kd_choose spg_kd_config spg_kd_inner_consistent spg_kd_picksplit
+spg_poly_quad_compress spg_quad_choose spg_quad_config spg_quad_inner_consistent
+spg_quad_leaf_consistent spg_quad_picksplit spg_range_quad_choose spg_range_quad_config
+spg_range_quad_inner_consistent spg_range_quad_leaf_consistent spg_range_quad_picksplit
+spg_text_choose spg_text_config spg_text_inner_consistent spg_text_leaf_consistent
+spg_text_picksplit split_part sqrt starts_with statement_timestamp stddev stddev_pop stddev_samp
+string_agg string_agg_finalfn string_agg_transfn string_to_array string_to_table strip strpos substr
+substring sum table_am_handler_in table_am_handler_out table_to_xml table_to_xml_and_xmlschema
+table_to_xmlschema tan tand tanh text text_ge text_gt text_larger text_le text_lt text_pattern_ge
+text_pattern_gt text_pattern_le text_pattern_lt text_smaller text_starts_with_support textanycat
+textcat texteq texteqname textgename textgtname texticlike texticlike_support texticnlike
+texticregexeq texticregexeq_support texticregexne textin textlen textlename textlike
+textlike_support textltname textne textnename textnlike textout textrecv textregexeq
+textregexeq_support textregexne textsend thesaurus_init thesaurus_lexize tideq tidge tidgt tidin
+tidlarger tidle tidlt tidne tidout tidrecv tidsend tidsmaller time time_cmp time_eq time_ge time_gt
+time_hash time_hash_extended time_in time_larger time_le time_lt time_mi_interval time_mi_time
+time_ne time_out time_pl_interval time_recv time_send time_smaller time_support timedate_pl
+timestamp timestamp_cmp timestamp_cmp_date timestamp_cmp_timestamptz timestamp_eq timestamp_eq_date
+timestamp_eq_timestamptz timestamp_ge timestamp_ge_date timestamp_ge_timestamptz timestamp_gt
+timestamp_gt_date timestamp_gt_timestamptz timestamp_hash timestamp_hash_extended timestamp_in
+timestamp_larger timestamp_le timestamp_le_date timestamp_le_timestamptz timestamp_lt
+timestamp_lt_date timestamp_lt_timestamptz timestamp_mi timestamp_mi_interval timestamp_ne
+timestamp_ne_date timestamp_ne_timestamptz timestamp_out timestamp_pl_interval timestamp_recv
+timestamp_send timestamp_smaller timestamp_sortsupport timestamp_support timestamptypmodin
+timestamptypmodout timestamptz timestamptz_cmp timestamptz_cmp_date timestamptz_cmp_timestamp
+timestamptz_eq timestamptz_eq_date timestamptz_eq_timestamp timestamptz_ge timestamptz_ge_date
+timestamptz_ge_timestamp timestamptz_gt timestamptz_gt_date timestamptz_gt_timestamp timestamptz_in
+timestamptz_larger timestamptz_le timestamptz_le_date timestamptz_le_timestamp timestamptz_lt
+timestamptz_lt_date timestamptz_lt_timestamp timestamptz_mi timestamptz_mi_interval timestamptz_ne
+timestamptz_ne_date timestamptz_ne_timestamp timestamptz_out timestamptz_pl_interval
+timestamptz_recv timestamptz_send timestamptz_smaller timestamptztypmodin timestamptztypmodout
+timetypmodin timetypmodout timetz timetz_cmp timetz_eq timetz_ge timetz_gt timetz_hash
+timetz_hash_extended timetz_in timetz_larger timetz_le timetz_lt timetz_mi_interval timetz_ne
+timetz_out timetz_pl_interval timetz_recv timetz_send timetz_smaller timetzdate_pl timetztypmodin
+timetztypmodout timezone to_ascii to_char to_date to_hex to_json to_jsonb to_number to_regclass
+to_regcollation to_regnamespace to_regoper to_regoperator to_regproc to_regprocedure to_regrole
+to_regtype to_timestamp to_tsquery to_tsvector transaction_timestamp translate trigger_in
+trigger_out trim_array trim_scale trunc ts_debug ts_delete ts_filter ts_headline ts_lexize
+ts_match_qv ts_match_tq ts_match_tt ts_match_vq ts_parse ts_rank ts_rank_cd ts_token_type
+ts_typanalyze tsm_handler_in tsm_handler_out tsmatchjoinsel tsmatchsel tsmultirange tsq_mcontained
+tsq_mcontains tsquery_and tsquery_cmp tsquery_eq tsquery_ge tsquery_gt tsquery_le tsquery_lt
+tsquery_ne tsquery_not tsquery_or tsquery_phrase tsqueryin tsqueryout tsqueryrecv tsquerysend
+tsrange tsrange_subdiff tstzmultirange tstzrange tstzrange_subdiff tsvector_cmp tsvector_concat
+tsvector_eq tsvector_ge tsvector_gt tsvector_le tsvector_lt tsvector_ne tsvector_to_array tsvectorin
+tsvectorout tsvectorrecv tsvectorsend txid_current_if_assigned txid_current_snapshot
+txid_snapshot_in txid_snapshot_out txid_snapshot_recv txid_snapshot_send txid_snapshot_xip
+txid_snapshot_xmax txid_snapshot_xmin txid_visible_in_snapshot uhc_to_utf8 unistr unknownin
+unknownout unknownrecv unknownsend unnest upper upper_inc upper_inf utf8_to_big5 utf8_to_euc_cn
+utf8_to_euc_jis_2004 utf8_to_euc_jp utf8_to_euc_kr utf8_to_euc_tw utf8_to_gb18030 utf8_to_gbk
+utf8_to_iso8859 utf8_to_iso8859_1 utf8_to_johab utf8_to_koi8r utf8_to_koi8u utf8_to_shift_jis_2004
+utf8_to_sjis utf8_to_uhc utf8_to_win uuid_cmp uuid_eq uuid_ge uuid_gt uuid_hash uuid_hash_extended
+uuid_in uuid_le uuid_lt uuid_ne uuid_out uuid_recv uuid_send uuid_sortsupport var_pop var_samp
+varbit varbit_in varbit_out varbit_recv varbit_send varbit_support varbitcmp varbiteq varbitge
+varbitgt varbitle varbitlt varbitne varbittypmodin varbittypmodout varchar varchar_support varcharin
+varcharout varcharrecv varcharsend varchartypmodin varchartypmodout variance version void_in
+void_out void_recv void_send websearch_to_tsquery width width_bucket win1250_to_latin2
+win1250_to_mic win1251_to_iso win1251_to_koi8r win1251_to_mic win1251_to_win866 win866_to_iso
+win866_to_koi8r win866_to_mic win866_to_win1251 win_to_utf8 window_dense_rank_support
+window_rank_support window_row_number_support xid xid8_larger xid8_smaller xid8cmp xid8eq xid8ge
+xid8gt xid8in xid8le xid8lt xid8ne xid8out xid8recv xid8send xideq xideqint4 xidin xidneq xidneqint4
+xidout xidrecv xidsend xml xml_in xml_is_well_formed xml_is_well_formed_content
+xml_is_well_formed_document xml_out xml_recv xml_send xmlagg xmlcomment xmlconcat2 xmlexists
+xmlvalidate xpath xpath_exists
+"""
+
+POSTGRES_CATALOG = _words(_POSTGRES_CATALOG)
+"""The catalog part of `POSTGRES` (see the module's docstring), as generated."""
+
+POSTGRES = POSTGRES_CATALOG | POSTGRES_SYNTAX | POSTGRES_VOLATILE_WITHOUT_EFFECTS
+
+DUCKDB_TABLE_FUNCTIONS = frozenset(
+    {
+        "duckdb_columns",
+        "duckdb_constraints",
+        "duckdb_databases",
+        "duckdb_functions",
+        "duckdb_indexes",
+        "duckdb_keywords",
+        "duckdb_schemas",
+        "duckdb_sequences",
+        "duckdb_tables",
+        "duckdb_types",
+        "duckdb_views",
+        "generate_series",
+        "json_each",
+        "json_tree",
+        "range",
+        "unnest",
+    }
+)
+"""The table functions that read only the query's own values or the catalog (not files, secrets or SQL text)."""
+
+DUCKDB_SYNTAX = frozenset({"array", "coalesce", "columns", "grouping"})
+"""Written like calls, read by the grammar: they are not in `duckdb_functions()`."""
+
+DUCKDB_VOLATILE_WITHOUT_EFFECTS = frozenset({"gen_random_uuid", "random", "uuid", "uuidv4", "uuidv7"})
+"""Volatile because each call returns another value, with no effect beyond that."""
+
+SQLITE = _words(
+    """
+    abs acos acosh asin asinh atan atan2 atanh avg ceil ceiling changes char coalesce concat concat_ws
+    cos cosh count cume_dist date datetime degrees dense_rank exp first_value floor format glob
+    group_concat hex ifnull iif instr json json_array json_array_length json_each json_error_position
+    json_extract json_group_array json_group_object json_insert json_object json_patch json_pretty
+    json_quote json_remove json_replace json_set json_tree json_type json_valid jsonb jsonb_array
+    jsonb_extract jsonb_group_array jsonb_group_object jsonb_insert jsonb_object jsonb_patch
+    jsonb_remove jsonb_replace jsonb_set julianday lag last_insert_rowid last_value lead length like
+    likelihood likely ln log log10 log2 lower ltrim max min mod nth_value ntile nullif octet_length
+    percent_rank pi pow power printf quote radians random randomblob rank replace round row_number
+    rtrim sign sin sinh soundex sqlite_compileoption_get sqlite_compileoption_used sqlite_source_id
+    sqlite_version sqrt strftime string_agg substr substring sum tan tanh time timediff total
+    total_changes trim trunc typeof unhex unicode unixepoch unlikely upper zeroblob
+    """
+)
+"""SQLite's core, date, math, JSON, aggregate and window functions (3.46), but `load_extension`,
+`fts3_tokenizer` and `sqlite_log`; `random` and `randomblob` only vary."""
+
+SQLITE_SINCE_3_41 = _words(
+    """
+    concat concat_ws json_error_position json_pretty jsonb jsonb_array jsonb_extract jsonb_group_array
+    jsonb_group_object jsonb_insert jsonb_object jsonb_patch jsonb_remove jsonb_replace jsonb_set
+    octet_length string_agg timediff unhex json_each json_tree
+    """
+)
+"""The names of `SQLITE` that an SQLite older than 3.41 (or one without the JSON table functions
+registered) lacks."""
+
+MYSQL = _words(
+    """
+    abs acos adddate addtime aes_decrypt aes_encrypt any_value ascii asin atan atan2 avg bin
+    bin_to_uuid bit_and bit_count bit_length bit_or bit_xor ceil ceiling char char_length
+    character_length charset coalesce coercibility collation compress concat concat_ws
+    connection_id conv convert_tz cos cot count crc32 cume_dist curdate current_date current_role
+    current_time current_timestamp current_user curtime database date date_add date_format date_sub
+    datediff day dayname dayofmonth dayofweek dayofyear degrees dense_rank elt exp export_set
+    field find_in_set first_value floor format format_bytes format_pico_time found_rows from_base64
+    from_days from_unixtime greatest group_concat grouping hex hour if ifnull inet6_aton inet6_ntoa
+    inet_aton inet_ntoa instr is_ipv4 is_ipv4_compat is_ipv4_mapped is_ipv6 is_uuid isnull
+    json_array json_arrayagg json_contains json_contains_path json_depth json_extract json_insert
+    json_keys json_length json_merge_patch json_merge_preserve json_object json_objectagg
+    json_overlaps json_pretty json_quote json_remove json_replace json_schema_valid json_search
+    json_set json_storage_size json_type json_unquote json_valid json_value lag last_day last_value
+    lcase lead least left length ln localtime localtimestamp locate log log10 log2 lower lpad ltrim
+    make_set makedate maketime max md5 microsecond mid min minute mod month monthname now nth_value
+    ntile nullif oct octet_length ord percent_rank period_add period_diff pi pow power quarter quote
+    radians rand random_bytes rank regexp_instr regexp_like regexp_replace regexp_substr repeat
+    replace reverse right round row_count row_number rpad rtrim schema sec_to_time second
+    session_user sha sha1 sha2 sign sin soundex space sqrt std stddev stddev_pop stddev_samp
+    str_to_date strcmp subdate substr substring substring_index subtime sum sysdate system_user tan
+    time time_format time_to_sec timediff timestamp timestampadd timestampdiff to_base64 to_days
+    to_seconds trim truncate ucase uncompress uncompressed_length unhex unix_timestamp upper user
+    utc_date utc_time utc_timestamp uuid uuid_to_bin var_pop var_samp variance version week weekday
+    weekofyear weight_string year yearweek
+    """
+)
+"""MySQL 8's string, numeric, date, JSON, aggregate, window and information functions; `rand`,
+`uuid`, `sysdate` and `now` only vary."""
+
+_DUCKDB_LISTED = """
+abs acos acosh add age aggregate ago alias any_value apply approx_count_distinct approx_quantile
+approx_top_k arbitrary arg_max arg_max_null arg_max_nulls_last arg_min arg_min_null
+arg_min_nulls_last argmax argmin array_agg array_aggr array_aggregate array_append array_apply
+array_cat array_concat array_contains array_cosine_distance array_cosine_similarity
+array_cross_product array_distance array_distinct array_dot_product array_extract array_filter
+array_grade_up array_has array_has_all array_has_any array_indexof array_inner_product
+array_intersect array_length array_negative_dot_product array_negative_inner_product array_pop_back
+array_pop_front array_position array_prepend array_push_back array_push_front array_reduce
+array_resize array_reverse array_reverse_sort array_select array_slice array_sort array_to_json
+array_to_string array_to_string_comma_default array_transform array_unique array_value array_where
+array_zip ascii asin asinh atan atan2 atanh avg bar base64 bin binom bit_and bit_count bit_length
+bit_or bit_position bit_xor bitstring bitstring_agg bitstring_byte_comparable bool_and bool_or
+can_cast_implicitly cardinality cast_to_type cbrt ceil ceiling century char_length character_length
+chr col_description collate_aa collate_af collate_am collate_ar collate_ar_sa collate_as collate_az
+collate_bal collate_be collate_bg collate_blo collate_bn collate_bo collate_br collate_bs collate_ca
+collate_ceb collate_chr collate_cs collate_cu collate_cy collate_da collate_de collate_de_at
+collate_dsb collate_dz collate_ee collate_el collate_en collate_en_us collate_eo collate_es
+collate_et collate_fa collate_fa_af collate_ff collate_fi collate_fil collate_fo collate_fr
+collate_fr_ca collate_fy collate_ga collate_gl collate_gu collate_ha collate_haw collate_he
+collate_he_il collate_hi collate_hr collate_hsb collate_hu collate_hy collate_id collate_id_id
+collate_ig collate_is collate_it collate_ja collate_ka collate_kk collate_kl collate_km collate_kn
+collate_ko collate_kok collate_ku collate_ky collate_lb collate_lij collate_lkt collate_ln
+collate_lo collate_lt collate_lv collate_mk collate_ml collate_mn collate_mr collate_ms collate_mt
+collate_my collate_nb collate_nb_no collate_ne collate_nl collate_nn collate_no collate_noaccent
+collate_nso collate_om collate_or collate_pa collate_pa_in collate_pl collate_ps collate_pt
+collate_ro collate_ru collate_sa collate_se collate_sgs collate_si collate_sk collate_sl collate_smn
+collate_sq collate_sr collate_sr_ba collate_sr_me collate_sr_rs collate_ssy collate_st collate_sv
+collate_sw collate_ta collate_te collate_th collate_tk collate_tn collate_to collate_tr collate_ug
+collate_uk collate_ur collate_uz collate_vi collate_vo collate_wae collate_wo collate_xh collate_yi
+collate_yo collate_zh collate_zh_cn collate_zh_hk collate_zh_mo collate_zh_sg collate_zh_tw
+collate_zu combine combine_aggr concat concat_ws constant_or_null contains corr cos cosh cot count
+count_if count_star countif covar_pop covar_samp create_sort_key cume_dist current_date
+current_localtime current_localtimestamp current_role current_setting current_user
+damerau_levenshtein date_add date_diff date_part date_sub date_trunc datediff datepart datesub
+datetrunc day dayname dayofmonth dayofweek dayofyear decade decimal_average decimal_division decode
+degrees dense_rank divide duckdb_columns duckdb_constraints duckdb_databases duckdb_functions
+duckdb_indexes duckdb_keywords duckdb_schemas duckdb_sequences duckdb_tables duckdb_types
+duckdb_views editdist3 element_at encode ends_with entropy enum_code enum_first enum_last enum_range
+enum_range_boundary epoch epoch_ms epoch_ns epoch_us equi_width_bins era even exp factorial favg
+fdiv fill filter finalize first first_value flatten floor fmod format format_bytes format_pg_type
+format_type from_base64 from_binary from_hex from_json from_json_strict fsum gamma gcd
+generate_series generate_subscripts geomean geometric_mean get_bit get_current_time
+get_current_timestamp get_type getvariable grade_up greatest greatest_common_divisor group_concat
+hamming has_any_column_privilege has_column_privilege has_database_privilege
+has_foreign_data_wrapper_privilege has_function_privilege has_language_privilege
+has_schema_privilege has_sequence_privilege has_server_privilege has_table_privilege
+has_tablespace_privilege hash hex histogram_exact hive_partition_component hour icu_collate_aa
+icu_collate_af icu_collate_am icu_collate_ar icu_collate_ar_sa icu_collate_as icu_collate_az
+icu_collate_bal icu_collate_be icu_collate_bg icu_collate_blo icu_collate_bn icu_collate_bo
+icu_collate_br icu_collate_bs icu_collate_ca icu_collate_ceb icu_collate_chr icu_collate_cs
+icu_collate_cu icu_collate_cy icu_collate_da icu_collate_de icu_collate_de_at icu_collate_dsb
+icu_collate_dz icu_collate_ee icu_collate_el icu_collate_en icu_collate_en_us icu_collate_eo
+icu_collate_es icu_collate_et icu_collate_fa icu_collate_fa_af icu_collate_ff icu_collate_fi
+icu_collate_fil icu_collate_fo icu_collate_fr icu_collate_fr_ca icu_collate_fy icu_collate_ga
+icu_collate_gl icu_collate_gu icu_collate_ha icu_collate_haw icu_collate_he icu_collate_he_il
+icu_collate_hi icu_collate_hr icu_collate_hsb icu_collate_hu icu_collate_hy icu_collate_id
+icu_collate_id_id icu_collate_ig icu_collate_is icu_collate_it icu_collate_ja icu_collate_ka
+icu_collate_kk icu_collate_kl icu_collate_km icu_collate_kn icu_collate_ko icu_collate_kok
+icu_collate_ku icu_collate_ky icu_collate_lb icu_collate_lij icu_collate_lkt icu_collate_ln
+icu_collate_lo icu_collate_lt icu_collate_lv icu_collate_mk icu_collate_ml icu_collate_mn
+icu_collate_mr icu_collate_ms icu_collate_mt icu_collate_my icu_collate_nb icu_collate_nb_no
+icu_collate_ne icu_collate_nl icu_collate_nn icu_collate_no icu_collate_noaccent icu_collate_nso
+icu_collate_om icu_collate_or icu_collate_pa icu_collate_pa_in icu_collate_pl icu_collate_ps
+icu_collate_pt icu_collate_ro icu_collate_ru icu_collate_sa icu_collate_se icu_collate_sgs
+icu_collate_si icu_collate_sk icu_collate_sl icu_collate_smn icu_collate_sq icu_collate_sr
+icu_collate_sr_ba icu_collate_sr_me icu_collate_sr_rs icu_collate_ssy icu_collate_st icu_collate_sv
+icu_collate_sw icu_collate_ta icu_collate_te icu_collate_th icu_collate_tk icu_collate_tn
+icu_collate_to icu_collate_tr icu_collate_ug icu_collate_uk icu_collate_ur icu_collate_uz
+icu_collate_vi icu_collate_vo icu_collate_wae icu_collate_wo icu_collate_xh icu_collate_yi
+icu_collate_yo icu_collate_zh icu_collate_zh_cn icu_collate_zh_hk icu_collate_zh_mo
+icu_collate_zh_sg icu_collate_zh_tw icu_collate_zu icu_sort_key if ilike_escape in_search_path
+index_key inet_client_addr inet_client_port inet_server_addr inet_server_port instr invoke
+is_histogram_other_bin isfinite isinf isnan isodow isoyear jaccard jaro_similarity
+jaro_winkler_similarity json json_array json_array_length json_contains json_copy_strftime_if_date
+json_copy_strftime_if_timestamp json_deep_merge json_deserialize_sql json_each json_exists
+json_extract json_extract_path json_extract_path_text json_extract_string json_group_array
+json_group_structure json_insert json_keys json_merge_patch json_merge_patch_diff json_normalize
+json_object json_pretty json_quote json_remove json_replace json_serialize_plan json_serialize_sql
+json_set json_strip_nulls json_structure json_transform json_transform_strict json_tree json_type
+json_valid json_value julian kahan_sum kurtosis kurtosis_pop lag last last_day last_value lcase lcm
+lead least least_common_multiple left left_grapheme len length length_grapheme levenshtein lgamma
+like_escape list list_aggr list_aggregate list_any_value list_append list_apply
+list_approx_count_distinct list_avg list_bit_and list_bit_or list_bit_xor list_bool_and list_bool_or
+list_cat list_concat list_contains list_cosine_distance list_cosine_similarity list_count
+list_distance list_distinct list_dot_product list_element list_entropy list_extract list_filter
+list_first list_grade_up list_has list_has_all list_has_any list_histogram list_indexof
+list_inner_product list_intersect list_kurtosis list_kurtosis_pop list_last list_mad list_max
+list_median list_min list_mode list_negative_dot_product list_negative_inner_product list_pack
+list_position list_prepend list_product list_reduce list_resize list_reverse list_reverse_sort
+list_select list_sem list_skewness list_slice list_sort list_stddev_pop list_stddev_samp
+list_string_agg list_sum list_transform list_unique list_value list_var_pop list_var_samp list_where
+list_zip listagg ln log log10 log2 lower lpad ltrim lttb mad make_date make_time make_timestamp
+make_timestamp_ms make_timestamp_ns make_timestamptz make_type map map_concat map_contains
+map_contains_entry map_contains_value map_entries map_extract map_extract_value map_from_entries
+map_keys map_to_pg_oid map_type_id_to_pg_oid map_values max max_by md5 md5_number md5_number_lower
+md5_number_upper mean median microsecond millennium millisecond min min_by minute mismatches mod
+mode month monthname multiply nanosecond nextafter nfc_normalize normalized_interval
+not_ilike_escape not_like_escape now nth_value ntile nullif obj_description octet_length ord overlay
+parse_dirname parse_dirpath parse_duckdb_log_message parse_filename parse_formatted_bytes parse_path
+path_join percent_rank pg_collation_is_visible pg_conf_load_time pg_conversion_is_visible
+pg_function_is_visible pg_get_expr pg_get_viewdef pg_has_role pg_is_other_temp_schema
+pg_my_temp_schema pg_opclass_is_visible pg_operator_is_visible pg_opfamily_is_visible
+pg_postmaster_start_time pg_size_pretty pg_table_is_visible pg_ts_config_is_visible
+pg_ts_dict_is_visible pg_ts_parser_is_visible pg_ts_template_is_visible pg_type_is_visible pg_typeof
+pi position pow power prefix printf product quantile quantile_cont quantile_disc quarter radians
+range rank rank_dense reduce regexp_escape regexp_extract regexp_extract_all regexp_full_match
+regexp_matches regexp_replace regexp_split_to_array regexp_split_to_table regr_avgx regr_avgy
+regr_count regr_intercept regr_r2 regr_slope regr_sxx regr_sxy regr_syy remap_struct replace
+replace_type reservoir_quantile reverse right right_grapheme round round_even roundbankers row
+row_number row_to_json rpad rtrim second sem session_user set_bit sha1 sha256 shobj_description sign
+signbit sin sinh skewness split sqrt st_asbinary st_asgeojson st_astext st_aswkb st_aswkt st_crs
+st_geomfromgeojson st_geomfromwkb st_intersects_extent st_setcrs starts_with stddev stddev_pop
+stddev_samp str_split str_split_regex strftime string_agg string_split string_split_regex
+string_to_array strip_accents strlen strpos strptime struct_concat struct_contains struct_extract
+struct_extract_at struct_has struct_indexof struct_insert struct_keys struct_pack struct_position
+struct_update struct_values substr substring substring_grapheme subtract suffix sum sum_no_overflow
+sumkahan switch tan tanh time_bucket timetz_byte_comparable timezone timezone_hour timezone_minute
+to_aggregate_state to_base to_base64 to_binary to_centuries to_days to_decades to_hex to_hours
+to_json to_microseconds to_millennia to_milliseconds to_minutes to_months to_quarters to_seconds
+to_timestamp to_weeks to_years today transaction_timestamp translate trim trunc try_strptime
+txid_current typeof ucase unbin unhex unicode union_extract union_tag union_value unnest
+unpivot_list upper url_decode url_encode user uuid_extract_timestamp uuid_extract_version var_pop
+var_samp variance variant_array_length variant_bytes_to_variant variant_comparator variant_contains
+variant_exists variant_extract variant_extract_string variant_group_array variant_group_object
+variant_keys variant_normalize variant_to_parquet_variant variant_type variant_typeof vertex_extract
+wavg week weekday weekofyear weighted_avg xor year yearweek
+"""
+
+DUCKDB_LISTED = _words(_DUCKDB_LISTED)
+"""The part of `DUCKDB` taken from `duckdb_functions()` (see the module's docstring), as generated."""
+
+DUCKDB = DUCKDB_LISTED | DUCKDB_SYNTAX | DUCKDB_VOLATILE_WITHOUT_EFFECTS
+
+EVERY = POSTGRES & DUCKDB & SQLITE & MYSQL
+"""What a dialect without a list of its own may call: the functions free of effects in all four."""
+
+SAFE_FUNCTIONS = {"postgres": POSTGRES, "duckdb": DUCKDB, "sqlite": SQLITE, "mysql": MYSQL}
+"""The sets by sqlglot dialect name."""
