@@ -2,8 +2,8 @@
 
 - `within(path, roots, *, base=None)` / `PathsWithin`: paths stay inside allowed directories,
   after `..`, symlinks and relative forms are resolved.
-- `host_in(url, hosts)` / `HostAllowList`: a URL's real host (as a browser reads it) is on an
-  allow-list.
+- `host_in(url, hosts)` / `HostAllowList`: a URL in the one plain form every HTTP client reads
+  alike, whose host is on an allow-list (any other spelling is refused).
 - `sql_writes(query, *, dialect=None)` / `ReadOnlySQL`: SQL text that may write, parsed with sqlglot.
 - `has_secrets(value, *, redactor=None)` / `NoSecrets`: a value holds what the audit redactor
   would redact.
