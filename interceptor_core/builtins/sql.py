@@ -122,10 +122,11 @@ _SYNTAX = _classes(
     *("RegexpLike", "RegexpILike", "MatchAgainst", "Soundex", "StartsWith", "Pow", "Sqrt", "Abs", "Xor", "Unnest"),
 )
 # What sqlglot makes of syntax rather than of a name written before "(": operators (||, ->>, @>, ~,
-# ^, |/), casts, CASE, EXISTS, ARRAY[...], UNNEST in FROM, CURRENT_DATE and its kin, and the calls it parses by
-# special rules (TRIM(x FROM y), SUBSTRING(... FOR ...), STRING_AGG, CEIL, JSON_OBJECT(...)). None has
-# an effect. Any other such node (NEXT VALUE FOR, which advances a sequence, among them) counts as
-# writing.
+# ^, |/), casts, CASE, EXISTS, ARRAY[...], UNNEST in FROM, CURRENT_DATE and its kin, and the calls
+# it parses by special rules (TRIM(x FROM y), SUBSTRING(... FOR ...), STRING_AGG, CEIL,
+# JSON_OBJECT(...)). None has an effect (in PostgreSQL no built-in operator, cast or type input
+# calls a volatile function; a test asks the catalog). Any other such node (NEXT VALUE FOR, which
+# advances a sequence, among them) counts as writing.
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _FILE_LIKE = re.compile(r"[./\\:]")
