@@ -107,6 +107,10 @@ _DIALECTS_WHEN_UNKNOWN: tuple[str | None, ...] = (None, "postgres", "mysql", "ts
 _SAFE_BY_DIALECT = sql_functions.SAFE_FUNCTIONS
 # Any other reader (sqlglot's default rules, T-SQL, Snowflake, ...) may call only what all four allow.
 
+_QUOTED_BUILTINS = ("postgres", "duckdb", "sqlite")
+# There a quoted name calls the built-in of that exact name; MySQL reads `lower`(x) as a stored
+# function of the current database, and other dialects are not known to do either.
+
 _SYNTAX = _classes(
     *("Cast", "TryCast", "Case", "If", "Exists", "Extract", "Collate", "Array", "Struct", "ToMap"),
     *("CurrentCatalog", "CurrentDate", "CurrentRole", "CurrentSchema", "CurrentTime", "CurrentTimestamp"),
@@ -118,10 +122,11 @@ _SYNTAX = _classes(
     *("RegexpLike", "RegexpILike", "MatchAgainst", "Soundex", "StartsWith", "Pow", "Sqrt", "Abs", "Xor", "Unnest"),
 )
 # What sqlglot makes of syntax rather than of a name written before "(": operators (||, ->>, @>, ~,
-# ^, |/), casts, CASE, EXISTS, ARRAY[...], UNNEST in FROM, CURRENT_DATE and its kin, and the calls it parses by
-# special rules (TRIM(x FROM y), SUBSTRING(... FOR ...), STRING_AGG, CEIL, JSON_OBJECT(...)). None has
-# an effect. Any other such node (NEXT VALUE FOR, which advances a sequence, among them) counts as
-# writing.
+# ^, |/), casts, CASE, EXISTS, ARRAY[...], UNNEST in FROM, CURRENT_DATE and its kin, and the calls
+# it parses by special rules (TRIM(x FROM y), SUBSTRING(... FOR ...), STRING_AGG, CEIL,
+# JSON_OBJECT(...)). None has an effect (in PostgreSQL no built-in operator, cast or type input
+# calls a volatile function; a test asks the catalog). Any other such node (NEXT VALUE FOR, which
+# advances a sequence, among them) counts as writing.
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _FILE_LIKE = re.compile(r"[./\\:]")
@@ -243,6 +248,8 @@ class _Reader:
     """The built-in functions free of effects in this dialect."""
     postgres: bool
     """Whether `pg_catalog.` names the built-ins."""
+    quoted_builtins: bool
+    """Whether a quoted name ("lower") still calls the built-in of that name."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -259,7 +266,7 @@ def _readers(dialect: str | None) -> tuple[_Reader, ...]:
         reader = Dialect.get_or_raise(name)
         key = name.lower() if name is not None else None
         safe = _SAFE_BY_DIALECT.get(key, sql_functions.EVERY) if key is not None else sql_functions.EVERY
-        readers.append(_Reader(reader, safe, key == "postgres"))
+        readers.append(_Reader(reader, safe, key == "postgres", key in _QUOTED_BUILTINS))
     return tuple(readers)
 
 
@@ -333,7 +340,7 @@ def _unsafe_call(node: exp.Func, query: str, reader: _Reader, safe: frozenset[st
     qualifier = _qualifier(node)
     key = name if quoted else name.lower()
     if qualifier is None:
-        if key in reader.safe or key in safe:
+        if (key in reader.safe and (reader.quoted_builtins or not quoted)) or key in safe:
             return None
     elif (reader.postgres and qualifier == "pg_catalog" and key in reader.safe) or f"{qualifier}.{key}" in safe:
         return None

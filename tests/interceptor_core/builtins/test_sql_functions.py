@@ -6,7 +6,10 @@ The PostgreSQL list is checked against a real server's catalog in `test_sql_post
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections import defaultdict
+from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -91,11 +94,90 @@ class TestDuckDB:
         """Aggregates, window functions, string and date functions are listed."""
         assert {"count", "sum", "lower", "row_number", "date_trunc", "now", "strftime", "range"} <= sql_functions.DUCKDB
 
-    def test_a_query_calling_listed_functions_really_only_reads(self) -> None:
-        """In a read-only DuckDB connection, a query sql_writes lets through runs."""
-        query = "SELECT lower('A'), date_trunc('day', now()), sum(x), row_number() OVER () FROM range(3) AS t(x)"
+
+DUCKDB_WRITES = [
+    "SELECT nextval('s')",
+    "SELECT setval('s', 40)",
+    "SELECT sleep_ms(700)",
+    "SELECT * FROM read_csv('{root}/marker.csv')",
+    "SELECT * FROM read_text('{root}/marker.csv')",
+    "SELECT * FROM '{root}/marker.csv'",
+    'SELECT * FROM "{root}/marker.csv"',
+    "SELECT * FROM glob('{root}/*')",
+    "SELECT * FROM query('SELECT * FROM read_csv(''{root}/marker.csv'')')",
+    "COPY orders TO '{root}/out.csv'",
+    "ATTACH ':memory:' AS other",
+    "SET VARIABLE v = 1",
+    "SET threads = 1",
+    "CREATE TEMP TABLE scratch AS SELECT 1",
+    "INSERT INTO orders VALUES (9, 9)",
+    "WITH x AS (SELECT 1) SELECT nextval('s') FROM x",
+]
+DUCKDB_READS = [
+    "SELECT count(*), sum(total), avg(total), max(id) FROM orders",
+    "SELECT id, row_number() OVER (ORDER BY total), lag(total) OVER (ORDER BY id) FROM orders",
+    "SELECT * FROM range(3) AS r(n)",
+    "SELECT unnest([1, 2, 3])",
+    "SELECT lower('A'), upper('b'), length('abc'), concat('a', 'b'), now(), date_trunc('day', now())",
+    "SELECT strftime(now(), '%Y'), list_sum([1, 2]), coalesce(NULL, 1), greatest(1, 2)",
+    "SELECT * FROM duckdb_tables()",
+    "FROM orders SELECT id",
+]
+
+
+def _duckdb_state(db: Any, root: Path) -> dict[str, Any]:
+    one = lambda sql: db.sql(sql).fetchall()  # noqa: E731
+    return {
+        "rows": one("SELECT * FROM orders ORDER BY id"),
+        "sequence": one("SELECT last_value FROM duckdb_sequences()"),
+        "settings": one("SELECT name, value FROM duckdb_settings() ORDER BY name"),
+        "catalog": one("SELECT count(*) FROM duckdb_tables()") + one("SELECT count(*) FROM duckdb_databases()"),
+        "variables": one("SELECT count(*) FROM duckdb_variables()"),
+        "files": sorted(path.name for path in root.iterdir()),
+    }
+
+
+class TestDuckDBRuns:
+    """Statements run in a real DuckDB file: whatever changed anything or read a file was judged writing."""
+
+    @pytest.fixture
+    def database(self, tmp_path: Path) -> tuple[Path, Path]:
+        root = tmp_path / "files"
+        root.mkdir()
+        (root / "marker.csv").write_text("marker\nmarker-7d1a\n")
+        path = tmp_path / "corpus.duckdb"
+        with duckdb.connect(str(path)) as db:
+            db.execute("CREATE TABLE orders (id INTEGER, total INTEGER)")
+            db.execute("INSERT INTO orders VALUES (1, 10), (2, 20)")
+            db.execute("CREATE SEQUENCE s")
+        return path, root
+
+    @pytest.mark.parametrize("query", DUCKDB_WRITES)
+    def test_a_statement_with_an_effect_was_judged_writing(self, query: str, database: tuple[Path, Path]) -> None:
+        """Each statement here has an effect in DuckDB (checked), and sql_writes refuses it."""
+        path, root = database
+        sql = query.replace("{root}", str(root))
+        with duckdb.connect(str(path)) as db:
+            before = _duckdb_state(db, root)
+            started = time.monotonic()
+            rows = db.sql(sql).fetchall() if sql.startswith(("SELECT", "WITH")) else db.execute(sql).fetchall()
+            took = time.monotonic() - started
+            after = _duckdb_state(db, root)
+        effects = [what for what in before if before[what] != after[what]]
+        effects += ["slept"] if took > 0.5 else []
+        effects += ["read a file"] if "marker" in repr(rows) else []
+        assert effects, f"{query}: no effect seen, so the case proves nothing"
+        assert sql_writes(sql, dialect="duckdb"), f"{query}: {effects} but judged read-only"
+
+    @pytest.mark.parametrize("query", DUCKDB_READS)
+    def test_a_query_judged_read_only_runs_on_a_read_only_connection(
+        self, query: str, database: tuple[Path, Path]
+    ) -> None:
+        """sql_writes lets it through, and DuckDB runs it with the file opened read-only."""
+        path, _ = database
         assert not sql_writes(query, dialect="duckdb")
-        duckdb.connect(":memory:", read_only=False).sql(query).fetchall()
+        with duckdb.connect(str(path), read_only=True) as db:
+            db.sql(query).fetchall()
 
 
 class TestSQLite:

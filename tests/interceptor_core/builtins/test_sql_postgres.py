@@ -241,3 +241,15 @@ def test_the_corpus_holds_statements_that_really_change_things(outcomes: dict[st
         assert effect in seen, effect
     for effect in ("changed settings", "changed large objects", "terminated another session", "changed locks"):
         assert effect in seen, effect
+
+
+def test_no_builtin_operator_cast_or_type_input_is_volatile(postgres_dsn: str) -> None:
+    """Operators, casts and literals of built-in types (syntax the check lets through without a
+    function name) call only immutable or stable functions in the catalog."""
+    with psycopg.connect(postgres_dsn) as db:
+        volatile = db.execute(
+            "SELECT p.proname FROM pg_proc AS p WHERE p.provolatile = 'v' AND ("
+            " p.oid IN (SELECT oprcode FROM pg_operator) OR p.oid IN (SELECT castfunc FROM pg_cast)"
+            " OR p.oid IN (SELECT typinput FROM pg_type))"
+        ).fetchall()
+    assert volatile == []
