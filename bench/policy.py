@@ -67,7 +67,7 @@ ARGS = {
 }
 
 BUILTIN_CONDITIONS = {
-    "sql-writes": ("block", "sql_writes(args.query)"),
+    "sql-writes": ("block", "sql_writes(args.query, 'postgres')"),
     "docs-hosts": ("deny", "!host_in(args.url, ['docs.example.com', '*.help.example.com'])"),
     "data-paths": ("deny", "!within(args.path, ['/srv/data'])"),
 }
@@ -114,7 +114,7 @@ class HandWritten:
             order_id = order_id.upper()
         tenant = run.tenant or ""
         if self.builtins:
-            if sql_writes(args["query"]):
+            if sql_writes(args["query"], dialect="postgres"):
                 return Block("sql")
             if not host_in(args["url"], ["docs.example.com", "*.help.example.com"]):
                 return Deny("host")

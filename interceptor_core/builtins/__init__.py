@@ -4,7 +4,8 @@
   after `..`, symlinks and relative forms are resolved.
 - `host_in(url, hosts)` / `HostAllowList`: a URL in the one plain form every HTTP client reads
   alike, whose host is on an allow-list (any other spelling is refused).
-- `sql_writes(query, *, dialect=None)` / `ReadOnlySQL`: SQL text that may write, parsed with sqlglot.
+- `sql_writes(query, *, dialect=None, safe_functions=())` / `ReadOnlySQL`: SQL text that may write,
+  or calls a function not known to be free of effects, parsed with sqlglot.
 - `has_secrets(value, *, redactor=None)` / `NoSecrets`: a value holds what the audit redactor
   would redact.
 - `KEYS`, `CallCounter`, `InProcessCounter`, `RedisCounter`, `RateLimit`, `shared_counter`: call

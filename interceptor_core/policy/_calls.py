@@ -104,7 +104,8 @@ def _constant_problems(call: Call) -> Iterator[str]:
                     yield f"count_calls window {window} is text: write duration({window}) for a window"
             case "sql_writes":
                 if len(values) >= 2 and isinstance(values[1], str):
-                    ReadOnlySQL("query", dialect=values[1])
+                    safe = values[2] if len(values) == 3 and isinstance(values[2], list) else ()
+                    ReadOnlySQL("query", dialect=values[1], safe_functions=safe)
             case "host_in":
                 hosts = values[1]
                 if isinstance(hosts, list):

@@ -78,10 +78,10 @@ def _host_in(url: str, hosts: list[Any]) -> bool:
     return host_in(url, [str(host) for host in hosts])
 
 
-def _sql_writes(query: str, dialect: str | None = None) -> bool:
+def _sql_writes(query: str, dialect: str | None = None, safe: list[Any] | None = None) -> bool:
     # Without a dialect the query must read as read-only in every dialect sqlglot checks, which
     # costs about four parses; naming the database's dialect (`sql_writes(q, 'postgres')`) is one.
-    return sql_writes(query, dialect=dialect)
+    return sql_writes(query, dialect=dialect, safe_functions=[str(name) for name in safe or ()])
 
 
 def _has_secrets(value: Any) -> bool:
@@ -110,7 +110,9 @@ def _build_env() -> Any:
             # A value from `args` is dynamic: the runtime picks the overload by its kind.
             _overloads("within", _within, _T.BOOL, [_T.STRING, strings], [_T.List(_T.DYN), strings]),
             _overloads("host_in", _host_in, _T.BOOL, [_T.STRING, strings]),
-            _overloads("sql_writes", _sql_writes, _T.BOOL, [_T.STRING], [_T.STRING, _T.STRING]),
+            _overloads(
+                "sql_writes", _sql_writes, _T.BOOL, [_T.STRING], [_T.STRING, _T.STRING], [_T.STRING, _T.STRING, strings]
+            ),
             _overloads("has_secrets", _has_secrets, _T.BOOL, *([kind] for kind in _VALUE_KINDS)),
             _overloads("count_calls", _count_calls, _T.INT, [_T.STRING, _T.STRING, _T.DURATION]),
         ],

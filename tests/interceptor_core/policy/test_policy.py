@@ -631,3 +631,35 @@ class TestCountCallsWithRedis:
         assert result.kind == "denied"
         assert ran == []
         assert "ConnectionError" in (result.decisions[0].error or "")
+
+
+class TestSqlSafeFunctions:
+    """`sql_writes(query, dialect, [names])`: functions a policy names as free of effects."""
+
+    def test_a_named_function_reads_and_an_unknown_one_writes(self) -> None:
+        """`my_total` is named safe by the policy; `other_fn` is unknown, so it counts as writing."""
+        policy = Policy.from_text(
+            policy_text(
+                """
+                - id: read-only
+                  tools: [run_sql]
+                  when: "sql_writes(args.query, 'postgres', ['reports.my_total'])"
+                  decision: deny
+                """
+            )
+        )
+        assert policy.evaluate("run_sql", {"query": "SELECT reports.my_total(3)"}, ACME).decision.kind == "allow"
+        assert policy.evaluate("run_sql", {"query": "SELECT other_fn(3)"}, ACME).decision.kind == "deny"
+
+    def test_a_name_that_is_not_a_function_name_is_refused_at_load(self) -> None:
+        """A malformed name in the list is a PolicyError naming it."""
+        with pytest.raises(PolicyError, match="'bad name!' is not a function name"):
+            Policy.from_text(
+                policy_text(
+                    """
+                    - id: read-only
+                      when: "sql_writes(args.query, 'postgres', ['bad name!'])"
+                      decision: deny
+                    """
+                )
+            )
