@@ -5,10 +5,11 @@ content detectors and the same secret-key rule, but looked for harder, since a m
 secret out will write it so that a plain scan misses it:
 
 * each string is normalized first: compatibility forms folded (NFKD: full-width and mathematical
-  letters and digits become ASCII), invisible characters dropped (format characters such as
-  zero-width spaces and joiners, controls, combining marks, private-use and unassigned code
-  points), Cyrillic and Greek look-alikes of Latin letters mapped to them, and the separators of
-  a run of digit groups ("4111.1111.1111.1111", "4111 / 1111 / ...") written as single spaces;
+  letters and digits become ASCII, and so do the digits of other scripts), invisible characters
+  dropped (format characters such as zero-width spaces and joiners, controls, combining marks,
+  private-use and unassigned code points), Cyrillic and Greek look-alikes of Latin letters mapped
+  to them, and the separators of a run of digit groups ("4111.1111.1111.1111", "4111 / 1111 /
+  ...") written as single spaces;
 * what is encoded inside it is decoded and scanned in turn, up to three layers deep: base64
   (standard and URL-safe, padded or not, at any alignment, across lines), hex (plain, "\\x41",
   "0x41", "41:4b"), percent-encoding, HTML character references and backslash escapes, and
@@ -404,13 +405,17 @@ def _normalize(text: str) -> str:
             text = _ASCII_CONTROL.sub("", text)
     else:
         text = unicodedata.normalize("NFKD", text)
-        table: dict[int, str | None] = {
-            ord(char): None
-            for char in set(text)
-            if char not in _KEPT and (char > "\x7f" or char < " " or char == "\x7f")
-            if unicodedata.category(char) in _DROPPED
-        }
-        text = text.translate(table | _LOOK_ALIKES)
+        table: dict[int, str | None] = dict(_LOOK_ALIKES)
+        for char in set(text):
+            if char > "\x7f":
+                kind = unicodedata.category(char)
+                if kind in _DROPPED:
+                    table[ord(char)] = None
+                elif kind == "Nd":
+                    table[ord(char)] = str(unicodedata.decimal(char))  # Arabic-Indic, Devanagari, ... digits
+            elif char not in _KEPT and (char < " " or char == "\x7f"):
+                table[ord(char)] = None
+        text = text.translate(table)
     if _digit_total(text) >= 13:
         text = _DIGIT_RUN.sub(_space_groups, text)
     return text
@@ -556,7 +561,8 @@ def _is_text(data: bytes) -> bool:
 def _as_texts(data: bytes) -> Iterator[str]:
     """Decoded bytes as text, and the text of what they hold when they are gzip or zlib data.
 
-    Bytes with no run of 8 printable characters are skipped: no secret is that short.
+    Bytes with no run of 8 printable characters (single blanks allowed between them) are skipped:
+    no secret is that short.
     """
     text = _bytes_text(data)
     if _WORTH_SCANNING.search(text) is not None:
@@ -581,7 +587,7 @@ def _bytes_text(data: bytes) -> str:
         return data.translate(_BINARY, b"\x00").decode("ascii")
 
 
-_WORTH_SCANNING = re.compile(r"[^\s\ufffd]{8}")
+_WORTH_SCANNING = re.compile(r"[^\s\ufffd](?:[ ]?[^\s\ufffd]){7}")
 _BINARY = bytes(byte if 32 <= byte < 127 or byte in b"\t\n\r" else 32 for byte in range(256))
 
 
@@ -603,7 +609,7 @@ def _assigns_credential(text: str, redactor: Redactor, passwords: Redactor) -> b
     return False
 
 
-_EXPRESSION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(.*\)|\[.*\])?")
+_EXPRESSION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:[(\[].*)?")
 _NOT_SYMBOL = frozenset("_-./:\\")
 
 
