@@ -163,7 +163,7 @@ class NoSecrets:
         except Exception:
             found = list(fields)  # fail closed, as has_secrets does
         if together:
-            found = [field for field in fields if strings[field]]
+            found = [field for field in fields if any(strings[field])]
         if not found:
             return None
         which = ", ".join(map(repr, found))
@@ -296,11 +296,14 @@ class _Scan:
         plain = _normalize(text)
         if across and (len(plain) != len(text) or not text.isascii()):
             junctions = None  # normalization moved the offsets: decode every run again
-        for start, end in redactor.detector_spans(plain):
-            if across and _DIGITS_ONLY.fullmatch(plain, start, end) is not None:
+        for view in (plain, _spaced_digit_groups(plain)):
+            if view is None:
                 continue
-            if not _is_placeholder(plain[start:end]):
-                return True
+            for start, end in redactor.detector_spans(view):
+                if across and _DIGITS_ONLY.fullmatch(view, start, end) is not None:
+                    continue
+                if not _is_placeholder(view[start:end]):
+                    return True
         passwords = self.passwords
         if passwords is not None and ("=" in plain or ":" in plain) and _assigns_credential(plain, redactor, passwords):
             return True
@@ -399,7 +402,7 @@ _DIGITS_ONLY = re.compile(r"[0-9 \t._/\\-]+")
 
 
 def _normalize(text: str) -> str:
-    """`text` as a detector should see it: folded, invisible characters dropped, digit groups spaced."""
+    """`text` as a detector should see it: folded, invisible characters dropped, look-alikes mapped."""
     if text.isascii():
         if _ASCII_CONTROL.search(text) is not None:
             text = _ASCII_CONTROL.sub("", text)
@@ -416,9 +419,19 @@ def _normalize(text: str) -> str:
             elif char not in _KEPT and (char < " " or char == "\x7f"):
                 table[ord(char)] = None
         text = text.translate(table)
-    if _digit_total(text) >= 13:
-        text = _DIGIT_RUN.sub(_space_groups, text)
     return text
+
+
+def _spaced_digit_groups(text: str) -> str | None:
+    """`text` with the separators of its runs of digit groups as single spaces, as the card detector
+    reads them ("4111.1111.1111.1111" -> "4111 1111 1111 1111"); None when that changes nothing.
+
+    A view beside the text, not in its place: the dashes between digits belong to some tokens.
+    """
+    if _digit_total(text) < 13:
+        return None
+    spaced = _DIGIT_RUN.sub(_space_groups, text)
+    return None if spaced == text else spaced
 
 
 def _digit_total(text: str) -> int:
