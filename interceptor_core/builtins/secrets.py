@@ -304,6 +304,8 @@ class _Scan:
                     continue
                 if not _is_placeholder(view[start:end]):
                     return True
+        if _BLANKS.search(plain) is not None and len(plain) >= 16 and _grouped_secret(plain, redactor):
+            return True
         passwords = self.passwords
         if passwords is not None and ("=" in plain or ":" in plain) and _assigns_credential(plain, redactor, passwords):
             return True
@@ -420,6 +422,40 @@ def _normalize(text: str) -> str:
                 table[ord(char)] = None
         text = text.translate(table)
     return text
+
+
+_BLANKS = re.compile(r"\s")
+_WORD = r"[\"'(\[]*(?:[a-z]{3,}|[A-Z][a-z]{2,})[\"')\].,;:!?]*(?!\S)"
+_NOT_WORD = rf"(?!{_WORD})\S+"
+_GROUPS = re.compile(rf"(?<!\S)(?:{_NOT_WORD}\s+)+{_NOT_WORD}")
+_LETTER_AND_DIGIT = re.compile(r"(?=.*[0-9])(?=(?:.*[A-Za-z]){2}).*", re.DOTALL)
+
+
+def _grouped_secret(text: str, redactor: Redactor) -> bool:
+    """Does `text` hold a key written in groups ("AKIA IOSF ODNN 7EXA MPLE") or over lines?
+
+    The detectors read each run of blank-separated groups with its blanks removed. Gluing words
+    together makes text they can mistake for a token ("they Jumped over the fence. It was 2026"
+    reads as a JWT), so a run stops at a word (three lower-case letters or more, or a capitalized
+    word, punctuation around it allowed), and a match counts only when it spans several groups and
+    holds a digit and two letters: a card's digits are read in the text itself. Capitals and digits
+    glued across blanks ("ASIA PAC 2026 Q4 UPDATE") can still read as an AWS key id.
+    """
+    for run in _GROUPS.finditer(text):
+        groups = run.group().split()
+        compact = "".join(groups)
+        if len(compact) < 16:
+            continue
+        starts: list[int] = []
+        at = 0
+        for group in groups:
+            starts.append(at)
+            at += len(group)
+        for start, end in redactor.detector_spans(compact):
+            crosses = bisect.bisect_right(starts, start) < bisect.bisect_left(starts, end)
+            if crosses and _LETTER_AND_DIGIT.fullmatch(compact, start, end) is not None:
+                return True
+    return False
 
 
 def _spaced_digit_groups(text: str) -> str | None:

@@ -200,6 +200,12 @@ class TestHardToRead:
         assert has_secrets({"a": "ODNN7EXAMPLE", "b": "AKIAIOSF"})
         assert has_secrets({"value": "Authorization: Bearer", "other": "abcDEF123456ghiJKL789"})
 
+    def test_a_key_written_in_groups_or_over_lines_is_found_but_glued_words_are_no_token(self) -> None:
+        """Blanks inside a key hide nothing; prose glued together ("eyJumped...") is not a JWT."""
+        assert has_secrets("AKIA IOSF ODNN 7EXA MPLE")
+        assert has_secrets("the key is AKIAIOSFOD\nNN7EXAMPLE, thanks")
+        assert not has_secrets("they Jumped over the fence. It was 2026")
+
     def test_digits_glued_across_values_are_not_taken_for_a_card(self) -> None:
         """Two numeric ids side by side are no card number, even when their digits pass Luhn."""
         assert not has_secrets({"a": "4111 1111", "b": "1111 1111"})
