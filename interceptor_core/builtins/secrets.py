@@ -14,6 +14,8 @@ secret out will write it so that a plain scan misses it:
   (standard and URL-safe, padded or not, at any alignment, across lines), hex (plain, "\\x41",
   "0x41", "41:4b"), percent-encoding, HTML character references and backslash escapes, and
   gzip or zlib data inside base64 or hex;
+* a key written in groups or over lines ("AKIA IOSF ODNN 7EXA MPLE") is read with the blanks
+  between its groups removed;
 * a value written after a key name such as `password=`, `pwd:`, `api_key=` or `token:` is a
   secret when it looks like a credential (not a placeholder, a variable, a plain word or a type);
 * the string values of a whole call are also scanned joined together (with "" and with " ", and
@@ -76,12 +78,15 @@ def has_secrets(value: Any, *, redactor: Redactor | None = None) -> bool:
     any other object holds (its fields, its items, else its `str()`), at any depth. Each string is
     normalized and decoded as the module says, then scanned with the redactor's content detectors
     (API keys and tokens, JWTs, private key blocks, Luhn-valid card numbers, credentials in URLs,
-    ...). A mapping key that the redactor's secret-key rule marks (`password`, `api_key`,
-    `Authorization`, ...: see `events.redaction.DEFAULT_SECRET_KEYS`) makes its value a secret when
-    that value holds anything: a non-blank string (or bytes), or a number, itself or anywhere inside;
-    under a key named like `pwd` or `pass`, a value is a secret when it looks like a credential. The
-    rule also matches counters such as `max_tokens`; build the redactor with `secret_keys=` to narrow
-    it. In text, a value after a secret key name and ":" or "=" is a secret only when it looks like a
+    ...); a match that is only words or a placeholder ("Bearer TOKEN", "bearer auth",
+    "Authorization: Bearer <token>", `$TOKEN`) is prose about a secret, not one.
+
+    A mapping key that the redactor's secret-key rule marks (`password`, `api_key`, `Authorization`,
+    ...: see `events.redaction.DEFAULT_SECRET_KEYS`) makes its value a secret when that value holds
+    anything: a non-blank string (or bytes), or a number, itself or anywhere inside; under a key
+    named like `pwd` or `pass`, a value is a secret when it looks like a credential. The rule also
+    matches counters such as `max_tokens`; build the redactor with `secret_keys=` to narrow it. In
+    text, a value after a secret key name and ":" or "=" is a secret only when it looks like a
     credential ("password: hunter2" is, "Password: must be 12 characters" is not), so this check
     finds less there than the redactor replaces.
 
@@ -262,7 +267,8 @@ class _Scan:
         """Do `strings`, joined together, hold a secret none of them holds alone?"""
         if len(strings) < 2:
             return False
-        # Joined with " ", what a run of base64 or hex would cross is a blank: no decoding then.
+        # Joined with " ", what a run of base64 or hex would cross is a blank: no decoding then; and
+        # read without blanks, its groups are those of the text joined with "".
         for pieces, separator in ((strings, ""), (strings, " "), (strings[::-1], "")):
             junctions: list[int] = []
             at = 0
@@ -283,7 +289,8 @@ class _Scan:
         otherwise it was decoded, and such characters are dropped like other invisible ones.
         `junctions`: the text joins several values, each already judged alone, and these are the
         offsets where one ends; a span of digits alone is then no secret, and only the encoded runs
-        that cross a junction are decoded again. `decode=False` skips the decodings.
+        that cross a junction are decoded again. `decode=False` skips the decodings and the reading
+        of blank-separated groups (for the text joined with blanks: its groups are the other's).
         """
         if raw and _UNREADABLE.search(text) is not None:
             return True
@@ -304,7 +311,13 @@ class _Scan:
                     continue
                 if not _is_placeholder(view[start:end]):
                     return True
-        if _BLANKS.search(plain) is not None and len(plain) >= 16 and _grouped_secret(plain, redactor):
+        if (
+            decode
+            and len(plain) >= 16
+            and _BLANKS.search(plain) is not None
+            and _digit_total(plain)
+            and _grouped_secret(plain, redactor)
+        ):
             return True
         passwords = self.passwords
         if passwords is not None and ("=" in plain or ":" in plain) and _assigns_credential(plain, redactor, passwords):
@@ -649,9 +662,13 @@ def _unescape(match: re.Match[str]) -> str:
 # --- credentials after key names -------------------------------------------------------------
 
 
+_PASSWORD_HINT = re.compile(r"(?i)p(?:a?s|w)")
+
+
 def _assigns_credential(text: str, redactor: Redactor, passwords: Redactor) -> bool:
     """Is a value that looks like a credential written after a secret key name (or `pwd`, `pass`) in `text`?"""
-    for finder in (redactor, passwords):
+    finders = (redactor, passwords) if _PASSWORD_HINT.search(text) is not None else (redactor,)
+    for finder in finders:
         for start, end in finder.key_value_spans(text):
             if _looks_like_credential(text[start:end]):
                 return True
