@@ -754,15 +754,24 @@ class Redactor:
         """False for a redactor built with `enabled=False` (it redacts nothing)."""
         return self._enabled
 
-    def detector_spans(self, text: str) -> list[tuple[int, int]]:
+    def detector_spans(self, text: str, *, digits: bool = True) -> list[tuple[int, int]]:
         """The (start, end) spans the content detectors find in `text`, unmerged, in no set order.
 
-        Values after secret key names are not included (see `key_value_spans`). [] when disabled.
-        Unlike `redact_text`, raises what a detector raises.
+        Values after secret key names are not included (see `key_value_spans`). `digits=False`
+        skips the built-in detectors that run on a count of digits alone (card numbers). [] when
+        disabled. Unlike `redact_text`, raises what a detector raises.
         """
         if not self._enabled:
             return []
-        return self._spans(text, self._quick(text), key_values=False)
+        return self._spans(text, self._quick(text), None if digits else False, key_values=False)
+
+    def may_match(self, text: str) -> bool:
+        """False when no content detector can find anything in `text`: none of the built-in
+        detectors' anchors occurs in it (card numbers aside) and no other detector is configured.
+        One scan in C; a quick test before building views of a text. Never raises."""
+        if not self._enabled:
+            return False
+        return self._quick(text) is not None or not self._only_gated
 
     def key_value_spans(self, text: str) -> list[tuple[int, int]]:
         """The spans of the values written after secret key names in `text` ("password=[...]"), as

@@ -303,10 +303,11 @@ class _Scan:
         plain = _normalize(text)
         if across and (len(plain) != len(text) or not text.isascii()):
             junctions = None  # normalization moved the offsets: decode every run again
-        for view in (plain, _spaced_digit_groups(plain)):
+        # Across values a run of digits is no card (see has_secrets): the card detector is skipped.
+        for view in (plain, None if across else _spaced_digit_groups(plain)):
             if view is None:
                 continue
-            for start, end in redactor.detector_spans(view):
+            for start, end in redactor.detector_spans(view, digits=not across):
                 if across and _DIGITS_ONLY.fullmatch(view, start, end) is not None:
                     continue
                 if not _is_placeholder(view[start:end]):
@@ -322,7 +323,7 @@ class _Scan:
         passwords = self.passwords
         if passwords is not None and ("=" in plain or ":" in plain) and _assigns_credential(plain, redactor, passwords):
             return True
-        if decode and depth < LAYERS and redactor.enabled and _MAY_ENCODE.search(plain) is not None:
+        if decode and depth < LAYERS and redactor.enabled:
             for decoded in _decodings(plain, junctions):
                 self.budget -= len(decoded)
                 if self.budget < 0:
@@ -441,7 +442,7 @@ _BLANKS = re.compile(r"\s")
 _WORD = r"[\"'(\[]*(?:[a-z]{3,}|[A-Z][a-z]{2,})[\"')\].,;:!?]*(?!\S)"
 _NOT_WORD = rf"(?!{_WORD})\S+"
 _GROUPS = re.compile(rf"(?<!\S)(?:{_NOT_WORD}\s+)+{_NOT_WORD}")
-_LETTER_AND_DIGIT = re.compile(r"(?=.*[0-9])(?=(?:.*[A-Za-z]){2}).*", re.DOTALL)
+_LETTER_AND_DIGIT = re.compile(r"(?=[^0-9]*[0-9])(?=[^A-Za-z]*[A-Za-z][^A-Za-z]*[A-Za-z]).*", re.DOTALL)
 
 
 def _grouped_secret(text: str, redactor: Redactor) -> bool:
@@ -454,6 +455,8 @@ def _grouped_secret(text: str, redactor: Redactor) -> bool:
     holds a digit and two letters: a card's digits are read in the text itself. Capitals and digits
     glued across blanks ("ASIA PAC 2026 Q4 UPDATE") can still read as an AWS key id.
     """
+    if not redactor.may_match("".join(text.split())):
+        return False  # a match in one run's groups would show an anchor in all of them glued
     for run in _GROUPS.finditer(text):
         groups = run.group().split()
         compact = "".join(groups)
@@ -464,7 +467,7 @@ def _grouped_secret(text: str, redactor: Redactor) -> bool:
         for group in groups:
             starts.append(at)
             at += len(group)
-        for start, end in redactor.detector_spans(compact):
+        for start, end in redactor.detector_spans(compact, digits=False):
             crosses = bisect.bisect_right(starts, start) < bisect.bisect_left(starts, end)
             if crosses and _LETTER_AND_DIGIT.fullmatch(compact, start, end) is not None:
                 return True
@@ -539,11 +542,6 @@ _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _ENTITY = re.compile(r"&(?:#[0-9]+;?|#[xX][0-9A-Fa-f]+;?|[A-Za-z][A-Za-z0-9]*;)")
 _ESCAPE = re.compile(r"\\(?:u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|x[0-9A-Fa-f]{2}|[0-7]{3})")
 _DECOMPRESSED_LIMIT = 1 << 20
-_MAY_ENCODE = re.compile(
-    r"[A-Za-z0-9+/_-]{16}|%[0-9A-Fa-f]{2}|&(?:#|[A-Za-z][A-Za-z0-9]*;)|\\[uUx0-7]|0x[0-9A-Fa-f]{2}"
-    r"|[0-9A-Fa-f]{2}[ :-][0-9A-Fa-f]{2}[ :-]"
-)
-# Whether `_decodings` can find anything: one scan in C, so that most texts skip it.
 
 
 def _decodings(text: str, junctions: list[int] | None = None) -> Iterator[str]:
@@ -554,6 +552,10 @@ def _decodings(text: str, junctions: list[int] | None = None) -> Iterator[str]:
     for match in _BASE64_RUN.finditer(text):
         if junctions is not None and not _crosses(match, junctions):
             continue
+        for hex_run in _HEX_RUN.findall(match.group()):  # hex digits are base64 letters: within a run
+            for offset in (0, 1):
+                digits = hex_run[offset:]
+                yield from _as_texts(bytes.fromhex(digits[: len(digits) // 2 * 2]))
         run = match.group().rstrip("=").translate(_URLSAFE)
         # At each of the four alignments, since the encoded secret may follow a few characters glued
         # to it; but when the run reads as text from its start, it is that text, at that alignment.
@@ -569,13 +571,7 @@ def _decodings(text: str, junctions: list[int] | None = None) -> Iterator[str]:
             data = _from_base64("".join(match.group().split()).rstrip("=").translate(_URLSAFE))
             if data is not None:
                 yield from _as_texts(data)
-    for match in _HEX_RUN.finditer(text):
-        if junctions is not None and not _crosses(match, junctions):
-            continue
-        run = match.group()
-        for offset in (0, 1):
-            digits = run[offset:]
-            yield from _as_texts(bytes.fromhex(digits[: len(digits) // 2 * 2]))
+
     for marker, pattern in _HEX_GROUPS:
         if marker not in text:
             continue

@@ -55,3 +55,18 @@ class TestLookups:
         with pytest.raises(RuntimeError, match="detector bug"):
             Redactor(detectors=[Broken()]).detector_spans("x")
         assert Redactor(detectors=[RegexDetector("t", "TCK")]).detector_spans("a TCK") == [(2, 5)]
+
+    def test_digits_false_skips_the_card_detector_only(self) -> None:
+        """A card number is not looked for; a key beside it still is."""
+        text = f"4111 1111 1111 1111 {AWS_KEY}"
+        redactor = Redactor()
+        assert len(redactor.detector_spans(text)) == 2
+        assert [text[start:end] for start, end in redactor.detector_spans(text, digits=False)] == [AWS_KEY]
+
+    def test_may_match_is_false_only_when_no_detector_can_fire(self) -> None:
+        """No anchor in the text: False; an anchor, or a detector without anchors: True."""
+        redactor = Redactor()
+        assert redactor.may_match(f"key {AWS_KEY}")
+        assert not redactor.may_match("the quick brown fox")
+        assert Redactor(extra_detectors=[RegexDetector("t", "TCK")]).may_match("the quick brown fox")
+        assert not Redactor(enabled=False).may_match(AWS_KEY)
