@@ -14,6 +14,8 @@
   example key, the 4111... test card, a JWT header, a private key block) are left out, docs
   included, and so are test literals holding NUL or a lone surrogate (hostile inputs of other
   checks, which `has_secrets` refuses by design);
+- the same two rates for the plain scan `has_secrets` did before (each string through the
+  redactor, nothing normalized, decoded or joined), for comparison;
 - cost: the median time of one `has_secrets` call on typical tool arguments (short ids, an
   e-mail, a sentence, a URL, a SQL query) and on a long clean text, beside the plain scan it
   replaced (the redactor's `redact_text` on each string, no normalization, decoding or joining),
@@ -230,6 +232,13 @@ def main() -> None:
     )
     for text in found.flagged:
         print(f"  flagged: {text[:160]!r}")
+    before = rates(judge=plain_scan)
+    print(
+        f"the plain scan (each string through the redactor, as has_secrets did before): "
+        f"{before.detected}/{before.hostile} hostile refused ({before.detection:.1%}), "
+        f"{len(before.flagged)}/{before.benign} benign refused ({before.false_positive:.2%}; "
+        f"doc paragraphs {len(before.doc_flagged)}/{before.doc_paragraphs})"
+    )
     report("has_secrets detection (hostile corpus)", found.detection * 100, "%", target="100", higher_is_better=True)
     report("has_secrets false positives (docs, tests)", found.false_positive * 100, "%", target="< 1")
     for name, (new, old) in timings(runs).items():
