@@ -11,9 +11,9 @@ secret out will write it so that a plain scan misses it:
   to them, and the separators of a run of digit groups ("4111.1111.1111.1111", "4111 / 1111 /
   ...") written as single spaces;
 * what is encoded inside it is decoded and scanned in turn, up to three layers deep: base64
-  (standard and URL-safe, padded or not, at any alignment, across lines), hex (plain, "\\x41",
-  "0x41", "41:4b"), percent-encoding, HTML character references and backslash escapes, and
-  gzip or zlib data inside base64 or hex;
+  (standard and URL-safe, padded or not, at any alignment, across lines), base32, hex (plain,
+  "\\x41", "0x41", "41:4b"), quoted-printable, percent-encoding, HTML character references and
+  backslash escapes, and gzip or zlib data inside any of them;
 * a key written in groups or over lines ("AKIA IOSF ODNN 7EXA MPLE") is read with the blanks
   between its groups removed;
 * a value written after a key name such as `password=`, `pwd:`, `api_key=` or `token:` is a
@@ -27,12 +27,14 @@ string whole, so both routes refuse it.
 
 from __future__ import annotations
 
+import base64
 import binascii
 import bisect
 import dataclasses
 import functools
 import html
 import re
+import string
 import unicodedata
 import urllib.parse
 import zlib
@@ -404,12 +406,18 @@ _LOOK_ALIKES: dict[int, str | None] = {
         ("АВЕКМНОРСТХУЅІЈԁаеорсухѕіјһԛԝӏ", "ABEKMHOPCTXYSIJdaeopcyxsijhqwl"),
         # Greek
         ("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧονικρ", "ABEZHIKMNOPTYXovikp"),
+        # Latin small capitals
+        ("ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢ", "ABCDEFGHIJKLMNOPRSTUVWYZ"),
+        # regional indicators, negative circled and negative squared letters
+        ("".join(map(chr, range(0x1F1E6, 0x1F200))), string.ascii_uppercase),
+        ("".join(map(chr, range(0x1F150, 0x1F16A))), string.ascii_uppercase),
+        ("".join(map(chr, range(0x1F170, 0x1F18A))), string.ascii_uppercase),
     )
     for char, latin in zip(chars, latins, strict=True)
 }
 # Not Unicode's whole confusables table: the letters that pass for Latin ones in the alphabets a
-# key or token is written in. NFKD already folds full-width, mathematical, circled and other
-# compatibility forms.
+# key or token is written in, and letters drawn as symbols that NFKD does not fold. NFKD already
+# folds full-width, mathematical, circled and other compatibility forms.
 
 _DIGIT_RUN = re.compile(r"[0-9](?<![0-9][0-9])(?=(?:[ \t._/\\-]{0,3}[0-9]){12})[0-9]*(?:[ \t._/\\-]{1,3}[0-9]+)+")
 # A run of digit groups holding 13 digits or more (fewer make no card, however spaced).
@@ -537,6 +545,8 @@ _HEX_GROUPS = (
     ("", re.compile(r"[0-9A-Fa-f]{2}(?:[ :-][0-9A-Fa-f]{2}){7,}")),
 )
 # One pattern each, so that re can skip to its first character: an alternation of them cannot.
+_BASE32_RUN = re.compile(r"[A-Z2-7]{16,}=*")
+_QUOTED_PRINTABLE = re.compile(r"(?:=[0-9A-F]{2}){8,}")
 _NOT_HEX = re.compile(r"\\x|0x|[^0-9A-Fa-f]")
 _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _ENTITY = re.compile(r"&(?:#[0-9]+;?|#[xX][0-9A-Fa-f]+;?|[A-Za-z][A-Za-z0-9]*;)")
@@ -547,7 +557,7 @@ _DECOMPRESSED_LIMIT = 1 << 20
 def _decodings(text: str, junctions: list[int] | None = None) -> Iterator[str]:
     """What `text` may encode: each candidate decoded, as text.
 
-    With `junctions`, only the base64 and hex runs that cross one of these offsets.
+    With `junctions`, only the base64, base32 and hex runs that cross one of these offsets.
     """
     for match in _BASE64_RUN.finditer(text):
         if junctions is not None and not _crosses(match, junctions):
@@ -580,6 +590,15 @@ def _decodings(text: str, junctions: list[int] | None = None) -> Iterator[str]:
                 continue
             digits = _NOT_HEX.sub("", match.group())
             yield from _as_texts(bytes.fromhex(digits[: len(digits) // 2 * 2]))
+    for match in _BASE32_RUN.finditer(text):
+        if junctions is not None and not _crosses(match, junctions):
+            continue
+        data = _from_base32(match.group())
+        if data is not None:
+            yield from _as_texts(data)
+    if "=" in text:
+        for match in _QUOTED_PRINTABLE.finditer(text):
+            yield from _as_texts(bytes.fromhex(match.group().replace("=", "")))
     if "%" in text and _PERCENT.search(text) is not None:
         yield from _as_texts(urllib.parse.unquote_to_bytes(text))
     if "&" in text and _ENTITY.search(text) is not None:
@@ -614,6 +633,16 @@ def _is_text(data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return text.isprintable() or all(char.isprintable() or char.isspace() for char in text)
+
+
+def _from_base32(run: str) -> bytes | None:
+    """The bytes of a base32 run (RFC 4648), or None when it does not decode."""
+    letters = run.rstrip("=")
+    letters = letters[: len(letters) - len(letters) % 8] if len(letters) % 8 in (1, 3, 6) else letters
+    try:
+        return base64.b32decode(letters + "=" * (-len(letters) % 8))
+    except (binascii.Error, ValueError):
+        return None
 
 
 def _as_texts(data: bytes) -> Iterator[str]:
