@@ -749,6 +749,44 @@ class Redactor:
         """Arguments whose JSON text is longer than this are cut."""
         return self._max_chars
 
+    @property
+    def enabled(self) -> bool:
+        """False for a redactor built with `enabled=False` (it redacts nothing)."""
+        return self._enabled
+
+    def detector_spans(self, text: str, *, digits: bool = True) -> list[tuple[int, int]]:
+        """The (start, end) spans the content detectors find in `text`, unmerged, in no set order.
+
+        Values after secret key names are not included (see `key_value_spans`). `digits=False`
+        skips the built-in detectors that run on a count of digits alone (card numbers). [] when
+        disabled. Unlike `redact_text`, raises what a detector raises.
+        """
+        if not self._enabled:
+            return []
+        return self._spans(text, self._quick(text), None if digits else False, key_values=False)
+
+    def may_match(self, text: str) -> bool:
+        """False when no content detector can find anything in `text`: none of the built-in
+        detectors' anchors occurs in it (card numbers aside) and no other detector is configured.
+        One scan in C; a quick test before building views of a text. Never raises."""
+        if not self._enabled:
+            return False
+        return self._quick(text) is not None or not self._only_gated
+
+    def key_value_spans(self, text: str) -> list[tuple[int, int]]:
+        """The spans of the values written after secret key names in `text` ("password=[...]"), as
+        `redact_text` finds them. [] when disabled or without secret keys. Never raises."""
+        if not self._enabled or self._key_pattern is None or ("=" not in text and ":" not in text):
+            return []
+        return self._key_value_spans(text)
+
+    def is_secret_key(self, key: str) -> bool:
+        """Does the secret-key rule mark a value under the key name `key`? False when disabled."""
+        if not self._enabled:
+            return False
+        info = self._key_cache.get(key)
+        return (info if info is not None else self._key_info(key))[0]
+
     @classmethod
     def none(cls) -> Redactor:
         """A redactor with no detectors, no secret keys and no paths (still enabled: oversize still cuts)."""
@@ -832,13 +870,19 @@ class Redactor:
         return _result(copied, tuple(found), False, None)
 
     def _spans(
-        self, text: str, hit: re.Match[str] | None, enough_digits: bool | None = None, *, builtin_only: bool = False
+        self,
+        text: str,
+        hit: re.Match[str] | None,
+        enough_digits: bool | None = None,
+        *,
+        builtin_only: bool = False,
+        key_values: bool = True,
     ) -> list[tuple[int, int]]:
         """The spans every detector finds in `text`.
 
         `hit` is the gate's first match in `text` (or None); `enough_digits` whether it holds enough
         digits for the digit-counting detectors, when the caller already knows. `builtin_only` skips
-        the detectors given by the user.
+        the detectors given by the user; `key_values=False` the values after secret key names.
         """
         fired = 0
         if hit is not None:
@@ -869,7 +913,7 @@ class Redactor:
                     spans += detector.find(text)
             for detector in self._other:
                 spans += detector.find(text)
-        if self._key_pattern is not None and ("=" in text or ":" in text):
+        if key_values and self._key_pattern is not None and ("=" in text or ":" in text):
             spans += self._key_value_spans(text)
         return spans
 

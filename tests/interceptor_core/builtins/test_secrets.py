@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import gzip
+import hashlib
 from typing import Any
 
 import pytest
@@ -139,6 +142,76 @@ class TestHasSecrets:
         assert has_secrets("anything", redactor=Redactor(detectors=[Broken()]))
 
 
+class TestHardToRead:
+    """What a plain scan misses: invisible characters, encodings, assignments, splits (the corpus
+    holds many more cases; these name each rule once)."""
+
+    def test_nul_or_a_lone_surrogate_is_refused_whatever_the_redactor(self) -> None:
+        """The policy engine cannot hold such a string whole, so the function refuses it too."""
+        assert has_secrets("ab\x00cd")
+        assert has_secrets({"note\x00": "x"})
+        assert has_secrets(["fine", "half \ud83d of an emoji"])
+        assert has_secrets("ab\x00cd", redactor=Redactor(enabled=False))
+        assert not has_secrets("ab\x01cd \u200b \U0001f600")
+
+    def test_invisible_and_look_alike_characters_are_dropped_or_mapped(self) -> None:
+        """A zero-width space, a combining mark, Cyrillic letters or full-width digits hide nothing."""
+        assert has_secrets("AKIAIOSFOD\u200bNN7EXAMPLE")
+        assert has_secrets("A\u0301KIAIOSFODNN7EXAMPLE")
+        assert has_secrets("\u0410\u041aI\u0410IOSFODNN7EXAMPLE")
+        assert has_secrets("card \uff14\uff11\uff11\uff11 1111 1111 1111")
+
+    def test_card_numbers_with_other_separators_are_found_but_dotted_addresses_are_not_cards(self) -> None:
+        """Dots, slashes and spaced dashes between digit groups; a list of addresses stays clean."""
+        assert has_secrets("card 4111.1111.1111.1111")
+        assert has_secrets("card 4111 / 1111 / 1111 / 1111")
+        assert not has_secrets("hosts 10.0.0.1 10.0.0.2 192.168.100.200 192.168.100.201")
+
+    def test_encoded_secrets_are_decoded_and_random_ids_are_not_secrets(self) -> None:
+        """Base64, hex and percent-encoding of a key are found; digests in them are not secrets."""
+        assert has_secrets(base64.b64encode(AWS_KEY.encode()).decode())
+        assert has_secrets(AWS_KEY.encode().hex())
+        assert has_secrets("".join(f"%{byte:02X}" for byte in AWS_KEY.encode()))
+        assert not has_secrets(hashlib.sha256(b"x").hexdigest())
+        assert not has_secrets(base64.b64encode(hashlib.sha256(b"x").digest()).decode())
+
+    def test_a_value_whose_decodings_outgrow_the_bound_fails_closed(self) -> None:
+        """Base64 of a gzip bomb cannot be looked at whole; gzip of a short clean text can."""
+        assert has_secrets(base64.b64encode(gzip.compress(bytes(2 << 20))).decode())
+        assert not has_secrets(base64.b64encode(gzip.compress(b"a clean note about order 1234")).decode())
+
+    def test_a_credential_after_a_key_name_is_a_secret_a_word_or_placeholder_is_not(self) -> None:
+        """`pwd=`, `password:` with a credential-like value count; prose, types and variables do not."""
+        assert has_secrets("connect with pwd=Hunter2xyz!")
+        assert has_secrets("password: hunter2")
+        assert has_secrets({"pwd": "Hunter2xyz!"})
+        assert not has_secrets("Password: must be 12 characters")
+        assert not has_secrets("password=${DB_PASSWORD}, api_key: str | None")
+        assert not has_secrets({"pwd": "/home/alice"})
+
+    def test_words_matched_by_a_detector_are_no_secret(self) -> None:
+        """ "Bearer <token>" and prose about bearer tokens pass; a real bearer token does not."""
+        assert not has_secrets("send Authorization: Bearer <token>; the proxy reads a bearer token")
+        assert has_secrets("Authorization: Bearer abcDEF123456ghiJKL789")
+
+    def test_a_secret_split_across_values_is_found_in_either_order(self) -> None:
+        """List items and mapping entries are joined: in order, with blanks, and backwards."""
+        assert has_secrets(["AKIAIOSF", "ODNN7EXAMPLE"])
+        assert has_secrets({"a": "ODNN7EXAMPLE", "b": "AKIAIOSF"})
+        assert has_secrets({"value": "Authorization: Bearer", "other": "abcDEF123456ghiJKL789"})
+
+    def test_a_key_written_in_groups_or_over_lines_is_found_but_glued_words_are_no_token(self) -> None:
+        """Blanks inside a key hide nothing; prose glued together ("eyJumped...") is not a JWT."""
+        assert has_secrets("AKIA IOSF ODNN 7EXA MPLE")
+        assert has_secrets("the key is AKIAIOSFOD\nNN7EXAMPLE, thanks")
+        assert not has_secrets("they Jumped over the fence. It was 2026")
+
+    def test_digits_glued_across_values_are_not_taken_for_a_card(self) -> None:
+        """Two numeric ids side by side are no card number, even when their digits pass Luhn."""
+        assert not has_secrets({"a": "4111 1111", "b": "1111 1111"})
+        assert not has_secrets(["1234567", "1000123", "4111111", "111111111"])
+
+
 def messenger(seen: list[dict[str, str]]) -> Any:
     @tool
     def send_message(to: str, body: str, subject: str = "") -> str:
@@ -173,6 +246,15 @@ class TestNoSecrets:
         assert "arguments 'to', 'body' hold" in decision.message
         assert JWT not in decision.message
         assert "PRIVATE KEY" not in decision.message
+
+    async def test_a_secret_split_across_two_arguments_is_denied_naming_both(self) -> None:
+        """Neither argument holds it alone; joined, they do, and the denial says so."""
+        decision = await check_before(NoSecrets(), messenger([]), {"to": "AKIAIOSFOD", "body": "NN7EXAMPLE"})
+        assert isinstance(decision, Deny)
+        assert "arguments 'to', 'body' hold, joined together," in decision.message
+        assert "NN7" not in decision.message
+        narrowed = NoSecrets(fields=["body"])
+        assert await check_before(narrowed, messenger([]), {"to": "AKIAIOSFOD", "body": "NN7EXAMPLE"}) == Allow()
 
     async def test_fields_limits_which_arguments_are_looked_at(self) -> None:
         """Only the named arguments are checked; a named one the tool lacks is skipped."""
