@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS: dict[str, list[str]] = {
     "gate_overhead": [],
     "policy": [],
+    "secrets_rates": [],
     "counters": [],
     "pipeline": [],
     "materialize": [],
@@ -43,6 +44,7 @@ SCRIPTS: dict[str, list[str]] = {
 QUICK: dict[str, list[str]] = {
     "gate_overhead": ["--calls", "300", "--rounds", "3"],
     "policy": ["--calls", "300", "--rounds", "3", "--engine-evals", "200"],
+    "secrets_rates": ["--quick"],
     "counters": ["--calls", "2000", "--redis-calls", "200", "--rounds", "3"],
     "pipeline": ["--events", "2000", "--rounds", "2", "--calls", "300"],
     "materialize": ["--events", "5000", "--seconds", "2", "--rounds", "1"],
