@@ -29,8 +29,10 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel
 
+from events.errors import EventParseError
 from events.merkle import MerkleTree
 from events.models import SCHEMA_VERSION, ZERO_HASH, EventBase
+from events.parsing import decode_sealed, parse_event
 
 E = TypeVar("E", bound=EventBase)
 
@@ -181,8 +183,6 @@ class SealedEvent:
         """The typed event these bytes decode to (decoded once; raises `EventParseError` if they
         are not a valid event, which would be a bug in the code that built it)."""
         if self._event is None:
-            from events.codec import decode_sealed
-
             self._event = decode_sealed(self.data)
         return self._event
 
@@ -360,9 +360,6 @@ def verify_chain(events: Iterable[EventBase | SealedEvent | bytes | Mapping[str,
     duplicates: list[str] = []
     for item in events:
         if isinstance(item, bytes | str):
-            from events.codec import parse_event
-            from events.errors import EventParseError
-
             try:
                 item = parse_event(item)
             except EventParseError as exc:
