@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from events.errors import EventParseError
 from events.merkle import MerkleTree
-from events.models import SCHEMA_VERSION, ZERO_HASH, EventBase
+from events.models import HASH_MEMBER, SCHEMA_VERSION, ZERO_HASH, EventBase
 from events.parsing import decode_sealed, parse_event
 
 E = TypeVar("E", bound=EventBase)
@@ -50,9 +50,6 @@ def canonical_json(data: Mapping[str, Any]) -> bytes:
 
 
 # -- version 2: the hash is over the bytes written ---------------------------------------------
-
-HASH_MEMBER = b',"hash":"'
-"""What precedes the 64 hex digits of the hash at the end of a version 2 event's wire bytes."""
 
 SUFFIX_BYTES = len(HASH_MEMBER) + 64 + 2
 """Length of the wire's hash suffix: `,"hash":"` + 64 hex + `"}` (75 bytes)."""

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from events.chain import HASH_MEMBER, SealedEvent, event_hash, split_wire
+from events.chain import SealedEvent, event_hash, split_wire
 from events.models import SCHEMA_VERSION, EventBase
 from events.parsing import ADAPTER as _ADAPTER
 from events.parsing import decode_sealed, parse_event, wire_of
@@ -25,10 +25,7 @@ def encode_event(event: EventBase | SealedEvent) -> bytes:
     if isinstance(event, SealedEvent):
         return event.data
     if event.schema_version >= 2:
-        if event._wire is not None:
-            return event._wire
-        body = event.__pydantic_serializer__.to_json(event, exclude={"hash"})
-        return body[:-1] + HASH_MEMBER + event.hash.encode() + b'"}'
+        return event._wire_bytes()
     return event.model_dump_json().encode("utf-8")
 
 
