@@ -31,7 +31,8 @@ from pydantic import BaseModel
 
 from events.errors import EventParseError
 from events.merkle import MerkleTree
-from events.models import HASH_MEMBER, SCHEMA_VERSION, ZERO_HASH, EventBase
+from events.models import HASH_MEMBER as HASH_MEMBER  # defined beside the models; public here as before
+from events.models import SCHEMA_VERSION, ZERO_HASH, EventBase
 from events.parsing import decode_sealed, parse_event
 
 E = TypeVar("E", bound=EventBase)
