@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.tree import Tree
 
+from callgate.loading import load_object
+
 app = typer.Typer(
     name="callgate",
     help="One gate between an LLM agent and every tool it can reach.",
@@ -20,27 +20,6 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
-
-
-def load_object(spec: str) -> Any:
-    """Import `MODULE:ATTR` (the current directory is importable); raise `typer.BadParameter` naming
-    what is missing."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise typer.BadParameter(f"expected MODULE:ATTR, got {spec!r}")
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise typer.BadParameter(f"cannot import module {module_name!r}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise typer.BadParameter(f"module {module_name!r} has no attribute {attr!r}") from None
-    return obj
 
 
 def resolve_gate(spec: str) -> Any:

@@ -84,7 +84,7 @@ def gate_from_factory(spec: str, sinks: Sequence[Any]) -> Gate:
     already, or a sink cannot start)."""
     import typer
 
-    from callgate.cli import load_object
+    from callgate.loading import load_object
 
     try:
         obj = load_object(spec)

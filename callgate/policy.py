@@ -28,7 +28,7 @@ def _tool_models(spec: str | None) -> dict[str, Any]:
     gate (every scope's tools), or a function returning one of those."""
     if spec is None:
         return {}
-    from callgate.cli import load_object
+    from callgate.loading import load_object
     from interceptor_core import AgentScope, Gate, Tool
 
     obj = load_object(spec)

@@ -186,7 +186,7 @@ def _candidate(policy: Path | None, interceptor: str | None, err: Console) -> An
             return None
     import typer
 
-    from callgate.cli import load_object
+    from callgate.loading import load_object
 
     if interceptor is None:  # the caller checked that one of the two is given
         err.print("error: give --policy FILE or --interceptor MODULE:ATTR", markup=False)

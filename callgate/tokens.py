@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import tempfile
 from collections.abc import Sequence
@@ -82,6 +83,11 @@ def write_entries(path: Path, entries: Sequence[TokenEntry]) -> None:
         raise
 
 
+# Characters a reader of a role takes for a separator or a wildcard: `tenant:a,b` looks like two
+# tenants and `tenant:*` like all of them, though each is one tenant of that odd name.
+_AMBIGUOUS_IN_TENANT = re.compile(r"[\s,;*?%|\[\]{}\"'\\]")
+
+
 def add_token(path: Path, subject: str, roles: Sequence[str], *, now: datetime | None = None) -> str:
     """Add a new token for `subject` with `roles` to the file (created if missing) and return the
     token. Raises `TokenFileError` for a duplicate subject, no role, an unknown role or a bad file."""
@@ -95,6 +101,13 @@ def add_token(path: Path, subject: str, roles: Sequence[str], *, now: datetime |
         checked = tuple(dict.fromkeys(parse_role(role) for role in roles))
     except ValueError as exc:
         raise TokenFileError(str(exc)) from None
+    for role in checked:
+        if role.startswith("tenant:") and (odd := _AMBIGUOUS_IN_TENANT.search(role, len("tenant:"))):
+            raise TokenFileError(
+                f"role {role!r}: a tenant id with {odd.group()!r} reads as a list or a pattern, and a role names "
+                "one tenant exactly; give one --role tenant:<id> per tenant, each id without spaces, commas or "
+                "wildcards"
+            )
     entries = read_entries(path)
     if any(entry.subject == subject for entry in entries):
         raise TokenFileError(

@@ -1,14 +1,15 @@
 """The read API's access log: who ran which named query, with what, and what came back.
 
-Every named query asked of the read API (answered 200, 400, 403 or 404; without authentication by
-subject "anonymous") is one `AccessRecord`, appended to the store's `access_log` table before the
-answer leaves, and read back with the named query `access_log` (admin only). The materializer's
-process holds the store's writer, so the API writes through it (`StoreAccessLog`).
+Every named query asked of the read API (answered 200, 400, 403 or 404; refused for want of a
+valid token, 401 with an empty subject; without authentication by subject "anonymous") is one
+`AccessRecord`, appended to the store's `access_log` table before the answer leaves, and read back
+with the named query `access_log` (admin only). The materializer's process holds the store's
+writer, so the API writes through it (`StoreAccessLog`).
 
-A record that cannot be written fails the request (500), the rows are not sent: a read that
-leaves no trace must not pass silently. Reads of a store file directly (`FileReader`, the
-dashboard's `--db` mode) are not recorded: nobody else can hold that file then, and the file's
-own permissions are its access control.
+A record that cannot be written fails the request (500), the rows are not sent, and the API's
+`/healthz` answers 503 until a record is written again: a read that leaves no trace must not pass
+silently. Reads of a store file directly (`FileReader`, the dashboard's `--db` mode) are not
+recorded: nobody else can hold that file then, and the file's own permissions are its access control.
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ class AccessRecord:
     time: datetime
     """When the request arrived (UTC)."""
     subject: str
-    """Who asked (the token's subject; "anonymous" without authentication)."""
+    """Who asked (the token's subject; "anonymous" without authentication; "" when refused, 401)."""
     roles: tuple[str, ...]
     query: str
     params: Mapping[str, Any]
     """The parameters as run: a tenant token's tenant bound in; as given when refused."""
     status: int
-    """The HTTP status answered (200, 400, 403, 404)."""
+    """The HTTP status answered (200, 400, 401, 403, 404)."""
     row_count: int | None
     """Rows returned (None unless 200)."""
     duration_ms: float

@@ -18,8 +18,10 @@ Routes (GET only; HEAD is answered as GET without a body; any other method is 40
 With an `Authenticator` (`consumers.auth`), every route but `/healthz` needs `Authorization: Bearer
 <token>`: missing or refused credentials are 401 with `WWW-Authenticate: Bearer`. The parameters of
 every named query pass `consumers.auth.scope_params` (a tenant token's tenant is bound there), and
-each query asked is appended to the `AccessLog` before the answer leaves; a record that cannot be
-written answers 500 instead of the rows. Without an authenticator every request reads as
+each query asked is appended to the `AccessLog` before the answer leaves, refused ones (401, with
+no subject) included; a record that cannot be written answers 500 instead of the rows, and
+`/healthz` answers 503 until a record is written again. Paths are matched as written: a trailing
+slash is a 404, never a redirect. Without an authenticator every request reads as
 `consumers.auth.ANONYMOUS` (everything; loopback or `--insecure-no-auth` only).
 
 Every error body is `{"error": "<message>"}`.
@@ -252,6 +254,23 @@ def build_app(
     None records nothing; `metrics_open` serves `/metrics` to anybody.
     """
 
+    # Why the last access record could not be written, until one is again: /healthz answers 503
+    # meanwhile, since every read is refused while the log cannot take its record.
+    log_failure: list[str] = []
+
+    async def record(entry: AccessRecord) -> bool:
+        """Append `entry` to the access log; False (logged, and /healthz unavailable) when it cannot."""
+        if access_log is None:
+            return True
+        try:
+            await run_in_threadpool(access_log.record, entry)
+        except Exception as exc:
+            log.exception("read API: cannot record %r's query %r in the access log", entry.subject, entry.query)
+            log_failure[:] = [f"{type(exc).__name__}: {exc}"]
+            return False
+        log_failure.clear()
+        return True
+
     async def identify(request: Request) -> Identity | Response:
         """The caller's identity, or the 401 to answer."""
         if auth is None:
@@ -272,7 +291,12 @@ def build_app(
         except Exception:
             log.exception("read API: the health check raised")
             return _JSONResponse({"status": "unavailable", "detail": "health check failed"}, status_code=503)
-        return _JSONResponse(status.to_json(), status_code=200 if status.ok else 503)
+        body = status.to_json()
+        if log_failure:
+            detail = f"the access log cannot be written ({log_failure[0]}): every read is refused"
+            body.update(status="unavailable", detail=f"{detail}; {body['detail']}" if body.get("detail") else detail)
+            return _JSONResponse(body, status_code=503)
+        return _JSONResponse(body, status_code=200 if status.ok else 503)
 
     async def metrics_text(request: Request) -> Response:
         if not metrics_open:
@@ -291,9 +315,6 @@ def build_app(
         return _JSONResponse({"queries": await run_in_threadpool(runner.names)})
 
     async def run_query(request: Request) -> Response:
-        identity = await identify(request)
-        if isinstance(identity, Response):
-            return identity
         started, at = time.perf_counter(), datetime.now(UTC)
         name: str = request.path_params["name"]
         params: dict[str, Any] = {}
@@ -302,24 +323,26 @@ def build_app(
             if key in params:
                 repeated = key
             params[key] = value
+        identity = await identify(request)
+        if isinstance(identity, Response):
+            # A refused caller is recorded too (no subject): probing leaves a trace. Nothing was
+            # sent, so the 401 stands even when the record cannot be written.
+            await record(AccessRecord(at, "", (), name, params, identity.status_code, None, _ms_since(started)))
+            return identity
         response, rows = await answer(name, params, identity, repeated)
-        if access_log is not None:
-            record = AccessRecord(
-                time=at,
-                subject=identity.subject,
-                roles=tuple(sorted(identity.roles)),
-                query=name,
-                params=params,
-                status=response.status_code,
-                row_count=rows,
-                duration_ms=(time.perf_counter() - started) * 1000,
-            )
-            try:
-                await run_in_threadpool(access_log.record, record)
-            except Exception:
-                # An unrecorded read must not pass silently: the rows are withheld.
-                log.exception("read API: cannot record %s's query %r in the access log", identity.subject, name)
-                return _error(500, "the read could not be recorded in the access log; nothing was sent")
+        entry = AccessRecord(
+            time=at,
+            subject=identity.subject,
+            roles=tuple(sorted(identity.roles)),
+            query=name,
+            params=params,
+            status=response.status_code,
+            row_count=rows,
+            duration_ms=_ms_since(started),
+        )
+        if not await record(entry):
+            # An unrecorded read must not pass silently: the rows are withheld.
+            return _error(500, "the read could not be recorded in the access log; nothing was sent")
         return response
 
     async def answer(
@@ -358,9 +381,12 @@ def build_app(
         # Starlette raises HTTPException for unmatched paths (404) and methods (405, with Allow).
         if not isinstance(exc, HTTPException):  # registered for HTTPException only
             raise exc
+        path = request.url.path
+        if exc.status_code == 404 and len(path) > 1 and path.endswith("/"):
+            return _error(404, f"no route {path}: the routes have no trailing slash")
         return _error(exc.status_code, exc.detail, exc.headers)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/healthz", _guarded(healthz), methods=["GET"]),
             Route("/metrics", _guarded(metrics_text), methods=["GET"]),
@@ -369,6 +395,14 @@ def build_app(
         ],
         exception_handlers={HTTPException: http_error},
     )
+    # Starlette would redirect `/v1/queries/` to a Location built from the request's Host header,
+    # which the client chose: a 404 that names the route instead.
+    app.router.redirect_slashes = False
+    return app
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
 
 
 class _Server(uvicorn.Server):

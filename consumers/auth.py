@@ -348,6 +348,9 @@ ASYMMETRIC_ALGORITHMS: Final = (
 )
 """The JWT algorithms accepted: public-key signatures only (never "none" or a shared secret)."""
 
+_KEY_TYPE: Final = {"RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP"}
+"""The JWK key type (`kty`) each algorithm family signs with."""
+
 
 class JwtAuthenticator:
     """An `Authenticator` for OIDC bearer tokens (JWTs), checked with pyjwt.
@@ -467,6 +470,10 @@ class JwtAuthenticator:
             raise AuthError(f"JWT algorithm {algorithm!r} is not accepted (public-key signatures only)")
         kid = header.get("kid")
         key = self._signing_key(token, kid if isinstance(kid, str) else None)
+        if key.key_type != _KEY_TYPE[algorithm[:2]]:
+            # A key of another type cannot check the signature at all (pyjwt raises TypeError there).
+            named = "its only key" if kid is None else f"its key {kid!r}"
+            raise AuthError(f"the token is signed with {algorithm} but {named} is a {key.key_type} key")
         try:
             claims = jwt.decode(
                 token,

@@ -407,6 +407,8 @@ def _coerce(query: str, name: str, spec: Param, raw: ParamValue) -> Any:
             raise bad("an integer")
         if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
             raise bad(f"an integer from {spec.minimum} to {spec.maximum}")
+        if not -(2**63) <= value < 2**63:  # what DuckDB's BIGINT holds
+            raise bad("an integer of at most 64 bits")
     elif spec.type == "ids":
         try:
             ids = json.loads(raw) if isinstance(raw, str) else None
@@ -2122,7 +2124,8 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
         _query(
             "access_log",
             "Who read what through the read API, newest first: subject, roles, query, params (as run, a tenant "
-            "token's tenant bound), status (200, or 400 / 403 / 404 for a refused query), row_count, duration_ms.",
+            "token's tenant bound), status (200, or 400 / 403 / 404 for a refused query, 401 with no subject for "
+            "a caller without a valid token), row_count, duration_ms.",
             _ACCESS_LOG,
             {
                 "since": SINCE,

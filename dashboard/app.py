@@ -10,6 +10,8 @@ a script in `dashboard/views/`.
 
 from __future__ import annotations
 
+from urllib.parse import urlparse
+
 import streamlit as st
 
 from dashboard import ui
@@ -39,6 +41,18 @@ if session is None:
 # What a session limited to tenants may not read (every tenant's chains, pipeline, coverage) is not offered.
 shown = [page for page in PAGES if session.all_tenants or page.url_path not in GLOBAL_PAGES]
 navigation = st.navigation(shown)
+if not session.all_tenants and "refusal_told" not in st.session_state:
+    # A link to a page this login may not read opens the default page: say why, once, rather than
+    # land there without a word.
+    st.session_state["refusal_told"] = True
+    asked = urlparse(st.context.url or "").path.rstrip("/").rsplit("/", 1)[-1]
+    refused = next((page.title for page in PAGES if page.url_path == asked and page not in shown), None)
+    if refused is not None:
+        st.warning(
+            f"{refused} reads every tenant's events and your login reads its own tenant's only, so "
+            f"{navigation.title} opened instead. An administrator or auditor login shows {refused}.",
+            icon=":material/lock:",
+        )
 ui.from_url("window", parse=ui.window_label)
 ui.from_url("tenant")
 ui.from_url("live", parse=lambda text: text not in ("0", "false", "off"))

@@ -29,8 +29,11 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel
 
+from events.errors import EventParseError
 from events.merkle import MerkleTree
+from events.models import HASH_MEMBER as HASH_MEMBER  # defined beside the models; public here as before
 from events.models import SCHEMA_VERSION, ZERO_HASH, EventBase
+from events.parsing import decode_sealed, parse_event
 
 E = TypeVar("E", bound=EventBase)
 
@@ -48,9 +51,6 @@ def canonical_json(data: Mapping[str, Any]) -> bytes:
 
 
 # -- version 2: the hash is over the bytes written ---------------------------------------------
-
-HASH_MEMBER = b',"hash":"'
-"""What precedes the 64 hex digits of the hash at the end of a version 2 event's wire bytes."""
 
 SUFFIX_BYTES = len(HASH_MEMBER) + 64 + 2
 """Length of the wire's hash suffix: `,"hash":"` + 64 hex + `"}` (75 bytes)."""
@@ -181,8 +181,6 @@ class SealedEvent:
         """The typed event these bytes decode to (decoded once; raises `EventParseError` if they
         are not a valid event, which would be a bug in the code that built it)."""
         if self._event is None:
-            from events.codec import decode_sealed
-
             self._event = decode_sealed(self.data)
         return self._event
 
@@ -360,9 +358,6 @@ def verify_chain(events: Iterable[EventBase | SealedEvent | bytes | Mapping[str,
     duplicates: list[str] = []
     for item in events:
         if isinstance(item, bytes | str):
-            from events.codec import parse_event
-            from events.errors import EventParseError
-
             try:
                 item = parse_event(item)
             except EventParseError as exc:

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from events.chain import SealedEvent, event_hash, split_wire
+from events.models import SCHEMA_VERSION, EventBase
+from events.parsing import ADAPTER as _ADAPTER
+from events.parsing import decode_sealed, parse_event, wire_of
 
-from events.chain import HASH_MEMBER, SealedEvent, event_hash, split_wire
-from events.errors import EventParseError
-from events.models import EVENT_TYPES, SCHEMA_VERSION, Event, EventBase
-
-_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+__all__ = ["ReadEvent", "decode_sealed", "encode_event", "event_json_schema", "parse_event", "read_event"]
 
 
 def encode_event(event: EventBase | SealedEvent) -> bytes:
@@ -28,67 +25,8 @@ def encode_event(event: EventBase | SealedEvent) -> bytes:
     if isinstance(event, SealedEvent):
         return event.data
     if event.schema_version >= 2:
-        if event._wire is not None:
-            return event._wire
-        body = event.__pydantic_serializer__.to_json(event, exclude={"hash"})
-        return body[:-1] + HASH_MEMBER + event.hash.encode() + b'"}'
+        return event._wire_bytes()
     return event.model_dump_json().encode("utf-8")
-
-
-def _wire_of(data: bytes | str) -> bytes:
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    return raw.rstrip(b"\r\n")
-
-
-def parse_event(data: bytes | str | Mapping[str, Any]) -> EventBase:
-    """Turn wire bytes (or text, or an already decoded mapping) back into the typed event.
-
-    Raises `EventParseError` for anything that is not a valid event: undecodable bytes, unknown
-    `type`, a `schema_version` newer than this code reads, missing or malformed fields. The error
-    says which, in a form fit for a dead-letter table.
-    """
-    raw = data if isinstance(data, bytes | str) else None
-    if isinstance(data, bytes | str):
-        try:
-            decoded = json.loads(data)
-        except UnicodeDecodeError as exc:
-            raise EventParseError(f"not UTF-8: {exc}", raw) from exc
-        except json.JSONDecodeError as exc:
-            raise EventParseError(f"not JSON: {exc}", raw) from exc
-    else:
-        decoded = dict(data)
-    if not isinstance(decoded, dict):
-        raise EventParseError(f"expected a JSON object, got {type(decoded).__name__}", raw)
-    kind = decoded.get("type")
-    if kind not in EVENT_TYPES:
-        raise EventParseError(f"unknown event type {kind!r}", raw)
-    version = decoded.get("schema_version")
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise EventParseError(
-            f"schema_version {version} is newer than {SCHEMA_VERSION}, the newest this reader knows", raw
-        )
-    try:
-        event: EventBase = _ADAPTER.validate_python(decoded)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'][1:]) or '(event)'}: {err['msg']}"
-            for err in exc.errors(include_url=False)
-        )
-        raise EventParseError(f"invalid {kind} event: {problems}", raw) from exc
-    if raw is not None and event.schema_version >= 2:
-        event._wire = _wire_of(raw)
-    return event
-
-
-def decode_sealed(data: bytes) -> EventBase:
-    """The typed event of bytes a producer sealed: pydantic's JSON parser in one pass (the bytes
-    keep with it); anything it refuses gets `parse_event`'s detailed `EventParseError`."""
-    try:
-        event: EventBase = _ADAPTER.validate_json(data)
-    except ValueError:
-        return parse_event(data)
-    event._wire = data
-    return event
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +57,7 @@ def read_event(data: bytes) -> ReadEvent:
         event = None
     if event is not None and event.schema_version >= 2:
         # Parsed, so valid UTF-8: kept as received, hashed as received.
-        wire = _wire_of(data)
+        wire = wire_of(data)
         event._wire = wire
         split = split_wire(wire)
         return ReadEvent(event, "" if split is None else hashlib.sha256(split[0]).hexdigest(), wire.decode("utf-8"))
@@ -140,7 +78,7 @@ def read_event(data: bytes) -> ReadEvent:
         if event.schema_version >= 2:
             # Valid, but in a form pydantic's parser refused (another text encoding): its bytes
             # are kept when they are UTF-8, its JSON otherwise; its hash is over the bytes.
-            wire = _wire_of(data)
+            wire = wire_of(data)
             try:
                 text = wire.decode("utf-8")
             except UnicodeDecodeError:

@@ -36,8 +36,8 @@ import annotated_types
 import msgspec
 from pydantic import BaseModel
 
-from events.chain import HASH_MEMBER, SUFFIX_BYTES
-from events.models import EVENT_TYPES, SCHEMA_VERSION
+from events.chain import SUFFIX_BYTES
+from events.models import EVENT_TYPES, HASH_MEMBER, SCHEMA_VERSION
 
 __all__ = ["MAX_DEPTH", "WireRead", "read_wire"]
 

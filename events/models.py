@@ -28,6 +28,9 @@ OLDEST_SCHEMA_VERSION = 1
 ZERO_HASH = "0" * 64
 """`prev_hash` of a producer's first event."""
 
+HASH_MEMBER = b',"hash":"'
+"""What precedes the 64 hex digits of the hash at the end of a version 2 event's wire bytes."""
+
 
 def _absent(value: object) -> bool:
     # Fields added after events were first written are left out while unset, so an event that
@@ -125,6 +128,25 @@ class EventBase(BaseModel):
         if update:
             copy._wire = None
         return copy
+
+    def _wire_bytes(self) -> bytes:
+        """A version 2 event's wire bytes (`events.encode_event`): the bytes it was sealed as or read
+        from, else its JSON without `hash` followed by the hash member, last. Only for version 2."""
+        if self._wire is not None:
+            return self._wire
+        body = self.__pydantic_serializer__.to_json(self, exclude={"hash"})
+        return body[:-1] + HASH_MEMBER + self.hash.encode() + b'"}'
+
+    def model_dump_json(self, **options: Any) -> str:
+        """Without options, a version 2 event's JSON is its wire form (`events.encode_event`), the only form
+        its hash can be checked against: `parse_event(event.model_dump_json())` verifies whenever the
+        event does. With any option, and for version 1 events, pydantic's own serialization."""
+        if not options and self.schema_version >= 2:
+            try:
+                return self._wire_bytes().decode("utf-8")
+            except UnicodeDecodeError:  # read from JSON in another encoding: no wire form to give
+                pass
+        return super().model_dump_json(**options)
 
 
 class CallEvent(EventBase):

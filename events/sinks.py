@@ -31,10 +31,10 @@ import queue
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, overload, runtime_checkable
 
 from events.chain import SealedEvent, typed
 from events.codec import encode_event
@@ -113,29 +113,75 @@ class SinkStats:
     """"audit" or "observability"."""
 
 
+class SinkEvents(Sequence[EventBase]):
+    """A `MemorySink`'s events, typed, in emission order: a live view of `sink.sealed`, the same
+    object on every read. `len()` costs nothing; an event is decoded from its bytes the first time
+    it is looked at, once; `clear()` forgets every event the sink holds. Indexing with a slice and
+    comparing with a list give plain lists' answers. Safe to read while other threads emit."""
+
+    __slots__ = ("_sealed",)
+
+    def __init__(self, sealed: list[SealedEvent | EventBase]) -> None:
+        self._sealed = sealed
+
+    def __len__(self) -> int:
+        return len(self._sealed)
+
+    @overload
+    def __getitem__(self, index: int) -> EventBase: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[EventBase]: ...
+
+    def __getitem__(self, index: int | slice) -> EventBase | list[EventBase]:
+        if isinstance(index, slice):
+            return [typed(event) for event in self._sealed[index]]
+        return typed(self._sealed[index])
+
+    def __iter__(self) -> Iterator[EventBase]:
+        # Over a copy: events emitted meanwhile are not met half-way through.
+        return (typed(event) for event in self._sealed[:])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SinkEvents | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # it changes as events arrive
+
+    def __repr__(self) -> str:
+        return f"SinkEvents({list(self)!r})"
+
+    def clear(self) -> None:
+        """Forget every event the sink holds (`sink.clear()`)."""
+        self._sealed.clear()
+
+
 class MemorySink:
     """Keeps every event, in emission order, as soon as `emit` returns: `.sealed` as emitted (the
-    bytes every other sink gets), `.events` typed (each decoded from its bytes on first look). For
-    tests and in-process inspection; unbounded. It cannot fail to take an event, so it has no
-    `available`."""
+    bytes every other sink gets), `.events` typed (`SinkEvents`: a view of the same events, each
+    decoded from its bytes on first look). For tests and in-process inspection; unbounded. It
+    cannot fail to take an event, so it has no `available`."""
 
     role: ClassVar[SinkRole] = "audit"
 
     def __init__(self) -> None:
         self.sealed: list[SealedEvent | EventBase] = []
+        self._events = SinkEvents(self.sealed)
 
     def emit(self, event: SealedEvent | EventBase) -> None:
         # list.append is atomic under the GIL: safe from any thread without a lock.
         self.sealed.append(event)
 
     @property
-    def events(self) -> list[EventBase]:
-        """Every event held, typed, in emission order (a new list on each read)."""
-        return [typed(event) for event in list(self.sealed)]
+    def events(self) -> SinkEvents:
+        """Every event held, typed, in emission order: the same live view on every read, so
+        `len(sink.events)` costs nothing and `sink.events.clear()` empties the sink."""
+        return self._events
 
     def of_type(self, type_: str) -> list[EventBase]:
         """The events of one wire type, in order."""
-        return [typed(e) for e in list(self.sealed) if getattr(e, "type", None) == type_]
+        return [typed(e) for e in self.sealed[:] if getattr(e, "type", None) == type_]
 
     def clear(self) -> None:
         """Forget every event held so far."""

@@ -18,6 +18,13 @@ import redis
 
 from callgate.broker import EmbeddedBroker
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment, and rich fixes a
+    # Console's width from COLUMNS when the Console is built (the command line's, at import): the
+    # tests that give the command a wider COLUMNS would get 80 columns there and nowhere else.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[EmbeddedBroker]:

@@ -37,7 +37,8 @@ def live() -> None:
         if not ui.ready():
             return
         report = ui.coverage_report(ui.window().since)
-        st.caption(f"Checked at {report['checked_at']}; the verdict is kept for a minute.")
+        checked = f"{ui.local_time(report['checked_at'])} ({ui.zone()[1]})"
+        st.caption(f"Checked at {checked}; the verdict is kept for a minute.")
         failed = [check for check in report["checks"] if check["status"] == "fail"]
         unchecked = [check for check in report["checks"] if check["status"] == "unavailable"]
         if report["ok"]:

@@ -66,15 +66,19 @@ def live() -> None:
                 st.text(str(materializer.get("detail") or ""))
         figures = st.columns(6)
         figures[0].metric("Events stored", f"{int(health.get('total_events') or 0):,}")
-        figures[1].metric(f"Events per minute (last {RECENT_MINUTES} min)", f"{health.get('events_per_minute') or 0:g}")
+        per_minute = float(health.get("events_per_minute") or 0)
+        figures[1].metric(
+            "Events a minute", f"{per_minute:,.0f}", help=f"Stored a minute over the last {RECENT_MINUTES} minutes."
+        )
         since_ingest = health.get("seconds_since_last_ingest")
         figures[2].metric("Since last ingest", "never" if since_ingest is None else f"{float(since_ingest):.0f} s")
         figures[3].metric("Dead letters", f"{int(health.get('dead_letters') or 0):,}")
         figures[4].metric("Chain breaks", f"{int(health.get('chain_breaks') or 0):,}")
         lag = consumer_lag()
         figures[5].metric("Consumer lag (messages)", f"{sum(lag.values()):,}" if lag else "n/a")
-        st.caption("Last event time (UTC)")
-        st.code(str(health.get("last_event_time") or "(none)"), language=None)
+        last = health.get("last_event_time")
+        st.caption(f"Last event time ({ui.zone()[1]})")
+        st.code(ui.local_time(str(last)) if last else "(none)", language=None)
 
         st.subheader("Partitions")
         rows = [{**row, "lag_messages": lag.get((row["topic"], row["partition"]))} for row in data.partitions]

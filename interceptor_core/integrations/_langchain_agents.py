@@ -18,8 +18,8 @@ from langgraph.types import Command
 
 from interceptor_core.context import RunContext
 from interceptor_core.gate import AgentScope, Gate, Workflow
-from interceptor_core.integrations.langchain import (
-    _PENDING,
+from interceptor_core.integrations._langchain_calls import (
+    PENDING,
     PendingCall,
     call_through_gate,
     gate_tool,
@@ -148,7 +148,7 @@ class CallgateMiddleware(AgentMiddleware):
         call = _HandlerCall(request, handler, sync=True)
         tool_call = request.tool_call
         run = self._run_of(request)
-        token = _PENDING.set(call)
+        token = PENDING.set(call)
         try:
             result = run_sync(
                 lambda: call_through_gate(
@@ -156,7 +156,7 @@ class CallgateMiddleware(AgentMiddleware):
                 )
             )
         finally:
-            _PENDING.reset(token)
+            PENDING.reset(token)
         reply: Reply = call.reply(result)
         return reply
 
@@ -166,12 +166,12 @@ class CallgateMiddleware(AgentMiddleware):
         """The async path (`agent.ainvoke`, `astream`): the chain, then `handler` if allowed."""
         call = _HandlerCall(request, handler, sync=False)
         tool_call = request.tool_call
-        token = _PENDING.set(call)
+        token = PENDING.set(call)
         try:
             result = await call_through_gate(
                 self.scope, tool_call["name"], tool_call["args"], run=self._run_of(request), call_id=tool_call["id"]
             )
         finally:
-            _PENDING.reset(token)
+            PENDING.reset(token)
         reply: Reply = call.reply(result)
         return reply

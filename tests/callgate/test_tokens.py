@@ -228,3 +228,139 @@ class TestMaterializeWithAuth:
         replayed = runner.invoke(app, [*replay, "--token", auditor], env={"COLUMNS": "200"})
         assert "nothing to replay: no stored call" in replayed.output, replayed.output
         assert "--token" not in replayed.output
+
+
+class TestAmbiguousTenantRoles:
+    @pytest.mark.parametrize("role", ["tenant:*", "tenant:a,b", "tenant:a b", "tenant:a;b", "tenant:ac?e"])
+    def test_token_new_refuses_a_tenant_id_that_reads_as_a_list_or_a_pattern(self, tmp_path: Path, role: str) -> None:
+        """`callgate token new --role tenant:*` (or a,b or "a b"), run as a process, exits 2 with one
+        line naming the role, and writes no file."""
+        file = tmp_path / "tokens.yaml"
+        result = callgate("token", "new", "--file", str(file), "--subject", "a", "--role", role, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, lines
+        assert repr(role) in lines[0]
+        assert "one --role tenant:<id> per tenant" in lines[0]
+        assert result.stdout == ""
+        assert not file.exists()
+
+
+class Jwks:
+    """An RSA and an EC signing key of one issuer, and the JWKS file naming them `rsa-1` and `ec-1`."""
+
+    issuer, audience = "https://idp.test", "callgate"
+
+    def __init__(self, directory: Path) -> None:
+        import json
+
+        import jwt
+        from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+        self.rsa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.ec = ec.generate_private_key(ec.SECP256R1())
+        keys = [
+            {**jwt.algorithms.RSAAlgorithm.to_jwk(self.rsa.public_key(), as_dict=True), "kid": "rsa-1"},
+            {**jwt.algorithms.ECAlgorithm.to_jwk(self.ec.public_key(), as_dict=True), "kid": "ec-1"},
+        ]
+        self.path = directory / "jwks.json"
+        self.path.write_text(json.dumps({"keys": keys}))
+
+    def sign(self, key: object, algorithm: str, kid: str) -> str:
+        import jwt
+
+        claims = {"sub": "erin", "iss": self.issuer, "aud": self.audience, "exp": int(time.time()) + 600}
+        return jwt.encode({**claims, "roles": ["tenant:acme"]}, key, algorithm=algorithm, headers={"kid": kid})
+
+
+@pytest.fixture(scope="class")
+def api_process(
+    kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str, Jwks]]:
+    """`callgate materialize --api 127.0.0.1:0` with a token file and a JWKS, as a process of its own:
+    (API URL, an admin token, the JWKS)."""
+    tmp = tmp_path_factory.mktemp("api_process")
+    tokens = tmp / "tokens.yaml"
+    tokens.write_text("tokens: []\n")
+    admin = new(tokens, "ops", "admin")
+    jwks = Jwks(tmp)
+    command = [sys.executable, "-m", "callgate.cli", "materialize", "--bootstrap", kafka_broker.bootstrap]
+    command += ["--topic", f"api-{uuid.uuid4().hex[:8]}", "--db", str(tmp / "audit.duckdb"), "--api", "127.0.0.1:0"]
+    command += ["--auth", str(tokens), "--partitions", "1", "--jwt-jwks", str(jwks.path)]
+    command += ["--jwt-audience", jwks.audience, "--jwt-issuer", jwks.issuer]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            url = read_line(process, "read API at ").split("read API at ", 1)[1].strip()
+            yield url, admin, jwks
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+class TestReadApiProcess:
+    """A running `callgate materialize --api` asked over HTTP the way an outsider would."""
+
+    @pytest.mark.parametrize(("signer", "algorithm", "kid"), [("rsa", "RS256", "ec-1"), ("ec", "ES256", "rsa-1")])
+    def test_a_jwt_naming_a_key_of_the_other_type_is_401(
+        self, api_process: tuple[str, str, Jwks], signer: str, algorithm: str, kid: str
+    ) -> None:
+        """A JWT whose `kid` names a key of the other type (RS256 with the EC key's id, ES256 with the
+        RSA key's) is refused with 401 saying so, not a 500; the same key with its own id reads."""
+        url, _, jwks = api_process
+        token = jwks.sign(getattr(jwks, signer), algorithm, kid)
+        refused = httpx.get(f"{url}/v1/queries/blocked_attempts", headers={"Authorization": f"Bearer {token}"})
+        assert refused.status_code == 401, refused.text
+        assert f"signed with {algorithm}" in refused.json()["error"]
+        own = jwks.sign(getattr(jwks, signer), algorithm, f"{signer}-1")
+        assert httpx.get(f"{url}/v1/queries/blocked_attempts", headers={"Authorization": f"Bearer {own}"}).is_success
+
+    def test_an_offset_beyond_64_bits_is_400_on_every_query(self, api_process: tuple[str, str, Jwks]) -> None:
+        """`offset` one past the int64 maximum is 400 naming the parameter on every query that pages
+        with it; the maximum itself is answered (no rows)."""
+        url, admin, _ = api_process
+        headers = {"Authorization": f"Bearer {admin}"}
+        queries = httpx.get(f"{url}/v1/queries", headers=headers).json()["queries"]
+        given = {"str": "x", "int": "1", "bool": "true", "ids": '["x"]', "datetime": "2026-01-01T00:00:00+00:00"}
+        paged = {
+            query["name"]: {p["name"]: given[p["type"]] for p in query["parameters"] if p["required"]}
+            for query in queries
+            if any(p["name"] == "offset" for p in query["parameters"])
+        }
+        assert len(paged) >= 13
+        for name, required in paged.items():
+            over = httpx.get(f"{url}/v1/queries/{name}", params={**required, "offset": str(2**63)}, headers=headers)
+            assert over.status_code == 400, (name, over.text)
+            assert "'offset'" in over.json()["error"]
+        top = httpx.get(f"{url}/v1/queries/blocked_attempts", params={"offset": str(2**63 - 1)}, headers=headers)
+        assert top.status_code == 200, top.text
+
+    def test_a_request_without_a_token_leaves_an_access_log_line(self, api_process: tuple[str, str, Jwks]) -> None:
+        """A query asked with no Authorization header is 401 and recorded: no subject, status 401."""
+        url, admin, _ = api_process
+        probe = f"probe-{uuid.uuid4().hex[:8]}"
+        assert httpx.get(f"{url}/v1/queries/blocked_attempts", params={"tool": probe}).status_code == 401
+        logged = httpx.get(
+            f"{url}/v1/queries/access_log",
+            params={"status": "401", "query_name": "blocked_attempts"},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert logged.status_code == 200, logged.text
+        rows = [row for row in logged.json()["rows"] if probe in str(row["params"])]
+        assert [(row["subject"], row["status"]) for row in rows] == [("", 401)]
+
+    def test_a_trailing_slash_is_404_and_never_a_redirect_to_the_host_header(
+        self, api_process: tuple[str, str, Jwks]
+    ) -> None:
+        """`/v1/queries/` asked with a forged Host header answers 404 naming the route, with no
+        Location (Starlette would redirect to http://<Host>/v1/queries)."""
+        url, admin, _ = api_process
+        headers = {"Authorization": f"Bearer {admin}", "Host": "evil.example"}
+        for path in ("/v1/queries/", "/healthz/", "/v1/queries/blocked_attempts/"):
+            response = httpx.get(f"{url}{path}", headers=headers, follow_redirects=False)
+            assert response.status_code == 404, (path, response.status_code)
+            assert "location" not in response.headers
+            assert "no trailing slash" in response.json()["error"]

@@ -378,6 +378,28 @@ class TestAccessLog:
         assert "access log" in response.json()["error"]
         assert "rows" not in response.json()
 
+    def test_healthz_is_503_while_the_access_log_cannot_be_written(self, served: Served, tmp_path: Path) -> None:
+        """A store whose access_log table is gone (DuckDB refuses the insert): the read is 500 and
+        /healthz turns 503 naming the access log; once a record is written again, 200."""
+        store = AuditStore(tmp_path / "audit.duckdb")
+        server = start_api(store, served.tokens_path)
+        admin = {"Authorization": f"Bearer {served.tokens['admin']}"}
+        try:
+            with httpx.Client(base_url=server.url, headers=admin) as client:
+                assert client.get("/healthz").status_code == 200
+                store.cursor().execute("ALTER TABLE access_log RENAME TO access_log_away")
+                assert client.get("/v1/queries/blocked_attempts").status_code == 500
+                health = client.get("/healthz")
+                assert health.status_code == 503
+                assert health.json()["status"] == "unavailable"
+                assert "access log cannot be written" in health.json()["detail"]
+                store.cursor().execute("ALTER TABLE access_log_away RENAME TO access_log")
+                assert client.get("/v1/queries/blocked_attempts").status_code == 200
+                assert client.get("/healthz").status_code == 200
+        finally:
+            server.stop()
+            store.close()
+
 
 class TestApiReaderToken:
     def test_the_reader_sends_its_token(self, served: Served) -> None:

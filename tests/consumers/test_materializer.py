@@ -191,9 +191,10 @@ class TestCommits:
 
         await ensure_topic(kafka_broker.bootstrap, topic, 3)
         group = f"g-{uuid.uuid4().hex[:8]}"
-        # A poll far longer than the flush's deadline: only a commit that does not wait for it frees the sink.
+        # A poll far longer than the flush's deadline: only a commit that does not wait for it frees the
+        # sink. (Stopping waits out the poll in hand, so it is no longer than that needs.)
         materializer = Materializer(
-            kafka_broker.bootstrap, topic, str(tmp_path / "audit.duckdb"), group=group, partitions=3, poll_ms=15_000
+            kafka_broker.bootstrap, topic, str(tmp_path / "audit.duckdb"), group=group, partitions=3, poll_ms=8_000
         )
         sink, memory = KafkaSink(kafka_broker.bootstrap, topic, tmp_path / "spool", confirm_group=group), MemorySink()
         agent = Gate("shop", sinks=[sink, memory]).agent("desk", tools=[refund])
@@ -202,7 +203,7 @@ class TestCommits:
             for round_ in range(3):
                 for i in range(5):
                     await agent.call("refund", {"order_id": f"A-{round_}-{i}", "amount_cents": i})
-                assert await sink.flush(timeout=8), f"round {round_}: {sink.pending} events still unconfirmed"
+                assert await sink.flush(timeout=4), f"round {round_}: {sink.pending} events still unconfirmed"
             assert sink.confirmed == len(memory.events)
             await sink.close()
         assert sorted(stored_ids(tmp_path / "audit.duckdb")) == sorted(e.event_id for e in memory.events)

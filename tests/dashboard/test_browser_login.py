@@ -251,3 +251,58 @@ def test_every_page_is_drawn(page: Any, served: str, tokens: dict[str, str], sho
         expect(page.get_by_test_id("stException")).to_have_count(0)
         page.screenshot(path=str(shots / f"{title.lower().replace(' ', '-')}.png"), full_page=True)
     assert len(list(shots.glob("*.png"))) >= len(PAGES)
+
+
+SHOWN_TIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")
+"""A time as every page shows it: `YYYY-MM-DD HH:MM:SS`, no `T`, no fraction, no offset."""
+
+
+def test_coverage_and_pipeline_show_times_as_every_page_does(
+    page: Any, served: str, tokens: dict[str, str], shots: Path
+) -> None:
+    """Coverage's "Checked at" and Pipeline health's last event time read `YYYY-MM-DD HH:MM:SS` in
+    the dashboard's zone, as every table does (they showed ISO text with microseconds); the events
+    a minute have a thousands separator's form and a label that fits."""
+    from playwright.sync_api import expect
+
+    page.goto(served)
+    log_in(page, tokens["auditor"])
+    expect(metric(page, "Calls")).to_be_visible(timeout=30_000)
+    nav(page, "Coverage")
+    checked = page.get_by_text(re.compile(r"^Checked at "))
+    expect(checked).to_be_visible(timeout=30_000)
+    drawn(page)
+    text = checked.inner_text()
+    assert re.fullmatch(rf"Checked at {SHOWN_TIME.pattern} \(UTC\); the verdict is kept for a minute\.", text), text
+    page.screenshot(path=str(shots / "coverage-times.png"), full_page=True)
+
+    nav(page, "Pipeline health")
+    expect(page.get_by_text("Last event time (UTC)")).to_be_visible(timeout=30_000)
+    drawn(page)
+    last = page.get_by_test_id("stCode").first.inner_text().strip()
+    assert SHOWN_TIME.fullmatch(last), last
+    per_minute = metric(page, "Events a minute").inner_text()
+    assert re.fullmatch(r"\d{1,3}(,\d{3})*", per_minute), per_minute
+    page.screenshot(path=str(shots / "pipeline-times.png"), full_page=True)
+
+
+@pytest.mark.parametrize("path", ["coverage", "pipeline"])
+def test_a_tenant_login_sent_to_a_global_page_is_told_why(
+    page: Any, served: str, tokens: dict[str, str], shots: Path, path: str
+) -> None:
+    """A tenant administrator opening a link to Coverage or Pipeline health lands on Overview with a
+    warning that names the page and why it is not shown, instead of without a word."""
+    from playwright.sync_api import expect
+
+    title = {"coverage": "Coverage", "pipeline": "Pipeline health"}[path]
+    page.goto(f"{served}/{path}")
+    log_in(page, tokens["globex-admin"])
+    expect(page.get_by_role("heading", name="Overview", exact=True)).to_be_visible(timeout=30_000)
+    warning = page.get_by_test_id("stAlert").filter(has_text=f"{title} reads every tenant's events")
+    expect(warning).to_be_visible(timeout=30_000)
+    expect(warning).to_contain_text("Overview opened instead")
+    drawn(page)
+    page.screenshot(path=str(shots / f"tenant-sent-to-{path}.png"), full_page=True)
+    nav(page, "Blocked attempts")
+    expect(page.get_by_role("heading", name="Blocked attempts", exact=True)).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(f"{title} reads every tenant's events")).to_have_count(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from datetime import UTC, datetime
@@ -11,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events import EventParseError, Producer, ToolUseEvent, encode_event, event_hash, parse_event
+from events import (
+    EventParseError,
+    MemorySink,
+    Producer,
+    ToolUseEvent,
+    encode_event,
+    event_hash,
+    parse_event,
+    verify_chain,
+)
 from events.codec import read_event
 from events.models import EventBase
 
@@ -190,3 +200,78 @@ class TestReadEvent:
     def test_bytes_that_are_not_utf8_say_so(self) -> None:
         """The dead-letter reason names the encoding problem."""
         assert reason(read_event, b'{"type":"ToolUse","x":"\xff"}').startswith("not UTF-8")
+
+
+class TestModelDumpJson:
+    """Every event round-trips through its model: `parse_event(event.model_dump_json())` verifies."""
+
+    @staticmethod
+    def a_run() -> list[EventBase]:
+        """One run of a real gate with every outcome: allowed, denied, substituted, approved, refused
+        and blocked calls (and the scope's ToolsRegistered)."""
+        from interceptor_core import (
+            Approval,
+            Block,
+            Deny,
+            Gate,
+            RequireApproval,
+            RunContext,
+            Substitute,
+            ToolBlockedError,
+            before_tool_call,
+            tool,
+        )
+
+        @tool
+        def refund(order_id: str, amount_cents: int) -> str:
+            """Refunds an order."""
+            return f"refunded {amount_cents} on {order_id}"
+
+        decisions = [None, Deny("not yours"), Substitute({"cached": "é ✓"}), RequireApproval("big"), Block("stop")]
+
+        @before_tool_call(name="mix")
+        def mix(call: Any) -> Any:
+            return decisions[call.args["amount_cents"]]
+
+        async def answer(request: Any) -> Approval:
+            return Approval(approved=request.args["order_id"] == "A-3", by="lead", note="ok")
+
+        sink = MemorySink()
+        agent = Gate("shop", interceptors=[mix], sinks=[sink], approval_handler=answer).agent("desk", tools=[refund])
+
+        async def run() -> None:
+            context = RunContext(tenant="acme", principal="u-1")
+            for n in range(4):
+                await agent.call("refund", {"order_id": f"A-{n}", "amount_cents": n}, run=context)
+            await agent.call("refund", {"order_id": "B-3", "amount_cents": 3}, run=context)
+            with pytest.raises(ToolBlockedError):
+                await agent.call("refund", {"order_id": "A-4", "amount_cents": 4}, run=context)
+
+        asyncio.run(run())
+        return list(sink.events)
+
+    def test_every_event_of_a_run_verifies_after_model_dump_json(self) -> None:
+        """Each event of a run with every outcome, Substitute included, re-serialized with pydantic's
+        `model_dump_json()` and parsed back, is the same event and its chain verifies whole."""
+        run = self.a_run()
+        assert {e.type for e in run} >= {"ToolUse", "ToolDenied", "Substitute", "Blocked", "ApprovalResolved"}
+        again = [parse_event(event.model_dump_json()) for event in run]
+        assert again == run
+        report = verify_chain(again)
+        assert report.ok, report.tampered
+        assert report.producers == {run[0].producer_id: len(run)}
+
+    def test_an_event_built_in_python_round_trips_too(self) -> None:
+        """A version 2 event never sealed (built from its fields) keeps its hash through
+        `model_dump_json()`: the JSON ends with the hash member its hash is over."""
+        event = sealed()
+        built = ToolUseEvent(**event.model_dump())
+        text = built.model_dump_json()
+        assert text.endswith(f',"hash":"{built.hash}"}}')
+        assert event_hash(parse_event(text)) == event_hash(built)
+
+    def test_options_give_pydantic_s_own_json(self) -> None:
+        """With an option (`indent`, `exclude`...), `model_dump_json` is pydantic's serialization."""
+        event = sealed()
+        assert json.loads(event.model_dump_json(indent=2)) == event.model_dump(mode="json")
+        assert "hash" not in json.loads(event.model_dump_json(exclude={"hash"}))

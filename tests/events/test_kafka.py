@@ -74,10 +74,11 @@ async def read_topic(bootstrap: str, topic: str, expect: int, timeout: float = 3
         await consumer.stop()
 
 
-async def spooled(sink: KafkaSink, timeout: float = 10.0) -> None:
-    """Wait (polling, with a deadline) until the sender thread has taken every queued event."""
+async def spooled(sink: KafkaSink, timeout: float = 10.0, *, until_unavailable: bool = False) -> None:
+    """Wait (polling, with a deadline) until the sender thread has taken every queued event, or, with
+    `until_unavailable`, until the sink refuses new events (a full spool keeps the queue waiting)."""
     deadline = time.monotonic() + timeout
-    while sink._queue and time.monotonic() < deadline:
+    while sink._queue and not (until_unavailable and not sink.available) and time.monotonic() < deadline:
         await asyncio.sleep(0.002)  # sleep-ok: polling with a deadline
 
 
@@ -208,7 +209,7 @@ class TestSpoolFull:
             except ToolBlockedError as exc:
                 blocked = exc
             n += 1
-            await spooled(sink)
+            await spooled(sink, until_unavailable=True)
         assert blocked is not None
         named = f"audit unavailable: KafkaSink(t on 127.0.0.1:{port}): spool full ("
         assert blocked.reason.startswith(named), blocked.reason

@@ -110,6 +110,47 @@ class TestMemorySink(SinkContract):
         assert sink.events == [event]
         assert sink.of_type("ToolUse") == [event]
 
+    @staticmethod
+    def sealed(sink: MemorySink, n: int) -> None:
+        producer = Producer()
+        for i in range(n):
+            fields = {"event_id": f"e-{i}", "time": datetime.now(UTC), "gate": "g", "outcome": "ok", "duration_ms": 0.0}
+            sink.emit(producer.seal_fields("ToolUse", fields))
+
+    def test_events_clear_empties_the_sink(self) -> None:
+        """`sink.events.clear()` forgets every event: the sink holds none afterwards, typed or sealed."""
+        sink = MemorySink()
+        self.sealed(sink, 3)
+        sink.events.clear()
+        assert len(sink.events) == 0
+        assert sink.sealed == []
+        assert list(sink.events) == []
+
+    def test_len_of_events_decodes_nothing(self) -> None:
+        """`len(sink.events)` in a loop counts the events without decoding any of them; an event is
+        decoded when first looked at, once."""
+        sink = MemorySink()
+        self.sealed(sink, 50)
+        for _ in range(100):
+            assert len(sink.events) == 50
+        assert all(sealed._event is None for sealed in sink.sealed)
+        first = sink.events[0]
+        assert sink.events[0] is first
+        assert sum(sealed._event is not None for sealed in sink.sealed) == 1
+
+    def test_events_is_one_live_view(self) -> None:
+        """`sink.events` is the same object on every read, and shows events emitted after it was
+        taken; slices and comparisons answer as lists do."""
+        sink = MemorySink()
+        view = sink.events
+        self.sealed(sink, 2)
+        assert sink.events is view
+        assert [e.event_id for e in view] == ["e-0", "e-1"]
+        assert view[-1].event_id == "e-1"
+        assert view[1:] == [view[1]]
+        assert view == list(view)
+        assert view != [view[0]]
+
 
 class TestJsonlSink(SinkContract):
     def make_sink(self, tmp_path: Path) -> JsonlSink:
