@@ -293,6 +293,13 @@ def materialize(
     insecure_no_auth: InsecureNoAuthOption = False,
     allow_remote: Annotated[bool, typer.Option(hidden=True, help="Old name of --insecure-no-auth.")] = False,
     metrics_open: MetricsOpenOption = False,
+    decisions_topic: Annotated[
+        str,
+        typer.Option(
+            help="With --api: reviewers decide approval requests (POST /v1/approvals/ID, role reviewer); "
+            "decisions go to the events topic and to this topic, which waiting gates read ('' for none)."
+        ),
+    ] = "callgate.decisions",
     drain: Annotated[bool, typer.Option(help="Read to the end offsets as of the start, commit and exit.")] = False,
     gap_grace: Annotated[
         float, typer.Option(help="Seconds a chain gap may stay open before it is recorded (continuous runs).")
@@ -410,6 +417,7 @@ def materialize(
             api_auth=authenticator,
             metrics_open=metrics_open,
             api_tls=tls,
+            decisions_topic=decisions_topic or None,
             gap_grace_s=gap_grace,
             unread_grace_s=unread_grace,
             trusted_keys=keys,

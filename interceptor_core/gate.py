@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from events.redaction import Redactor
 from events.sinks import SINK_ROLES, SinkStartError, SinkStats, sink_label, sink_role
 from interceptor_core._eager import InContext, finish, start
-from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest
+from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest, approval_id_for, args_digest, expiry
 from interceptor_core.audit import AUDIT_MODES, Audit, AuditMode
 from interceptor_core.context import RunContext, ScopePath, ToolCall, ToolContext, new_id
 from interceptor_core.decisions import Allow, Block, Deny, PolicyDecision, RequireApproval, Rewrite, Substitute
@@ -901,16 +901,9 @@ class Gate:
         if handler is None and given is None:
             self._block(state, reason, ", ".join(requested_by), "approval_required", ToolApprovalRequiredError)
         audit = self._audit
+        request = self._approval_request(state, call, reason, requested_by)
         if audit is not None:
-            audit.approval_requested(state, reason, requested_by)
-        request = ApprovalRequest(
-            tool=call.tool_name,
-            args=call.args,
-            reason=reason,
-            run=call.run,
-            call_id=call.call_id,
-            requested_by=requested_by,
-        )
+            audit.approval_requested(state, request)
         started = _perf()
         error: str | None = None
         answer: Any = None
@@ -939,8 +932,9 @@ class Gate:
         state.trail.append(
             DecisionRecord("approval", "gate", "allow" if approval.approved else "deny", waited, "approval", error)
         )
-        if audit is not None:
-            audit.approval_resolved(state, approval, waited, error)
+        if audit is not None and approval.event_id is None:
+            # A reviewer's decision was recorded where it was taken; anything else is recorded here.
+            audit.approval_resolved(state, request, approval, waited, error)
         if approval.approved:
             return None
         refusal = f"The call to {call.tool_name} needs approval ({reason}) and was refused"
@@ -949,6 +943,33 @@ class Gate:
         elif approval.by:
             refusal += f" by {approval.by}"
         return refusal + (f": {approval.note}" if approval.note else ".")
+
+    def _approval_request(
+        self, state: _CallState, call: ToolCall, reason: str, requested_by: tuple[str, ...]
+    ) -> ApprovalRequest:
+        """The request bound to this exact call: the digest of its validated arguments, the policy
+        version and rules that asked (policy files among `requested_by`), and its expiry."""
+        digest = args_digest(call.args_model.model_dump(mode="json"))
+        versions: list[str] = []
+        rules: list[str] = []
+        for record in state.trail:
+            if record.interceptor in requested_by and record.enforced and record.policy_version is not None:
+                versions.append(record.policy_version)
+                rules.extend(rule for rule, kind in record.rules if kind == "require_approval")
+        version = ",".join(dict.fromkeys(versions)) or None
+        return ApprovalRequest(
+            tool=call.tool_name,
+            args=call.args,
+            reason=reason,
+            run=call.run,
+            call_id=call.call_id,
+            requested_by=requested_by,
+            approval_id=approval_id_for(call.call_id, digest, version),
+            args_digest=digest,
+            policy_version=version,
+            rule=",".join(dict.fromkeys(rules)) or None,
+            expires_at=expiry(self.approval_timeout_s),
+        )
 
     async def _shadow_before(self, state: _CallState, bound: BoundInterceptor, call: ToolCall) -> None:
         """Run a shadow interceptor's before-hook and record what it decided; apply nothing, and
