@@ -2366,7 +2366,7 @@ WHERE approval_id = $approval_id
 LIMIT $limit OFFSET $offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
-_APPROVAL_ID = Param("str", "The request's approval id (32 hex).", required=True)
+_APPROVAL_ID = Param("str", "The request's approval id (32 hex; no rows without it).")
 
 QUERIES.update(
     [
