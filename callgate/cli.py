@@ -851,8 +851,15 @@ def _token_commands() -> None:
     app.add_typer(tokens_app, name="token")
 
 
+def _approval_commands() -> None:
+    from callgate.approvals import app as approvals_app
+
+    app.add_typer(approvals_app, name="approvals")
+
+
 _policy_commands()
 _token_commands()
+_approval_commands()
 
 
 def main() -> None:

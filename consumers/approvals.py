@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from consumers.access_log import AccessLog
 
-__all__ = ["ApprovalDesk", "DecisionConflict", "DecisionError", "RequestNotFound", "approval_routes"]
+__all__ = ["ApprovalDesk", "DecisionConflict", "DecisionError", "RequestNotFound", "approval_routes", "post_decision"]
 
 log = logging.getLogger(__name__)
 
@@ -248,3 +248,40 @@ def _body(raw: bytes) -> tuple[str | None, str | None, str | None]:
     if note is not None and not isinstance(note, str):
         return decision, None, '"note" must be text'
     return decision, note, None
+
+
+def post_decision(
+    url: str,
+    approval_id: str,
+    *,
+    approved: bool,
+    note: str | None = None,
+    token: str | None = None,
+    timeout_s: float = 30.0,
+    ssl_context: Any = None,
+) -> tuple[int, dict[str, Any]]:
+    """POST a decision to the read API at `url` (http://HOST:PORT); (status, JSON body). Raises
+    `OSError` when the API cannot be reached. Blocks."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"the read API's URL must look like http://HOST:PORT, got {url!r}")
+    body = json.dumps({"decision": "approve" if approved else "deny", "note": note}).encode()
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token.strip()}"
+    path = f"/v1/approvals/{urllib.parse.quote(approval_id, safe='')}"
+    request = urllib.request.Request(url.rstrip("/") + path, data=body, headers=headers, method="POST")  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=ssl_context) as response:  # noqa: S310
+            status, raw = int(response.status), response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = int(exc.code), exc.read()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = {"error": raw[:200].decode("utf-8", "replace")}
+    return status, data if isinstance(data, dict) else {"error": str(data)}

@@ -5,6 +5,9 @@ the access log."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -243,6 +246,49 @@ class TestDecidingThroughTheApi:
             assert late.status_code == 409
             detail = await d.get("approval_request", approval_id=request["approval_id"])
             assert [r["status"] for r in detail] == ["expired"]
+
+
+def callgate(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", **({"CALLGATE_TOKEN": token} if token else {})}
+    return subprocess.run(
+        [sys.executable, "-c", "from callgate.cli import main; main()", "approvals", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+class TestTheCommandLine:
+    async def test_list_show_and_approve_from_the_command_line(
+        self, kafka_broker: EmbeddedBroker, tmp_path: Path
+    ) -> None:
+        """`callgate approvals list` shows the pending request, `show` its args, `approve` (as rev-1's
+        token) lets the waiting call run; the self-approval is refused with exit 1."""
+        async with desk(kafka_broker, tmp_path) as d:
+            waiting = call(d, "c-cli")
+            request = await d.pending("c-cli")
+            approval_id = request["approval_id"]
+            listed = await asyncio.to_thread(callgate, "list", "--api", d.api, "--json", token=d.tokens["rev-1"])
+            assert listed.returncode == 0, listed.stderr
+            assert approval_id in [row["approval_id"] for row in json.loads(listed.stdout)]
+            shown = await asyncio.to_thread(callgate, "show", approval_id, "--api", d.api, token=d.tokens["rev-1"])
+            assert shown.returncode == 0, shown.stderr
+            assert json.loads(shown.stdout)["args"] == {"order_id": "ACME-1", "amount_cents": 20000}
+            own = await asyncio.to_thread(callgate, "approve", approval_id, "--api", d.api, token=d.tokens["u-1"])
+            assert own.returncode == 1
+            assert "own request" in own.stderr
+            approved = await asyncio.to_thread(
+                callgate, "approve", approval_id, "--api", d.api, "--note", "fine", token=d.tokens["rev-1"]
+            )
+            assert approved.returncode == 0, approved.stderr
+            assert approved.stdout.strip() == f"{approval_id} approved by rev-1"
+            assert (await asyncio.wait_for(waiting, 20)).ok
+            assert d.ran == [20000]
+            no_api = await asyncio.to_thread(callgate, "deny", approval_id)
+            assert no_api.returncode == 2
+            assert "--api" in no_api.stderr
 
 
 class FakePublisher:
