@@ -2349,7 +2349,8 @@ SELECT r.approval_id,
        json_extract_string(d.event, '$.by') AS decided_by,
        json_extract_string(d.event, '$.note') AS note,
        json_extract_string(d.event, '$.error') AS error,
-       r.event_id
+       r.event_id,
+       d.event AS decision
 FROM requested r LEFT JOIN resolved d USING (approval_id)
 """
 
@@ -2382,7 +2383,8 @@ QUERIES.update(
         _query(
             "approval_request",
             "One approval request by its id, with its status (pending, approved, denied, expired), what it "
-            "asks and, once decided, who decided, when and with what note.",
+            "asks and, once decided, who decided, when and with what note, and the deciding ApprovalResolved "
+            "event itself (decision: what a gate polling the read API checks the binding of).",
             _APPROVAL_REQUEST,
             {"approval_id": _APPROVAL_ID, "tenant": TENANT, **PAGE},
             scope="tenant",

@@ -11,15 +11,25 @@ keeps the decisions by approval id, and wakes waiters when one arrives. It fits
 handler. Who may write to the decisions topic may approve: give only the desk write access (Kafka
 ACLs), and every gate read access.
 
-Imports aiokafka; import this module only where decisions are read or written.
+`ApiDecisions` is the other way for a gate that cannot reach Kafka: it asks the read API for the
+requests it waits for (the named query `approval_request`, whose `decision` column is the deciding
+event) every `interval_s`, with a token that may read them (a `tenant:<id>`, `auditor` or `reviewer`
+role).
+
+Imports aiokafka (for `KafkaDecisions` and `DecisionPublisher`) when they start; import this module
+only where decisions are read or written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections import defaultdict
 from typing import Any, Final
 
@@ -27,7 +37,7 @@ from events.codec import encode_event, parse_event
 from events.kafka import DEFAULT_TOPIC
 from events.models import ApprovalResolvedEvent
 
-__all__ = ["DECISIONS_TOPIC", "DecisionPublisher", "KafkaDecisions"]
+__all__ = ["DECISIONS_TOPIC", "ApiDecisions", "DecisionPublisher", "KafkaDecisions"]
 
 log = logging.getLogger(__name__)
 
@@ -207,3 +217,97 @@ class DecisionPublisher:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(self.timeout_s)
         loop.close()
+
+
+class ApiDecisions:
+    """The decisions of the requests being waited for, asked of a read API (see the module docstring).
+
+    `decisions(approval_id)` starts watching that id; a task started by `start()` asks the API for
+    every watched id each `interval_s` (one GET each, in a worker thread) until its decision is
+    stored, then wakes the waiters. An unreachable API or a refused token is logged and asked again.
+    Call everything from one event loop; `close()` is idempotent.
+    """
+
+    def __init__(self, url: str, *, token: str | None = None, interval_s: float = 0.5, timeout_s: float = 5.0) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"the read API's URL must look like http://HOST:PORT, got {url!r}")
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self.url = url.rstrip("/")
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._token = token
+        self._watched: set[str] = set()
+        self._found: dict[str, list[ApprovalResolvedEvent]] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"ApiDecisions({self.url!r}, token={'set' if self._token else None})"  # never the token
+
+    async def start(self) -> None:
+        """Start asking (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._poll(), name="callgate-api-decisions")
+
+    def decisions(self, approval_id: str) -> list[ApprovalResolvedEvent]:
+        """The decision stored for `approval_id` (none yet: an empty list, and the id is watched)."""
+        found = self._found.get(approval_id)
+        if found is None:
+            self._watched.add(approval_id)
+            return []
+        return list(found)
+
+    def changed(self) -> asyncio.Event:
+        """An event set when the next decision is found."""
+        return self._changed
+
+    async def _poll(self) -> None:
+        while True:
+            arrived = False
+            for approval_id in sorted(self._watched):
+                try:
+                    decision = await asyncio.to_thread(self._ask, approval_id)
+                except Exception as exc:
+                    log.warning("read API %s: cannot read approval %s: %s", self.url, approval_id, exc)
+                    continue
+                if decision is not None:
+                    self._found[approval_id] = [decision]
+                    self._watched.discard(approval_id)
+                    arrived = True
+            if arrived:
+                changed, self._changed = self._changed, asyncio.Event()
+                changed.set()
+            await asyncio.sleep(self.interval_s)
+
+    def _ask(self, approval_id: str) -> ApprovalResolvedEvent | None:
+        query = urllib.parse.urlencode({"approval_id": approval_id})
+        headers = {"Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(f"{self.url}/v1/queries/approval_request?{query}", headers=headers)  # noqa: S310
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
+            rows = json.loads(response.read()).get("rows") or []
+        decision = rows[0].get("decision") if rows else None
+        if decision is None:
+            return None
+        event = parse_event(decision)
+        if not isinstance(event, ApprovalResolvedEvent) or event.approval_id != approval_id:
+            raise ValueError(f"the stored decision of {approval_id} is not an ApprovalResolved of it")
+        return event
+
+    async def close(self) -> None:
+        """Stop asking; idempotent."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> ApiDecisions:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -24,7 +24,7 @@ from callgate.tokens import add_token
 from consumers.approvals import ApprovalDesk, DecisionConflict, RequestNotFound
 from consumers.auth import Forbidden, Identity, TokenFile
 from consumers.materializer import Materializer
-from events.decisions import KafkaDecisions
+from events.decisions import ApiDecisions, KafkaDecisions
 from events.kafka import KafkaSink
 from events.models import ApprovalResolvedEvent
 from interceptor_core import Gate, RequireApproval, RunContext, before_tool_call, tool
@@ -108,7 +108,10 @@ async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: 
 
 
 @asynccontextmanager
-async def desk(broker: EmbeddedBroker, tmp_path: Path, timeout_s: float = 60.0) -> AsyncIterator[Desk]:
+async def desk(
+    broker: EmbeddedBroker, tmp_path: Path, timeout_s: float = 60.0, *, poll_api: bool = False
+) -> AsyncIterator[Desk]:
+    """The stack; the gate learns decisions from the decisions topic, or (`poll_api`) by asking the read API."""
     topic = f"events-{uuid.uuid4().hex[:8]}"
     decisions_topic = f"decisions-{uuid.uuid4().hex[:8]}"
     token_file = tmp_path / "tokens.yaml"
@@ -123,7 +126,12 @@ async def desk(broker: EmbeddedBroker, tmp_path: Path, timeout_s: float = 60.0) 
         poll_ms=50,
     )
     task = asyncio.create_task(materializer.run())
-    decisions = KafkaDecisions(broker.bootstrap, decisions_topic)
+    await until(lambda: asyncio.sleep(0, materializer.api is not None), 20, "the read API")
+    decisions: KafkaDecisions | ApiDecisions = (
+        ApiDecisions(materializer.api.url, token=tokens["auditor-1"], interval_s=0.1)
+        if poll_api
+        else KafkaDecisions(broker.bootstrap, decisions_topic)
+    )
     await decisions.start()
     ran: list[int] = []
 
@@ -142,7 +150,6 @@ async def desk(broker: EmbeddedBroker, tmp_path: Path, timeout_s: float = 60.0) 
         approval_timeout_s=timeout_s,
     )
     try:
-        await until(lambda: asyncio.sleep(0, materializer.api is not None), 20, "the read API")
         yield Desk(materializer.api.url, tokens, gate.agent("desk", tools=[refund]), ran, sink)
     finally:
         await sink.close(timeout=5)
@@ -190,6 +197,17 @@ class TestDecidingThroughTheApi:
                 ("rev-1", "approval:approve", 200),
                 ("rev-1", "approval:deny", 409),
             ]
+
+    async def test_a_gate_asking_the_read_api_gets_the_decision(
+        self, kafka_broker: EmbeddedBroker, tmp_path: Path
+    ) -> None:
+        """Without the decisions topic: the gate polls the read API and runs the approved call once."""
+        async with desk(kafka_broker, tmp_path, poll_api=True) as d:
+            waiting = call(d, "c-poll")
+            request = await d.pending("c-poll")
+            assert (await d.decide("rev-1", request["approval_id"], "approve")).status_code == 200
+            assert (await asyncio.wait_for(waiting, 20)).ok
+            assert d.ran == [20000]
 
     async def test_a_denial_refuses_the_call(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
         """Denied by rev-1: the call does not run, and the model reads the reviewer and the note."""
