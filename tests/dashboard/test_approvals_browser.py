@@ -14,9 +14,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import pytest
 from callgate.broker import EmbeddedBroker, free_port
 from callgate.tokens import add_token
 from consumers.reader import ApiReader, SourceUnavailableError
+from consumers.webhooks import signature
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +62,36 @@ def stop(proc: subprocess.Popen[Any]) -> None:
             proc.wait()
 
 
+HOOK_SECRET = "hook-secret"  # noqa: S105 (a test's webhook secret)
+
+
+class Hooks:
+    """A webhook receiver on loopback: the verified JSON bodies it got."""
+
+    def __init__(self) -> None:
+        self.got: list[dict[str, Any]] = []
+        hooks = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                expected = signature(HOOK_SECRET.encode(), self.headers["X-Callgate-Timestamp"], body)
+                if self.headers["X-Callgate-Signature"] == expected:
+                    hooks.got.append(json.loads(body)["callgate"])
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def told(self, event: str, approval_id: str) -> bool:
+        return any(h["event"] == event and h["approval_id"] == approval_id for h in self.got)
+
+
 class Stack:
     """The broker's topics, the materializer with its desk, the console, and agent processes."""
 
@@ -72,6 +105,7 @@ class Stack:
         self.decisions = ""
         self.ran = tmp_path / "ran.txt"
         self.ran.touch()
+        self.hooks: Hooks | None = None
 
     def agent(
         self, call_id: str, amount: int = 20000, *, timeout_s: float = 120, tenant: str = "acme"
@@ -131,6 +165,9 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Stack]:
     api_port, ui_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     api, url = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{ui_port}"
     topic, decisions = f"approvals-{uuid.uuid4().hex[:8]}", f"decisions-{uuid.uuid4().hex[:8]}"
+    hooks = Hooks()
+    hooks_file = tmp_path / "hooks.yaml"
+    hooks_file.write_text(f"webhooks:\n  - {{url: '{hooks.url}', secret_env: CALLGATE_TEST_HOOK, tenant: acme}}\n")
     materializer = subprocess.Popen(
         [
             *CLI,
@@ -147,8 +184,13 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Stack]:
             str(token_file),
             "--decisions-topic",
             decisions,
+            "--webhooks",
+            str(hooks_file),
+            "--console-url",
+            url,
         ],
         stdout=subprocess.DEVNULL,
+        env={**os.environ, "CALLGATE_TEST_HOOK": HOOK_SECRET},
     )
     console = subprocess.Popen(
         [*CLI, "dashboard", "--api", api, "--port", str(ui_port), "--refresh", "1", "--login", "token"],
@@ -159,9 +201,11 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Stack]:
         assert console.stdout is not None
         assert console.stdout.readline().startswith(f"dashboard at {url}")
         built = Stack(kafka_broker.bootstrap, tmp_path, tokens, api, url)
-        built.topic, built.decisions = topic, decisions
+        built.topic, built.decisions, built.hooks = topic, decisions, hooks
         yield built
     finally:
+        hooks.server.shutdown()
+        hooks.server.server_close()
         stop(console)
         stop(materializer)
         if console.stdout is not None:
@@ -209,6 +253,8 @@ def test_a_reviewer_approves_in_the_console_and_the_call_runs_once(chromium: str
 
     agent = stack.agent("call-approve")
     request = stack.pending("call-approve")
+    assert stack.hooks is not None
+    until(lambda: stack.hooks.told("requested", request["approval_id"]), 30, "acme's webhook told")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         try:
@@ -307,5 +353,7 @@ def test_denial_expiry_and_another_tenants_reviewer(chromium: str, stack: Stack)
             ]
             (detail,) = stack.query("approval_request", approval_id=asked["approval_id"])
             assert detail["status"] == "expired"
+            assert stack.hooks is not None
+            until(lambda: stack.hooks.told("expired", asked["approval_id"]), 30, "the expiry told")
         finally:
             browser.close()
