@@ -521,6 +521,10 @@ class Audit:
         )
         self._emit(ApprovalRequestedEvent, fields)
 
+    def paused(self, state: _CallState) -> None:
+        """The call paused for approval: its trace ends without an outcome (the resumed call has one)."""
+        self._conclude(state, None)
+
     def approval_resolved(
         self, state: _CallState, request: ApprovalRequest, approval: Approval, waited_s: float, error: str | None
     ) -> None:

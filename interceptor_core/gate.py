@@ -196,6 +196,7 @@ class _CallState:
         "concluded",
         "given",
         "late",
+        "pausable",
         "raw_args",
         "redacted",
         "rewritten",
@@ -228,6 +229,8 @@ class _CallState:
         self.late: tuple[bool, Any] | None = None
         # An approval the caller's own flow gave before the call (AgentScope.call's `approval`).
         self.given: Approval | None = None
+        # The caller pauses its run when nobody can approve now, and resumes it with this call id.
+        self.pausable = False
 
 
 def _start_sinks(sinks: Sequence[object]) -> None:
@@ -606,10 +609,12 @@ class Gate:
         run: RunContext,
         call_id: str | None,
         approval: Approval | None = None,
+        pause: bool = False,
     ) -> ToolResult:
         state = _CallState(compiled, call_id or new_id(), run)
         if approval is not None:
             state.given = approval
+        state.pausable = pause
         audit = self._audit
         if audit is None:
             return await self._run_call(state, args)
@@ -898,10 +903,20 @@ class Gate:
         state.asked = True
         handler = self.approval_handler
         given = state.given
-        if handler is None and given is None:
-            self._block(state, reason, ", ".join(requested_by), "approval_required", ToolApprovalRequiredError)
         audit = self._audit
         request = self._approval_request(state, call, reason, requested_by)
+        if handler is None and given is None:
+            if not state.pausable:
+                self._block(state, reason, ", ".join(requested_by), "approval_required", ToolApprovalRequiredError)
+            # A pause: the durable request is the record; the call's one outcome comes when its
+            # run resumes it (same call id, with the answer), in this process or another.
+            if audit is not None:
+                audit.approval_requested(state, request)
+                audit.paused(state)
+            state.concluded = True
+            raise ToolApprovalRequiredError(
+                reason, tool=call.tool_name, call_id=call.call_id, interceptor=", ".join(requested_by)
+            )
         if audit is not None:
             audit.approval_requested(state, request)
         started = _perf()
@@ -1370,6 +1385,7 @@ class AgentScope:
         run: RunContext | None = None,
         call_id: str | None = None,
         approval: Approval | None = None,
+        pause_for_approval: bool = False,
     ) -> Coroutine[Any, Any, ToolResult]:
         """Call one of this scope's tools through the whole chain.
 
@@ -1379,12 +1395,21 @@ class AgentScope:
         framework's deferred tool approvals); if the chain requires approval, it is used instead of
         asking the gate's `approval_handler`, and recorded as the handler's answer would be
         (`ApprovalRequested`, `ApprovalResolved`). The whole chain still runs first.
+        `pause_for_approval`: the caller pauses its run when approval is needed and nobody can give
+        it now, and resumes the call later with the same call id and the answer (a framework's
+        interrupt): the call then records the durable `ApprovalRequested` and no outcome before
+        raising `ToolApprovalRequiredError` (without it, the outcome is `Blocked`).
         """
         # A plain function returning the gate's coroutine: one coroutine less per call.
         if tool_name not in self._tools:
             return self.gate._unknown_tool(self, tool_name, args, run, call_id)
         return self.gate._execute(
-            self._chain(tool_name), args, run if run is not None else RunContext(), call_id, approval
+            self._chain(tool_name),
+            args,
+            run if run is not None else RunContext(),
+            call_id,
+            approval,
+            pause_for_approval,
         )
 
     def refuse(

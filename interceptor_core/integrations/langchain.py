@@ -20,7 +20,7 @@ The `RunContext` of a call is `config["configurable"]["callgate_run"]` when the 
 one, else (middleware) the agent's `context=` when it is a `RunContext`, else `run`.
 
 `RequireApproval`, when the gate has no `approval_handler`, is LangGraph's own human-in-the-loop
-flow on both routes: the call is recorded as `Blocked` (cause "approval_required") and the graph
+flow on both routes: the call's durable `ApprovalRequested` is recorded (no outcome yet) and the graph
 pauses with `langgraph.types.interrupt(payload)`, where the payload is JSON
 
     {"kind": "callgate.approval", "tool": ..., "args": {...}, "call_id": ..., "reason": ...,
@@ -328,9 +328,9 @@ async def call_through_gate(
     """`scope.call`, with LangGraph's `interrupt()` as the approval flow when the chain requires
     approval and the gate has no `approval_handler` (on both routes; see `CallgateMiddleware`).
 
-    In a graph task: the call that needs approval is recorded as `Blocked` ("approval_required")
-    and pauses the run; the resumed run's answer decides it, passing the whole chain again
-    (`ApprovalRequested`, `ApprovalResolved`, then the outcome). Without a checkpointer the run
+    In a graph task: the call that needs approval records its durable `ApprovalRequested` (no
+    outcome) and pauses the run; the resumed run's answer decides it, passing the whole chain again
+    (`ApprovalRequested` under the same approval id, `ApprovalResolved`, then its one outcome). Without a checkpointer the run
     cannot resume: `ToolApprovalRequiredError` saying so, the tool not run. Outside a graph, or
     with a handler, this is `scope.call`. `named_answers`: an answer must name the call it
     answers (see `_resume_schema`)."""
@@ -348,7 +348,8 @@ async def call_through_gate(
         else:
             return await scope.call(name, args, run=run, call_id=call_id, approval=approval)
     try:
-        return await scope.call(name, args, run=run, call_id=call_id)
+        # With a checkpointer the run pauses and resumes this call: the request is the record.
+        return await scope.call(name, args, run=run, call_id=call_id, pause_for_approval=bool(task.checkpointer))
     except ToolApprovalRequiredError as exc:
         if pause is not None:
             raise pause from None
