@@ -331,8 +331,8 @@ async def call_through_gate(
     In a graph task: the call that needs approval records its durable `ApprovalRequested` (no
     outcome) and pauses the run; the resumed run's answer decides it, passing the whole chain again
     (`ApprovalRequested` under the same approval id, `ApprovalResolved`, then its one outcome).
-    Without a checkpointer the run cannot resume: `ToolApprovalRequiredError` saying so, the tool not run. Outside a graph, or
-    with a handler, this is `scope.call`. `named_answers`: an answer must name the call it
+    Without a checkpointer the run cannot resume: `ToolApprovalRequiredError` saying so, the tool
+    not run. Outside a graph, or with a handler, this is `scope.call`. `named_answers`: an answer must name the call it
     answers (see `_resume_schema`)."""
     task = _graph_task() if scope.gate.approval_handler is None else None
     if task is None:
