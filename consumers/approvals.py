@@ -114,9 +114,9 @@ class ApprovalDesk:
             raise RequestNotFound(f"no approval request {approval_id!r}")
         tenants = identity.tenants
         if tenants and request.get("tenant") not in tenants:
+            # The other tenant is not named: a tenant reviewer learns nothing of it.
             raise Forbidden(
-                f"request {approval_id} is tenant {request.get('tenant')!r}'s; this reviewer decides "
-                f"{', '.join(sorted(tenants))} only"
+                f"request {approval_id} is not of a tenant this reviewer decides ({', '.join(sorted(tenants))} only)"
             )
         if request.get("principal") is not None and request.get("principal") == identity.subject:
             raise Forbidden(

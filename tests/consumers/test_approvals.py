@@ -307,6 +307,13 @@ class TestTheCommandLine:
             no_api = await asyncio.to_thread(callgate, "deny", approval_id)
             assert no_api.returncode == 2
             assert "--api" in no_api.stderr
+            await d.events_of("c-cli", 3)
+        # The store file, once nobody writes it: the request reads approved, by rev-1.
+        shown = await asyncio.to_thread(callgate, "show", approval_id, "--db", str(tmp_path / "audit.duckdb"))
+        assert shown.returncode == 0, shown.stderr
+        assert (json.loads(shown.stdout)["status"], json.loads(shown.stdout)["decided_by"]) == ("approved", "rev-1")
+        missing = await asyncio.to_thread(callgate, "show", "0" * 32, "--db", str(tmp_path / "audit.duckdb"))
+        assert missing.returncode == 1
 
 
 class FakePublisher:
