@@ -272,6 +272,23 @@ def materialize(
     insecure_no_auth: InsecureNoAuthOption = False,
     allow_remote: Annotated[bool, typer.Option(hidden=True, help="Old name of --insecure-no-auth.")] = False,
     metrics_open: MetricsOpenOption = False,
+    decisions_topic: Annotated[
+        str,
+        typer.Option(
+            help="With --api: reviewers decide approval requests (POST /v1/approvals/ID, role reviewer); "
+            "decisions go to the events topic and to this topic, which waiting gates read ('' for none)."
+        ),
+    ] = "callgate.decisions",
+    webhooks: Annotated[
+        Path | None,
+        typer.Option(
+            help="Tell reviewers of new and expired approval requests: a YAML file of webhooks: "
+            "[{url, secret_env, tenant}] (docs/interceptors.md)."
+        ),
+    ] = None,
+    console_url: Annotated[
+        str | None, typer.Option(help="The console's address, linked from the webhooks' messages.")
+    ] = None,
     drain: Annotated[bool, typer.Option(help="Read to the end offsets as of the start, commit and exit.")] = False,
     gap_grace: Annotated[
         float, typer.Option(help="Seconds a chain gap may stay open before it is recorded (continuous runs).")
@@ -376,6 +393,16 @@ def materialize(
                 err=True,
             )
 
+    hooks = None
+    if webhooks is not None:
+        from consumers.webhooks import WebhookError, load_webhooks
+
+        try:
+            hooks = load_webhooks(webhooks)
+        except WebhookError as exc:
+            typer.echo(f"error: --webhooks: {exc}", err=True)
+            raise typer.Exit(2) from None
+
     try:
         materializer = Materializer(
             bootstrap,
@@ -389,6 +416,7 @@ def materialize(
             api_auth=authenticator,
             metrics_open=metrics_open,
             api_tls=tls,
+            decisions_topic=decisions_topic or None,
             gap_grace_s=gap_grace,
             unread_grace_s=unread_grace,
             trusted_keys=keys,
@@ -404,15 +432,20 @@ def materialize(
             loop.add_signal_handler(sig, materializer.stop)
         return await materializer.run(drain=drain)
 
+    notifier = _approval_notifier(materializer, hooks, console_url) if hooks else None
     try:
         if api:
             materializer.start_api()
             typer.echo(f"read API at {materializer.api.url}")
+        if notifier is not None:
+            notifier.start()
         summary = asyncio.run(run())
     except Exception as exc:
         typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1) from None
     finally:
+        if notifier is not None:
+            notifier.stop()
         materializer.close()
     typer.echo(
         f"materialized {summary.records} records: {summary.stored} stored, {summary.duplicates} duplicates, "
@@ -421,6 +454,25 @@ def materialize(
         + (f"{summary.checkpoint_breaks} checkpoint breaks recorded, " if keys else "")
         + f"in {summary.ingest_seconds:.2f} s ({summary.ingest_cpu_seconds:.2f} s of CPU) -> {db}"
     )
+
+
+def _approval_notifier(materializer: Any, hooks: Any, console_url: str | None) -> Any:
+    """Webhooks told of the approval requests of the materializer's store (a cursor per read)."""
+    from consumers.queries import run_query
+    from consumers.webhooks import ApprovalNotifier
+
+    def rows(name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        con = materializer.store.cursor()
+        try:
+            return run_query(con, name, params).rows
+        finally:
+            con.close()
+
+    def lookup(approval_id: str) -> dict[str, Any] | None:
+        found = rows("approval_request", {"approval_id": approval_id})
+        return found[0] if found else None
+
+    return ApprovalNotifier(lambda: rows("pending_approvals", {"limit": 1000}), lookup, hooks, console_url=console_url)
 
 
 def _api_authenticator(
@@ -822,8 +874,15 @@ def _token_commands() -> None:
     app.add_typer(tokens_app, name="token")
 
 
+def _approval_commands() -> None:
+    from callgate.approvals import app as approvals_app
+
+    app.add_typer(approvals_app, name="approvals")
+
+
 _policy_commands()
 _token_commands()
+_approval_commands()
 
 
 def main() -> None:

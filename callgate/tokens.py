@@ -96,7 +96,7 @@ def add_token(path: Path, subject: str, roles: Sequence[str], *, now: datetime |
     if not subject.strip():
         raise TokenFileError("the subject must not be empty")
     if not roles:
-        raise TokenFileError("give at least one --role: admin, auditor or tenant:<id>")
+        raise TokenFileError("give at least one --role: admin, auditor, reviewer or tenant:<id>")
     try:
         checked = tuple(dict.fromkeys(parse_role(role) for role in roles))
     except ValueError as exc:
@@ -143,7 +143,9 @@ def _fail(exc: Exception) -> typer.Exit:
 def new_command(
     file: FileOption,
     subject: Annotated[str, typer.Option(help="Who the token is for (shown in the access log).")],
-    role: Annotated[list[str], typer.Option("--role", help="admin, auditor or tenant:<id>; repeat for several.")],
+    role: Annotated[
+        list[str], typer.Option("--role", help="admin, auditor, reviewer or tenant:<id>; repeat for several.")
+    ],
 ) -> None:
     """Add a token to the file (created mode 0600 if missing) and print it once, on stdout."""
     try:

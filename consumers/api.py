@@ -4,13 +4,16 @@ DuckDB lets no other process open a database file that one process holds for wri
 materializer runs, readers (the dashboard, the coverage job) reach the store through this API. It is
 a small Starlette app (`build_app`) served by uvicorn in a background thread (`ApiServer`).
 
-Routes (GET only; HEAD is answered as GET without a body; any other method is 405):
+Routes (GET only, but for the approvals write route; HEAD is answered as GET without a body; any
+other method is 405):
 
 - `GET /healthz`: 200 `{"status": "ok", ...}` or 503 `{"status": "unavailable", ...}` (`HealthStatus`),
   with one entry per partition the broker lists (`PartitionHealth`). Never needs a token.
 - `GET /metrics`: the Prometheus text exposition of `MaterializerMetrics`; an `admin` token unless
   `metrics_open`.
 - `GET /v1/queries`: 200 `{"queries": [...]}`, what `QueryRunner.names()` lists; any valid token.
+- `POST /v1/approvals/{approval_id}` (only with a reviewer's desk, `consumers.approvals`): a
+  reviewer decides a pending approval request.
 - `GET /v1/queries/{name}?param=value...`: 200 with the query's result; 404 for an unknown query,
   400 for a bad parameter, 403 for a query or tenant the token's roles do not allow, 500
   `{"error": "internal error"}` for anything else (traceback logged).
@@ -40,7 +43,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import uvicorn
 from starlette.applications import Starlette
@@ -53,6 +56,9 @@ from starlette.routing import Route
 from consumers.access_log import AccessLog, AccessRecord
 from consumers.auth import ANONYMOUS, Authenticator, AuthError, Forbidden, Identity, scope_params
 from consumers.metrics import MaterializerMetrics
+
+if TYPE_CHECKING:
+    from consumers.approvals import ApprovalDesk
 
 __all__ = ["ApiServer", "Health", "HealthStatus", "PartitionHealth", "QueryRunner", "RunnerError", "build_app"]
 
@@ -245,13 +251,15 @@ def build_app(
     auth: Authenticator | None = None,
     access_log: AccessLog | None = None,
     metrics_open: bool = False,
+    approvals: ApprovalDesk | None = None,
 ) -> Starlette:
     """The read API as a Starlette app (routes and authentication in the module docstring).
 
     `runner`, `health`, `auth` and `access_log` are called in worker threads, so a slow query, a
     health check waiting for a lock or a JWKS fetch never stalls other requests. `health` raising
     counts as unavailable (503, logged). `auth` None serves without authentication; `access_log`
-    None records nothing; `metrics_open` serves `/metrics` to anybody.
+    None records nothing; `metrics_open` serves `/metrics` to anybody. `approvals` (a reviewer's
+    desk) adds the write route `POST /v1/approvals/{approval_id}` (`consumers.approvals`).
     """
 
     # Why the last access record could not be written, until one is again: /healthz answers 503
@@ -386,13 +394,21 @@ def build_app(
             return _error(404, f"no route {path}: the routes have no trailing slash")
         return _error(exc.status_code, exc.detail, exc.headers)
 
+    routes = [
+        Route("/healthz", _guarded(healthz), methods=["GET"]),
+        Route("/metrics", _guarded(metrics_text), methods=["GET"]),
+        Route("/v1/queries", _guarded(list_queries), methods=["GET"]),
+        Route("/v1/queries/{name}", _guarded(run_query), methods=["GET"]),
+    ]
+    if approvals is not None:
+        from consumers.approvals import approval_routes
+
+        routes += [
+            Route(route.path, _guarded(route.endpoint), methods=["POST"])
+            for route in approval_routes(approvals, identify, access_log)
+        ]
     app = Starlette(
-        routes=[
-            Route("/healthz", _guarded(healthz), methods=["GET"]),
-            Route("/metrics", _guarded(metrics_text), methods=["GET"]),
-            Route("/v1/queries", _guarded(list_queries), methods=["GET"]),
-            Route("/v1/queries/{name}", _guarded(run_query), methods=["GET"]),
-        ],
+        routes=routes,
         exception_handlers={HTTPException: http_error},
     )
     # Starlette would redirect `/v1/queries/` to a Location built from the request's Host header,

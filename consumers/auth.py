@@ -6,6 +6,8 @@ the rule lives:
 
 - `admin`: every query, the access log and `/metrics` included.
 - `auditor`: every tenant, every query but the access log (read only, as every role is).
+- `reviewer`: decides approval requests (`consumers.approvals`); alone it reads the approval queries
+  (`pending_approvals`, `approval_request`) of every tenant, with `tenant:<id>` roles only theirs.
 - `tenant:<id>`: the "tenant" queries only (`consumers.queries.QueryScope`), with their `tenant`
   parameter bound to `<id>`; a caller-given other tenant is refused, "global" and "admin" queries
   are refused. A token with several `tenant:` roles names one with `tenant=` on each query.
@@ -43,6 +45,8 @@ __all__ = [
     "ADMIN",
     "ANONYMOUS",
     "AUDITOR",
+    "REVIEWER",
+    "REVIEWER_QUERIES",
     "TENANT_PREFIX",
     "AuthError",
     "Authenticator",
@@ -64,6 +68,9 @@ log = logging.getLogger(__name__)
 ADMIN: Final = "admin"
 AUDITOR: Final = "auditor"
 TENANT_PREFIX: Final = "tenant:"
+REVIEWER: Final = "reviewer"
+REVIEWER_QUERIES: Final = frozenset({"pending_approvals", "approval_request"})
+"""What the reviewer role reads: the approval requests (of its `tenant:` roles' tenants, if it has any)."""
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _TENANT_ID = re.compile(r"[^\s\x00-\x1f\x7f](?:[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f])?")
@@ -114,11 +121,11 @@ ANONYMOUS: Final = Identity("anonymous", frozenset({ADMIN}))
 def parse_role(text: str) -> str:
     """`text` if it is a role this code knows ("admin", "auditor", "tenant:<id>" with a non-empty id
     without control characters or surrounding spaces); `ValueError` naming it otherwise."""
-    if text in (ADMIN, AUDITOR):
+    if text in (ADMIN, AUDITOR, REVIEWER):
         return text
     if text.startswith(TENANT_PREFIX) and _TENANT_ID.fullmatch(text[len(TENANT_PREFIX) :]):
         return text
-    raise ValueError(f"unknown role {text!r}: use admin, auditor or tenant:<id>")
+    raise ValueError(f"unknown role {text!r}: use admin, auditor, reviewer or tenant:<id>")
 
 
 class Authenticator(Protocol):
@@ -151,6 +158,8 @@ def scope_params(query: str, params: Mapping[str, ParamValue], identity: Identit
     if spec.scope != "tenant":
         raise Forbidden(f"query {query!r} reads more than one tenant: it needs the admin or auditor role")
     tenants = identity.tenants
+    if not tenants and REVIEWER in identity.roles and query in REVIEWER_QUERIES:
+        return scoped  # a reviewer limited to no tenant reviews every tenant's requests
     if not tenants:
         raise Forbidden(f"query {query!r} needs the admin, auditor or a tenant:<id> role")
     given = scoped.get("tenant")

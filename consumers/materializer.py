@@ -218,6 +218,9 @@ class Materializer:
       `api_auth` (a `consumers.auth.Authenticator`) makes it ask for bearer tokens (None: none),
       `metrics_open` serves `/metrics` without one, `api_tls` (certificate file, key file) serves
       HTTPS. Every named query it answers is recorded in the store's `access_log`.
+    - `decisions_topic`: with `api`, reviewers decide approval requests through it (`POST
+      /v1/approvals/{id}`, `consumers.approvals`); each decision is published to `topic` and to
+      this topic, which the waiting gates read (None: no write route).
     - `gap_grace_s`: in a continuous run, a chain gap is recorded once it has stayed open this long.
     - `trusted_keys` (key id -> `events.signing.VerifyingKey`, as `load_trusted_keys` gives them):
       verify every stored checkpoint (`consumers.checkpoints`); `require_signed` also records the
@@ -250,6 +253,7 @@ class Materializer:
         api_auth: Authenticator | None = None,
         metrics_open: bool = False,
         api_tls: tuple[str, str] | None = None,
+        decisions_topic: str | None = None,
         batch_max: int = ROW_GROUP_ROWS,
         poll_ms: int = 500,
         gap_grace_s: float = 60.0,
@@ -296,6 +300,8 @@ class Materializer:
         self._api_auth = api_auth
         self._metrics_open = metrics_open
         self._api_tls = api_tls
+        self.decisions_topic = decisions_topic
+        self._publisher: Any = None
         self.api: Any = None
         self.metrics: Any = None
 
@@ -402,6 +408,7 @@ class Materializer:
             auth=self._api_auth,
             access_log=StoreAccessLog(self.store),
             metrics_open=self._metrics_open,
+            approvals=self._desk(),
         )
         host, port = self._api_address or ("127.0.0.1", 0)
         cert, key = self._api_tls or (None, None)
@@ -954,11 +961,33 @@ class Materializer:
     async def _store_call(self, work: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, self.store.transaction, work)
 
+    def _desk(self) -> Any:
+        """The reviewers' desk over this store, publishing to the decisions topic (None without one)."""
+        if self.decisions_topic is None:
+            return None
+        from consumers.approvals import ApprovalDesk
+        from consumers.queries import run_query
+        from events.decisions import DecisionPublisher
+
+        def lookup(approval_id: str) -> dict[str, Any] | None:
+            con = self.store.cursor()
+            try:
+                rows = run_query(con, "approval_request", {"approval_id": approval_id}).rows
+            finally:
+                con.close()
+            return rows[0] if rows else None
+
+        self._publisher = DecisionPublisher(self.bootstrap, self.topic, self.decisions_topic)
+        return ApprovalDesk(lookup, self._publisher)
+
     def close(self) -> None:
         """Stop the read API and close the store (idempotent)."""
         if self.api is not None:
             self.api.stop()
             self.api = None
+        if self._publisher is not None:
+            self._publisher.close()
+            self._publisher = None
         self.store.close()
 
 

@@ -2298,3 +2298,100 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
     ]
 )
 """Every query a reader may run, by name."""
+
+
+# -- approvals: durable requests and their decisions ------------------------------------------------
+# A request is pending while it has an ApprovalRequested, no ApprovalResolved of the same approval id
+# and its expires_at lies ahead. A request asked again (the same call resumed in another process)
+# repeats its approval id: the first ask's time and expiry stand.
+
+_APPROVAL_REQUESTS = """
+WITH requested AS (
+    SELECT json_extract_string(event, '$.approval_id') AS approval_id,
+           arg_min(event_id, time) AS event_id,
+           min(time) AS requested_at,
+           arg_min(CAST(json_extract_string(event, '$.expires_at') AS TIMESTAMPTZ), time) AS expires_at,
+           arg_min(event, time) AS event
+    FROM events
+    WHERE type = 'ApprovalRequested' AND json_extract_string(event, '$.approval_id') IS NOT NULL
+      AND ($tenant IS NULL OR tenant = $tenant)
+    GROUP BY 1
+),
+resolved AS (
+    SELECT json_extract_string(event, '$.approval_id') AS approval_id,
+           arg_min(event, time) AS event,
+           min(time) AS resolved_at
+    FROM events
+    WHERE type = 'ApprovalResolved' AND json_extract_string(event, '$.approval_id') IS NOT NULL
+    GROUP BY 1
+)
+SELECT r.approval_id,
+       CASE
+           WHEN d.approval_id IS NOT NULL AND json_extract(d.event, '$.approved')::BOOLEAN THEN 'approved'
+           WHEN d.approval_id IS NOT NULL AND json_extract_string(d.event, '$.error') IS NOT NULL THEN 'expired'
+           WHEN d.approval_id IS NOT NULL THEN 'denied'
+           WHEN r.expires_at IS NOT NULL AND r.expires_at <= now() THEN 'expired'
+           ELSE 'pending'
+       END AS status,
+       r.requested_at, r.expires_at,
+       json_extract_string(r.event, '$.gate') AS gate,
+       json_extract_string(r.event, '$.workflow') AS workflow,
+       json_extract_string(r.event, '$.agent') AS agent,
+       json_extract_string(r.event, '$.tool') AS tool,
+       json_extract_string(r.event, '$.call_id') AS call_id,
+       json_extract_string(r.event, '$.run_id') AS run_id,
+       json_extract_string(r.event, '$.tenant') AS tenant,
+       json_extract_string(r.event, '$.principal') AS principal,
+       json_extract_string(r.event, '$.reason') AS reason,
+       json_extract(r.event, '$.requested_by') AS requested_by,
+       json_extract_string(r.event, '$.rule') AS rule,
+       json_extract_string(r.event, '$.policy_version') AS policy_version,
+       json_extract_string(r.event, '$.args_digest') AS args_digest,
+       json_extract(r.event, '$.args') AS args,
+       d.resolved_at,
+       json_extract_string(d.event, '$.by') AS decided_by,
+       json_extract_string(d.event, '$.note') AS note,
+       json_extract_string(d.event, '$.error') AS error,
+       r.event_id,
+       d.event AS decision
+FROM requested r LEFT JOIN resolved d USING (approval_id)
+"""
+
+_PENDING_APPROVALS = f"""
+SELECT * FROM ({_APPROVAL_REQUESTS})
+WHERE status = 'pending'
+ORDER BY requested_at DESC, approval_id
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_APPROVAL_REQUEST = f"""
+SELECT * FROM ({_APPROVAL_REQUESTS})
+WHERE approval_id = $approval_id
+LIMIT $limit OFFSET $offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_APPROVAL_ID = Param("str", "The request's approval id (32 hex; no rows without it).")
+
+QUERIES.update(
+    [
+        _query(
+            "pending_approvals",
+            "Approval requests waiting for a reviewer (requested, neither decided nor expired), newest first: "
+            "tool, redacted args, reason, rule, policy version, principal, tenant, run and expiry.",
+            _PENDING_APPROVALS,
+            {"tenant": TENANT, **PAGE},
+            scope="tenant",
+            merge=page("-requested_at", "approval_id"),
+        ),
+        _query(
+            "approval_request",
+            "One approval request by its id, with its status (pending, approved, denied, expired), what it "
+            "asks and, once decided, who decided, when and with what note, and the deciding ApprovalResolved "
+            "event itself (decision: what a gate polling the read API checks the binding of).",
+            _APPROVAL_REQUEST,
+            {"approval_id": _APPROVAL_ID, "tenant": TENANT, **PAGE},
+            scope="tenant",
+            merge=lookup(),
+        ),
+    ]
+)

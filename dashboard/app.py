@@ -25,6 +25,7 @@ PAGES = [
     st.Page("views/blocked.py", title="Blocked attempts", url_path="blocked"),
     st.Page("views/call.py", title="Call detail", url_path="call"),
     st.Page("views/run.py", title="Run", url_path="run"),
+    st.Page("views/approvals.py", title="Approvals", url_path="approvals"),
     st.Page("views/trends.py", title="Trends", url_path="trends"),
     st.Page("views/impact.py", title="Policy impact", url_path="impact"),
     st.Page("views/coverage.py", title="Coverage", url_path="coverage"),

@@ -31,6 +31,8 @@ GLOBAL_PAGES: Final = ("coverage", "pipeline")
 
 # A tenant query every role that reads anything may run: what a login is checked with through the API.
 _PROBE: Final[tuple[str, dict[str, Any]]] = ("runs", {"limit": 1})
+# What a reviewer limited to no tenant reads (consumers.auth.REVIEWER_QUERIES).
+_REVIEWER_PROBE: Final[tuple[str, dict[str, Any]]] = ("pending_approvals", {"limit": 1})
 # A global query: refused (403) for a token limited to tenants.
 _GLOBAL_PROBE: Final[tuple[str, dict[str, Any]]] = ("pipeline_health", {})
 
@@ -92,7 +94,14 @@ def api_access(api: str, token: str | None, *, subject: str = "token") -> Access
     try:
         reader.query(*_PROBE)
     except AccessDeniedError as exc:
-        raise AuthError(str(exc)) from None
+        if exc.status == 401:
+            raise AuthError(str(exc)) from None
+        try:
+            # A reviewer without a tenant role reads the approval requests only.
+            reader.query(*_REVIEWER_PROBE)
+        except AccessDeniedError:
+            raise AuthError(str(exc)) from None
+        return Access(subject, None, clean, all_tenants=False)
     try:
         reader.query(*_GLOBAL_PROBE)
     except AccessDeniedError as exc:

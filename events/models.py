@@ -224,15 +224,46 @@ class BlockedEvent(CallEvent):
 
 
 class ApprovalRequestedEvent(CallEvent):
-    """A human was asked about this call."""
+    """A human was asked about this call: a durable request, bound to the exact call.
+
+    A reviewer's decision holds only for this `approval_id`, which is derived from the call id, the
+    digest of the arguments and the policy version: the same call asked again (resumed in another
+    process) asks for the same id, a call with other arguments or under another policy for a new one.
+    """
 
     type: Literal["ApprovalRequested"] = "ApprovalRequested"
     reason: str
     requested_by: tuple[str, ...] = ()
+    approval_id: str | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="The request's id (32 hex): SHA-256 of call id, args digest and policy version, cut.",
+    )
+    args_digest: str | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="SHA-256 hex of the canonical JSON of the validated arguments the tool would receive "
+        "(before redaction).",
+    )
+    policy_version: str | None = Field(
+        default=None, exclude_if=_absent, description="The policy file's version that asked, for a policy file."
+    )
+    rule: str | None = Field(default=None, exclude_if=_absent, description="The policy rule (or rules) that asked.")
+    expires_at: str | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="RFC 3339 UTC time after which no decision is honoured (the call is then refused).",
+    )
 
 
 class ApprovalResolvedEvent(EventBase):
-    """The human's answer (or its absence)."""
+    """The human's answer (or its absence).
+
+    Written by the gate (its `approval_handler` answered, or nobody did in time), or by the reviewer's
+    desk (`callgate approvals`, the read API, the console) when a reviewer decided a durable request:
+    then `by` is the reviewer's authenticated subject and `approval_id`, `args_digest` and
+    `policy_version` repeat the request's, which is all a waiting gate honours.
+    """
 
     type: Literal["ApprovalResolved"] = "ApprovalResolved"
     approved: bool
@@ -240,6 +271,13 @@ class ApprovalResolvedEvent(EventBase):
     note: str | None = None
     waited_ms: float
     error: str | None = Field(default=None, description="No answer in time, or the handler failed.")
+    approval_id: str | None = Field(default=None, exclude_if=_absent, description="The request decided.")
+    args_digest: str | None = Field(
+        default=None, exclude_if=_absent, description="The request's args_digest, repeated."
+    )
+    policy_version: str | None = Field(
+        default=None, exclude_if=_absent, description="The request's policy_version, repeated."
+    )
 
 
 class UnmediatedEvent(EventBase):

@@ -1,17 +1,67 @@
-"""Asking a human: what the approval handler receives and may answer."""
+"""Asking a human: what the approval handler receives and may answer, and the durable request.
+
+A call whose chain returned `RequireApproval` becomes an `ApprovalRequest` bound to that exact call:
+its `approval_id` is derived from the call id, the digest of the validated arguments and the policy
+version (`approval_id_for`), so the same call asked again, in this process or after a resume in
+another one, asks for the same id, and a call whose arguments changed asks for a new one.
+
+`RemoteApprovals` is an approval handler that waits for a reviewer's decision arriving from outside
+the process (a `DecisionSource`: the decisions topic on Kafka, `events.decisions.KafkaDecisions`, or
+any other) and honours it only for the exact call: same approval id, call id, argument digest and
+policy version, decided before the request expires, used once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
+from events.chain import canonical_json
 from interceptor_core.context import RunContext
+
+if TYPE_CHECKING:
+    from events.models import ApprovalResolvedEvent
+
+__all__ = [
+    "Approval",
+    "ApprovalHandler",
+    "ApprovalRequest",
+    "DecisionSource",
+    "RemoteApprovals",
+    "approval_id_for",
+    "args_digest",
+    "expiry",
+]
+
+log = logging.getLogger(__name__)
+
+
+def args_digest(args: Mapping[str, Any]) -> str:
+    """SHA-256 hex of the canonical JSON (sorted keys, no spaces) of `args` in JSON mode: what a
+    request and its decision are bound to."""
+    return hashlib.sha256(canonical_json(args)).hexdigest()
+
+
+def approval_id_for(call_id: str, digest: str, policy_version: str | None) -> str:
+    """The id of the request for one call: the first 32 hex digits of the SHA-256 of the call id,
+    the arguments' digest and the policy version (empty when none), joined by newlines."""
+    material = "\n".join((call_id, digest, policy_version or ""))
+    return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
 class ApprovalRequest:
-    """One call waiting for a human. `args` are the arguments as the tool would get them."""
+    """One call waiting for a human. `args` are the arguments as the tool would get them.
+
+    `approval_id`, `args_digest`, `policy_version`, `rule` and `expires_at` bind the request to the
+    exact call (see the module docstring); the `ApprovalRequested` event carries them.
+    """
 
     tool: str
     args: Mapping[str, Any]
@@ -19,16 +69,94 @@ class ApprovalRequest:
     run: RunContext
     call_id: str
     requested_by: tuple[str, ...] = ()
+    approval_id: str = ""
+    args_digest: str = ""
+    policy_version: str | None = None
+    rule: str | None = None
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Approval:
-    """A reviewer's answer: `approved`, who answered (`by`), and a `note` (shown to the model on refusal)."""
+    """A reviewer's answer: `approved`, who answered (`by`), and a `note` (shown to the model on refusal).
+
+    `event_id` is set when the answer was already recorded as an `ApprovalResolved` event by the
+    reviewer's side (a decision from the console, the CLI or the read API): the gate then records no
+    second one.
+    """
 
     approved: bool
     by: str | None = None
     note: str | None = None
+    event_id: str | None = None
 
 
 ApprovalHandler: TypeAlias = Callable[[ApprovalRequest], "Awaitable[bool | Approval] | bool | Approval"]
-"""An async callable (sync is accepted too) that answers an `ApprovalRequest`."""
+"""An async callable (sync is accepted too) that answers an `ApprovalRequest`: `True`/`False` or an
+`Approval`. No answer within the gate's `approval_timeout_s`, an exception or another return value
+is a refusal (recorded with the reason in `ApprovalResolved.error`)."""
+
+
+class DecisionSource(Protocol):
+    """Where reviewers' decisions arrive from (the decisions topic; a poll of the read API; a test's list).
+
+    `decisions(approval_id)` is every decision seen so far for that id, oldest first, and returns
+    at once. `changed()` returns an event set (in the waiter's loop) whenever a new decision arrives,
+    so a waiter re-reads instead of polling. Both are called from the gate's event loop.
+    """
+
+    def decisions(self, approval_id: str) -> list[ApprovalResolvedEvent]: ...
+
+    def changed(self) -> asyncio.Event: ...
+
+
+class RemoteApprovals:
+    """An approval handler waiting for a reviewer's decision from a `DecisionSource`.
+
+    A decision is honoured only when its `approval_id`, `call_id`, `args_digest` and `policy_version`
+    equal the request's, it was taken before the request's `expires_at`, and this handler has not
+    honoured that approval id before (once). Anything else is ignored (and logged) and the wait goes
+    on, until the request expires: then it answers nothing and the gate records the refusal. The
+    wait is cancelled with its run. Safe for many concurrent calls on one loop.
+    """
+
+    def __init__(self, source: DecisionSource) -> None:
+        self.source = source
+        self._used: set[str] = set()
+
+    async def __call__(self, request: ApprovalRequest) -> Approval:
+        """Wait for the decision of `request` (see the class docstring); raises `TimeoutError` once
+        the request expired (the gate records that as no answer)."""
+        deadline = None if request.expires_at is None else request.expires_at.timestamp()
+        while True:
+            changed = self.source.changed()
+            for decision in self.source.decisions(request.approval_id):
+                if (why := self._mismatch(request, decision)) is not None:
+                    log.warning("approval %s: decision %s ignored: %s", request.approval_id, decision.event_id, why)
+                    continue
+                self._used.add(request.approval_id)
+                return Approval(decision.approved, by=decision.by, note=decision.note, event_id=decision.event_id)
+            remaining = None if deadline is None else deadline - time.time()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"approval {request.approval_id} expired without a decision")
+            async with asyncio.timeout(remaining):
+                await changed.wait()
+
+    def _mismatch(self, request: ApprovalRequest, decision: ApprovalResolvedEvent) -> str | None:
+        if decision.approval_id != request.approval_id or decision.call_id != request.call_id:
+            return "it is for another call"
+        if decision.args_digest != request.args_digest:
+            return "it was given for other arguments"
+        if decision.policy_version != request.policy_version:
+            return "it was given under another policy version"
+        if request.expires_at is not None and decision.time > request.expires_at:
+            return "it came after the request expired"
+        if request.approval_id in self._used:
+            return "this approval was used already"
+        return None
+
+
+def expiry(timeout_s: float) -> datetime:
+    """The expiry of a request asked now that waits `timeout_s` seconds (UTC, whole milliseconds)."""
+    at = datetime.now(UTC) + timedelta(seconds=timeout_s)
+    return at.replace(microsecond=at.microsecond // 1000 * 1000)

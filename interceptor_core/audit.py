@@ -40,7 +40,7 @@ from events.models import (
 )
 from events.redaction import RedactedArgs, Redactor
 from events.sinks import CallStart, CallTracer, SinkStats, TracedCall, sink_label, sink_role
-from interceptor_core.approvals import Approval
+from interceptor_core.approvals import Approval, ApprovalRequest
 from interceptor_core.context import RunContext
 from interceptor_core.guard import UnmediatedAccess, current_call
 from interceptor_core.interceptors import policy_version
@@ -507,12 +507,27 @@ class Audit:
             fields.update(message=f"call interrupted: {what}", decided_by="gate", cause="interrupted")
         self._conclude(state, self._emit(cls, fields))
 
-    def approval_requested(self, state: _CallState, reason: str, requested_by: tuple[str, ...]) -> None:
+    def approval_requested(self, state: _CallState, request: ApprovalRequest) -> None:
+        """The durable request: bound to the call by its approval id, argument digest and policy version."""
         fields = self._call_fields(state)
-        fields.update(reason=_cap(self.redactor.redact_text(reason)), requested_by=requested_by)
+        fields.update(
+            reason=_cap(self.redactor.redact_text(request.reason)),
+            requested_by=request.requested_by,
+            approval_id=request.approval_id,
+            args_digest=request.args_digest,
+            policy_version=request.policy_version,
+            rule=request.rule,
+            expires_at=None if request.expires_at is None else request.expires_at.isoformat(),
+        )
         self._emit(ApprovalRequestedEvent, fields)
 
-    def approval_resolved(self, state: _CallState, approval: Approval, waited_s: float, error: str | None) -> None:
+    def paused(self, state: _CallState) -> None:
+        """The call paused for approval: its trace ends without an outcome (the resumed call has one)."""
+        self._conclude(state, None)
+
+    def approval_resolved(
+        self, state: _CallState, request: ApprovalRequest, approval: Approval, waited_s: float, error: str | None
+    ) -> None:
         fields = self._envelope(state.compiled.path, state.call_id, state.run, state.trace)
         fields["decisions"] = self._trail(state.trail)
         fields.update(
@@ -521,6 +536,9 @@ class Audit:
             note=self.redactor.redact_text(approval.note) if approval.note else None,
             waited_ms=_ms(waited_s),
             error=error,
+            approval_id=request.approval_id,
+            args_digest=request.args_digest,
+            policy_version=request.policy_version,
         )
         self._emit(ApprovalResolvedEvent, fields)
 

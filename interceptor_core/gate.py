@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from events.redaction import Redactor
 from events.sinks import SINK_ROLES, SinkStartError, SinkStats, sink_label, sink_role
 from interceptor_core._eager import InContext, finish, start
-from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest
+from interceptor_core.approvals import Approval, ApprovalHandler, ApprovalRequest, approval_id_for, args_digest, expiry
 from interceptor_core.audit import AUDIT_MODES, Audit, AuditMode
 from interceptor_core.context import RunContext, ScopePath, ToolCall, ToolContext, new_id
 from interceptor_core.decisions import Allow, Block, Deny, PolicyDecision, RequireApproval, Rewrite, Substitute
@@ -196,6 +196,7 @@ class _CallState:
         "concluded",
         "given",
         "late",
+        "pausable",
         "raw_args",
         "redacted",
         "rewritten",
@@ -228,6 +229,8 @@ class _CallState:
         self.late: tuple[bool, Any] | None = None
         # An approval the caller's own flow gave before the call (AgentScope.call's `approval`).
         self.given: Approval | None = None
+        # The caller pauses its run when nobody can approve now, and resumes it with this call id.
+        self.pausable = False
 
 
 def _start_sinks(sinks: Sequence[object]) -> None:
@@ -606,10 +609,12 @@ class Gate:
         run: RunContext,
         call_id: str | None,
         approval: Approval | None = None,
+        pause: bool = False,
     ) -> ToolResult:
         state = _CallState(compiled, call_id or new_id(), run)
         if approval is not None:
             state.given = approval
+        state.pausable = pause
         audit = self._audit
         if audit is None:
             return await self._run_call(state, args)
@@ -898,19 +903,22 @@ class Gate:
         state.asked = True
         handler = self.approval_handler
         given = state.given
-        if handler is None and given is None:
-            self._block(state, reason, ", ".join(requested_by), "approval_required", ToolApprovalRequiredError)
         audit = self._audit
+        request = self._approval_request(state, call, reason, requested_by)
+        if handler is None and given is None:
+            if not state.pausable:
+                self._block(state, reason, ", ".join(requested_by), "approval_required", ToolApprovalRequiredError)
+            # A pause: the durable request is the record; the call's one outcome comes when its
+            # run resumes it (same call id, with the answer), in this process or another.
+            if audit is not None:
+                audit.approval_requested(state, request)
+                audit.paused(state)
+            state.concluded = True
+            raise ToolApprovalRequiredError(
+                reason, tool=call.tool_name, call_id=call.call_id, interceptor=", ".join(requested_by)
+            )
         if audit is not None:
-            audit.approval_requested(state, reason, requested_by)
-        request = ApprovalRequest(
-            tool=call.tool_name,
-            args=call.args,
-            reason=reason,
-            run=call.run,
-            call_id=call.call_id,
-            requested_by=requested_by,
-        )
+            audit.approval_requested(state, request)
         started = _perf()
         error: str | None = None
         answer: Any = None
@@ -939,8 +947,9 @@ class Gate:
         state.trail.append(
             DecisionRecord("approval", "gate", "allow" if approval.approved else "deny", waited, "approval", error)
         )
-        if audit is not None:
-            audit.approval_resolved(state, approval, waited, error)
+        if audit is not None and approval.event_id is None:
+            # A reviewer's decision was recorded where it was taken; anything else is recorded here.
+            audit.approval_resolved(state, request, approval, waited, error)
         if approval.approved:
             return None
         refusal = f"The call to {call.tool_name} needs approval ({reason}) and was refused"
@@ -949,6 +958,33 @@ class Gate:
         elif approval.by:
             refusal += f" by {approval.by}"
         return refusal + (f": {approval.note}" if approval.note else ".")
+
+    def _approval_request(
+        self, state: _CallState, call: ToolCall, reason: str, requested_by: tuple[str, ...]
+    ) -> ApprovalRequest:
+        """The request bound to this exact call: the digest of its validated arguments, the policy
+        version and rules that asked (policy files among `requested_by`), and its expiry."""
+        digest = args_digest(call.args_model.model_dump(mode="json"))
+        versions: list[str] = []
+        rules: list[str] = []
+        for record in state.trail:
+            if record.interceptor in requested_by and record.enforced and record.policy_version is not None:
+                versions.append(record.policy_version)
+                rules.extend(rule for rule, kind in record.rules if kind == "require_approval")
+        version = ",".join(dict.fromkeys(versions)) or None
+        return ApprovalRequest(
+            tool=call.tool_name,
+            args=call.args,
+            reason=reason,
+            run=call.run,
+            call_id=call.call_id,
+            requested_by=requested_by,
+            approval_id=approval_id_for(call.call_id, digest, version),
+            args_digest=digest,
+            policy_version=version,
+            rule=",".join(dict.fromkeys(rules)) or None,
+            expires_at=expiry(self.approval_timeout_s),
+        )
 
     async def _shadow_before(self, state: _CallState, bound: BoundInterceptor, call: ToolCall) -> None:
         """Run a shadow interceptor's before-hook and record what it decided; apply nothing, and
@@ -1349,6 +1385,7 @@ class AgentScope:
         run: RunContext | None = None,
         call_id: str | None = None,
         approval: Approval | None = None,
+        pause_for_approval: bool = False,
     ) -> Coroutine[Any, Any, ToolResult]:
         """Call one of this scope's tools through the whole chain.
 
@@ -1358,12 +1395,21 @@ class AgentScope:
         framework's deferred tool approvals); if the chain requires approval, it is used instead of
         asking the gate's `approval_handler`, and recorded as the handler's answer would be
         (`ApprovalRequested`, `ApprovalResolved`). The whole chain still runs first.
+        `pause_for_approval`: the caller pauses its run when approval is needed and nobody can give
+        it now, and resumes the call later with the same call id and the answer (a framework's
+        interrupt): the call then records the durable `ApprovalRequested` and no outcome before
+        raising `ToolApprovalRequiredError` (without it, the outcome is `Blocked`).
         """
         # A plain function returning the gate's coroutine: one coroutine less per call.
         if tool_name not in self._tools:
             return self.gate._unknown_tool(self, tool_name, args, run, call_id)
         return self.gate._execute(
-            self._chain(tool_name), args, run if run is not None else RunContext(), call_id, approval
+            self._chain(tool_name),
+            args,
+            run if run is not None else RunContext(),
+            call_id,
+            approval,
+            pause_for_approval,
         )
 
     def refuse(

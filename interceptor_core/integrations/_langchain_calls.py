@@ -264,11 +264,11 @@ async def call_through_gate(
     """`scope.call`, with LangGraph's `interrupt()` as the approval flow when the chain requires
     approval and the gate has no `approval_handler` (on both routes; see `CallgateMiddleware`).
 
-    In a graph task: the call that needs approval is recorded as `Blocked` ("approval_required")
-    and pauses the run; the resumed run's answer decides it, passing the whole chain again
-    (`ApprovalRequested`, `ApprovalResolved`, then the outcome). Without a checkpointer the run
-    cannot resume: `ToolApprovalRequiredError` saying so, the tool not run. Outside a graph, or
-    with a handler, this is `scope.call`. `named_answers`: an answer must name the call it
+    In a graph task: the call that needs approval records its durable `ApprovalRequested` (no
+    outcome) and pauses the run; the resumed run's answer decides it, passing the whole chain again
+    (`ApprovalRequested` under the same approval id, `ApprovalResolved`, then its one outcome).
+    Without a checkpointer the run cannot resume: `ToolApprovalRequiredError` saying so, the tool
+    not run. Outside a graph, or with a handler, this is `scope.call`. `named_answers`: an answer must name the call it
     answers (see `_resume_schema`)."""
     task = _graph_task() if scope.gate.approval_handler is None else None
     if task is None:
@@ -284,7 +284,8 @@ async def call_through_gate(
         else:
             return await scope.call(name, args, run=run, call_id=call_id, approval=approval)
     try:
-        return await scope.call(name, args, run=run, call_id=call_id)
+        # With a checkpointer the run pauses and resumes this call: the request is the record.
+        return await scope.call(name, args, run=run, call_id=call_id, pause_for_approval=bool(task.checkpointer))
     except ToolApprovalRequiredError as exc:
         if pause is not None:
             raise pause from None

@@ -20,7 +20,7 @@ The `RunContext` of a call is `config["configurable"]["callgate_run"]` when the 
 one, else (middleware) the agent's `context=` when it is a `RunContext`, else `run`.
 
 `RequireApproval`, when the gate has no `approval_handler`, is LangGraph's own human-in-the-loop
-flow on both routes: the call is recorded as `Blocked` (cause "approval_required") and the graph
+flow on both routes: the call's durable `ApprovalRequested` is recorded (no outcome yet) and the graph
 pauses with `langgraph.types.interrupt(payload)`, where the payload is JSON
 
     {"kind": "callgate.approval", "tool": ..., "args": {...}, "call_id": ..., "reason": ...,

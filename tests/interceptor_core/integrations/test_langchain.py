@@ -625,7 +625,7 @@ class TestApprovalAsInterrupt:
     async def test_the_run_pauses_with_the_payload_and_nothing_deleted(self, root: Path, route: str) -> None:
         """The interrupt carries the tool, the arguments as the gate holds them (rewritten), the
         call id, the reason and who asked; the delete has not run; the gate recorded the pause as
-        `Blocked` ("approval_required")."""
+        the durable `ApprovalRequested`, and no outcome yet."""
         memory = MemorySink()
         graph = Route(route, root, approvals_gate(memory), chat(DELETE))
         paused = await graph.run({"messages": [HumanMessage("tidy up")]})
@@ -633,9 +633,9 @@ class TestApprovalAsInterrupt:
         assert pause.value == PAYLOAD
         assert (root / "old.txt").exists()
         assert graph.done == []
-        assert trail(memory, "c1") == ["Blocked"]
-        blocked = memory.of_type("Blocked")[0]
-        assert (blocked.cause, blocked.reason) == ("approval_required", "deletes need a human")
+        assert trail(memory, "c1") == ["ApprovalRequested"]
+        requested = memory.of_type("ApprovalRequested")[0]
+        assert (requested.reason, requested.approval_id is not None) == ("deletes need a human", True)
 
     @pytest.mark.parametrize(
         ("route", "answer", "by"),
@@ -647,8 +647,8 @@ class TestApprovalAsInterrupt:
     )
     async def test_approved_on_resume_the_tool_runs_once(self, root: Path, route: str, answer: Any, by: Any) -> None:
         """Resumed with an approval: the delete runs once, the model reads its result, and the
-        call's trail is the pause, then the approval (who decided, through LangGraph) and its one
-        outcome."""
+        call's trail is the pause (the durable request), the request asked again on resume under
+        the same approval id, the approval (who decided, through LangGraph) and its one outcome."""
         memory = MemorySink()
         graph = Route(route, root, approvals_gate(memory), chat(DELETE))
         await graph.run({"messages": [HumanMessage("tidy up")]})
@@ -658,10 +658,13 @@ class TestApprovalAsInterrupt:
         assert not (root / "old.txt").exists()
         assert graph.done == ["delete old.txt"]
         assert replies(out["messages"]) == {"c1": ("success", "deleted old.txt")}
-        assert trail(memory, "c1") == ["Blocked", "ApprovalRequested", "ApprovalResolved", "ToolUse"]
+        assert trail(memory, "c1") == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolUse"]
         resolved = memory.of_type("ApprovalResolved")[0]
         assert (resolved.approved, resolved.by) == (True, by)
         assert "LangGraph" in (resolved.note or "")
+        paused, resumed = memory.of_type("ApprovalRequested")
+        assert paused.approval_id == resumed.approval_id == resolved.approval_id
+        assert paused.args_digest == resumed.args_digest
         assert verify_chain(memory.events).ok
 
     @pytest.mark.parametrize("route", ROUTES)
@@ -679,7 +682,7 @@ class TestApprovalAsInterrupt:
         assert (root / "old.txt").read_text() == "old"
         assert graph.done == []
         assert replies(model.shown[-1]) == {"c1": ("error", refusal)}
-        assert trail(memory, "c1") == ["Blocked", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        assert trail(memory, "c1") == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
         resolved = memory.of_type("ApprovalResolved")[0]
         assert (resolved.approved, resolved.by, resolved.note) == (False, "alice", "not today")
         assert memory.of_type("ToolDenied")[0].message == refusal
@@ -735,11 +738,11 @@ class TestApprovalAsInterrupt:
         assert paused["__interrupt__"][0].response_schema is not None  # what a client may send
         with pytest.raises(ValidationError):
             await graph.run(Command(resume=bad))
-        assert trail(memory, "c1") == ["Blocked"]
+        assert trail(memory, "c1") == ["ApprovalRequested"]
         assert (root / "old.txt").exists()
         out = await graph.run(Command(resume={"approved": True, "call_id": "c1"}))
         assert replies(out["messages"]) == {"c1": ("success", "deleted old.txt")}
-        assert trail(memory, "c1") == ["Blocked", "ApprovalRequested", "ApprovalResolved", "ToolUse"]
+        assert trail(memory, "c1") == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolUse"]
 
     async def test_two_calls_waiting_are_answered_by_interrupt_id(self, root: Path) -> None:
         """Two deletes of one turn pause together; `Command(resume={interrupt id: answer})`
@@ -760,7 +763,7 @@ class TestApprovalAsInterrupt:
             "error",
             "The call to delete_file needs approval (deletes need a human) and was refused: keep it",
         )
-        assert trail(memory, "c2") == ["Blocked", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        assert trail(memory, "c2") == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
 
     async def test_a_gate_with_a_handler_asks_it_and_never_pauses(self, root: Path) -> None:
         """The gate's own `approval_handler` answers, as on every route: no interrupt."""

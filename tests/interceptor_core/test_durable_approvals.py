@@ -1,0 +1,276 @@
+"""Durable approval requests: bound to the exact call, decided from outside, honoured once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from events import MemorySink
+from events.chain import Producer, new_event_id
+from events.models import ApprovalRequestedEvent, ApprovalResolvedEvent, ToolDeniedEvent, ToolUseEvent
+from interceptor_core import ApprovalRequest, Gate, RequireApproval, RunContext, before_tool_call, tool
+from interceptor_core.approvals import RemoteApprovals, approval_id_for, args_digest
+from interceptor_core.policy import Policy
+
+ACME = RunContext(tenant="acme", principal="u-1", run_id="r-1")
+
+POLICY = """\
+version: 1
+name: refunds
+rules:
+  - id: big-refunds
+    tools: [refund]
+    when: "args.amount_cents > 10000"
+    decision: require_approval
+    message: "Refunds over 100.00 need a reviewer."
+"""
+
+
+class Refund(BaseModel):
+    order_id: str
+    amount_cents: int
+
+
+class ListedDecisions:
+    """A `DecisionSource` fed by the test: `add` a decision, waiters wake."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, list[ApprovalResolvedEvent]] = {}
+        self._changed = asyncio.Event()
+        self.producer = Producer()
+
+    def decisions(self, approval_id: str) -> list[ApprovalResolvedEvent]:
+        return list(self.by_id.get(approval_id, ()))
+
+    def changed(self) -> asyncio.Event:
+        return self._changed
+
+    def add(self, request: ApprovalRequest, *, approved: bool = True, **override: Any) -> ApprovalResolvedEvent:
+        fields: dict[str, Any] = {
+            "event_id": new_event_id(),
+            "time": datetime.now(UTC),
+            "gate": "shop",
+            "call_id": request.call_id,
+            "approved": approved,
+            "by": "rev-1",
+            "note": "looks fine" if approved else "no",
+            "waited_ms": 1.0,
+            "approval_id": request.approval_id,
+            "args_digest": request.args_digest,
+            "policy_version": request.policy_version,
+        }
+        fields.update(override)
+        event = self.producer.seal(ApprovalResolvedEvent, fields)
+        self.by_id.setdefault(request.approval_id, []).append(event)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        return event
+
+
+class Asked:
+    """Records each request the remote handler gets, so the test can answer it."""
+
+    def __init__(self, inner: RemoteApprovals) -> None:
+        self.inner = inner
+        self.requests: asyncio.Queue[ApprovalRequest] = asyncio.Queue()
+
+    async def __call__(self, request: ApprovalRequest) -> Any:
+        self.requests.put_nowait(request)
+        return await self.inner(request)
+
+
+def build(timeout_s: float = 30.0) -> tuple[Any, MemorySink, ListedDecisions, Asked, list[int]]:
+    ran: list[int] = []
+
+    @tool
+    def refund(args: Refund) -> str:
+        ran.append(args.amount_cents)
+        return "refunded"
+
+    source = ListedDecisions()
+    asked = Asked(RemoteApprovals(source))
+    sink = MemorySink()
+    gate = Gate(
+        "shop",
+        interceptors=[Policy.from_text(POLICY)],
+        sinks=[sink],
+        approval_handler=asked,
+        approval_timeout_s=timeout_s,
+    )
+    return gate.agent("desk", tools=[refund]), sink, source, asked, ran
+
+
+def of(sink: MemorySink, call_id: str) -> list[Any]:
+    return [e for e in sink.events if e.call_id == call_id and e.type != "ToolsRegistered"]
+
+
+class TestTheRequest:
+    async def test_the_request_is_bound_to_the_call(self) -> None:
+        """ApprovalRequested carries approval id, args digest, policy version, rule, expiry and who asked."""
+        scope, sink, source, asked, _ = build()
+        task = asyncio.create_task(
+            scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-1")
+        )
+        request = await asked.requests.get()
+        source.add(request)
+        assert (await task).ok
+        requested = next(e for e in of(sink, "c-1") if isinstance(e, ApprovalRequestedEvent))
+        digest = args_digest({"order_id": "ACME-1", "amount_cents": 20000})
+        assert requested.args_digest == digest == request.args_digest
+        assert requested.policy_version is not None
+        assert len(requested.policy_version) == 64
+        assert requested.approval_id == approval_id_for("c-1", digest, requested.policy_version)
+        assert requested.rule == "big-refunds"
+        assert (requested.tenant, requested.principal, requested.run_id) == ("acme", "u-1", "r-1")
+        assert requested.expires_at is not None
+        expires = datetime.fromisoformat(requested.expires_at)
+        assert timedelta(seconds=29) < expires - requested.time <= timedelta(seconds=30)
+
+
+class TestRemoteDecisions:
+    async def test_an_approval_from_outside_runs_the_call_once(self) -> None:
+        """Requested, resolved by the reviewer (recorded once, by the desk), then one ToolUse."""
+        scope, sink, source, asked, ran = build()
+        task = asyncio.create_task(
+            scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-1")
+        )
+        decision = source.add(await asked.requests.get())
+        result = await task
+        assert result.ok
+        assert ran == [20000]
+        # The desk's ApprovalResolved is the record: the gate writes no second one.
+        assert [e.type for e in of(sink, "c-1")] == ["ApprovalRequested", "ToolUse"]
+        assert decision.by == "rev-1"
+        assert [d.interceptor for d in result.decisions][-1] == "approval"
+
+    async def test_a_denial_from_outside_refuses_with_the_reviewers_note(self) -> None:
+        """A reviewer's denial is a ToolDenied (approval_refused) whose message names the reviewer and note."""
+        scope, sink, source, asked, ran = build()
+        task = asyncio.create_task(
+            scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-2")
+        )
+        source.add(await asked.requests.get(), approved=False)
+        result = await task
+        assert result.kind == "denied"
+        assert ran == []
+        assert "by rev-1: no" in (result.message or "")
+        (outcome,) = [e for e in of(sink, "c-2") if isinstance(e, ToolDeniedEvent)]
+        assert outcome.cause == "approval_refused"
+
+    async def test_a_decision_for_other_arguments_or_policy_is_not_honoured(self) -> None:
+        """A decision whose digest or policy version differs from the request's is ignored; the call waits."""
+        scope, sink, source, asked, ran = build(timeout_s=0.5)
+        task = asyncio.create_task(
+            scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-3")
+        )
+        request = await asked.requests.get()
+        source.add(request, args_digest="0" * 64)
+        source.add(request, policy_version="f" * 64)
+        source.add(request, call_id="c-other")
+        result = await task
+        assert result.kind == "denied"
+        assert ran == []
+        resolved = [e for e in of(sink, "c-3") if isinstance(e, ApprovalResolvedEvent)]
+        assert [(e.approved, e.by, e.approval_id) for e in resolved] == [(False, None, request.approval_id)]
+        assert resolved[0].error is not None
+
+    async def test_expiry_refuses_the_call_and_records_it(self) -> None:
+        """No decision before expires_at: the gate records an unanswered ApprovalResolved and a refusal."""
+        scope, sink, _, asked, ran = build(timeout_s=0.2)
+        result = await scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-4")
+        assert result.kind == "denied"
+        assert ran == []
+        assert asked.requests.qsize() == 1
+        assert [e.type for e in of(sink, "c-4")] == ["ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+
+    async def test_an_approval_is_used_once(self) -> None:
+        """The same call asked again after its approval was used waits for a new decision."""
+        scope, _, source, asked, ran = build(timeout_s=0.3)
+        args = {"order_id": "ACME-1", "amount_cents": 20000}
+        task = asyncio.create_task(scope.call("refund", args, run=ACME, call_id="c-5"))
+        source.add(await asked.requests.get())
+        assert (await task).ok
+        again = await scope.call("refund", args, run=ACME, call_id="c-5")
+        assert again.kind == "denied"
+        assert ran == [20000]
+
+    async def test_changed_arguments_ask_again(self) -> None:
+        """The same call id with other arguments is another request, with another approval id."""
+        scope, _, source, asked, ran = build(timeout_s=0.3)
+        task = asyncio.create_task(
+            scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-6")
+        )
+        first = await asked.requests.get()
+        source.add(first)
+        assert (await task).ok
+        other = await scope.call("refund", {"order_id": "ACME-1", "amount_cents": 30000}, run=ACME, call_id="c-6")
+        second = await asked.requests.get()
+        assert second.approval_id != first.approval_id
+        assert second.args_digest != first.args_digest
+        assert other.kind == "denied"
+        assert ran == [20000]
+
+    async def test_a_decision_given_before_the_call_is_found(self) -> None:
+        """A decision already taken (a resumed run in a new process) is honoured at once."""
+        scope, _sink, source, asked, ran = build()
+        args = {"order_id": "ACME-1", "amount_cents": 20000}
+        # The same call, asked before (in a process that is gone): same approval id.
+        first = asyncio.create_task(scope.call("refund", args, run=ACME, call_id="c-7"))
+        request = await asked.requests.get()
+        first.cancel()
+        source.add(request)
+        resumed, sink2, resumed_source, _, ran2 = build()
+        resumed_source.by_id.update(source.by_id)
+        assert (await resumed.call("refund", args, run=ACME, call_id="c-7")).ok
+        assert ran2 == [20000]
+        assert ran == []
+        assert [e.type for e in of(sink2, "c-7")] == ["ApprovalRequested", "ToolUse"]
+        assert isinstance(of(sink2, "c-7")[-1], ToolUseEvent)
+
+    async def test_a_waiting_call_is_cancelled_with_its_run(self) -> None:
+        """Cancelling the run ends the wait; the call leaves one outcome (interrupted)."""
+        scope, sink, _, asked, ran = build()
+        task = asyncio.create_task(
+            scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-8")
+        )
+        await asked.requests.get()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        outcomes = [e for e in of(sink, "c-8") if isinstance(e, ToolDeniedEvent | ToolUseEvent)]
+        assert [e.cause for e in outcomes] == ["interrupted"]
+        assert ran == []
+
+
+def test_the_approval_id_changes_with_each_binding() -> None:
+    """call id, digest and policy version each change the approval id."""
+    base = approval_id_for("c", "d", "p")
+    assert len(base) == 32
+    assert (
+        len({base, approval_id_for("c2", "d", "p"), approval_id_for("c", "d2", "p"), approval_id_for("c", "d", None)})
+        == 4
+    )
+
+
+async def test_a_plain_interceptors_request_has_no_policy_version() -> None:
+    """An interceptor that is no policy file asks with no policy version and no rule."""
+    sink = MemorySink()
+
+    @tool
+    def refund(args: Refund) -> str:
+        return "refunded"
+
+    ask = before_tool_call(name="ask")(lambda call: RequireApproval("why"))
+    gate = Gate("shop", interceptors=[ask], sinks=[sink], approval_handler=lambda request: True)
+    assert (
+        await gate.agent("desk", tools=[refund]).call("refund", {"order_id": "A", "amount_cents": 1}, call_id="c")
+    ).ok
+    (requested,) = [e for e in sink.events if isinstance(e, ApprovalRequestedEvent)]
+    assert (requested.policy_version, requested.rule) == (None, None)
+    assert requested.approval_id == approval_id_for("c", requested.args_digest or "", None)
+    (resolved,) = [e for e in sink.events if isinstance(e, ApprovalResolvedEvent)]
+    assert (resolved.approved, resolved.approval_id) == (True, requested.approval_id)
