@@ -251,7 +251,7 @@ class TestRun:
         at = open_app(runs_env, monkeypatch, "run", run_id="run-desk")
         (story,) = [c.value for c in at.code if "ask_research" in c.value]
         lines = story.splitlines()
-        assert lines[0] == "turn 1 (1 messages): allow"
+        assert lines[0] == "turn 1 (1 message): allow"
         assert "approval: approved [by lead]" in [line.strip() for line in lines]
         at_research = lines.index("ask_research: allowed (ok)")
         assert lines[at_research + 1].startswith("    turn 1")
@@ -285,7 +285,7 @@ class TestRun:
         at.text_input(key="r_principal").input("u-2").run()
         (table,) = [df.value for df in at.dataframe]
         assert list(table["run_id"]) == ["run-globex"]
-        assert list(table["outcome"]) == ["had_denials"]
+        assert list(table["outcome"]) == ["had denials"]  # words, not the query's code
 
     def test_reached_from_a_call(
         self, run_store: Any, runs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
