@@ -37,8 +37,9 @@ typecheck: $(STAMP)
 
 # pytest runs on one worker per core (pytest-xdist; PYTEST_WORKERS=0 runs in this process), a test
 # file's tests on one worker, so a module's fixtures are built once; each worker starts its own
-# session services (broker, Redis, PostgreSQL) on free loopback ports. The slowest tests are listed.
-# pytest exits 5 when it collected no tests: that is a broken suite, not a pass, and it says so.
+# session services (broker, Redis, PostgreSQL) on free loopback ports. Four workers on two cores
+# measured slower on a shared machine, and tests with a deadline missed it. The slowest tests are
+# listed. pytest exits 5 when it collected no tests: that is a broken suite, not a pass, and it says so.
 PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
 	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS); code=$$?; \

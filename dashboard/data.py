@@ -36,6 +36,7 @@ __all__ = [
     "PROOF_STEPS",
     "RUN_COLUMNS",
     "RUN_OUTCOMES",
+    "RUN_OUTCOME_WORDS",
     "SHADOW_CALL_COLUMNS",
     "SIGNED_COLUMNS",
     "STORY_COLUMNS",
@@ -522,6 +523,16 @@ RUN_OUTCOMES: Final[dict[str, str]] = {
 }
 """What each run outcome (the `runs` query's `outcome`) means, in the dashboard's own words."""
 
+RUN_OUTCOME_WORDS: Final[dict[str, str]] = {
+    "blocked": "blocked",
+    "turn_denied": "turn denied",
+    "turn_substituted": "output substituted",
+    "had_denials": "had denials",
+    "clean": "clean",
+    "empty": "nothing stored",
+}
+"""Each run outcome in a word or two, as the runs table shows it (`RUN_OUTCOMES` says it in full)."""
+
 _CALL_OUTCOMES: Final = ("ToolUse", "ToolDenied", "Substitute", "Blocked")
 _MAX_DEPTH: Final = 32
 
@@ -564,7 +575,10 @@ def load_runs(query: Query, window: Window, filters: RunFilters, *, page: int = 
     if page < 1:
         raise ValueError(f"page must be 1 or more, got {page}")
     params = {**window.params(), **filters.params(), "limit": page_size + 1, "offset": (page - 1) * page_size}
-    rows = query("runs", params)
+    rows = [
+        {**row, "outcome": RUN_OUTCOME_WORDS.get(row.get("outcome"), row.get("outcome"))}
+        for row in query("runs", params)
+    ]
     return RunsPage(rows[:page_size], page, page_size, more=len(rows) > page_size)
 
 
@@ -732,9 +746,8 @@ def _event_step(event: Mapping[str, Any], depth: int) -> dict[str, Any]:
     }
     if kind == "TurnDecision":
         count = event.get("message_count")
-        step.update(
-            kind="turn", step=f"turn {event.get('turn')} ({count} messages)", decision=event.get("turn_decision")
-        )
+        messages = f"{count} message" if count == 1 else f"{count} messages"
+        step.update(kind="turn", step=f"turn {event.get('turn')} ({messages})", decision=event.get("turn_decision"))
     elif kind == "ApprovalRequested":
         # The trail so far is the call's own (on its row); the approval rows say who and why.
         step.update(kind="approval asked", step="approval asked", decision="asked", trail="")

@@ -568,9 +568,15 @@ def _cell(value: Any) -> Any:
 
 
 def frame(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> pd.DataFrame:
-    """Rows as a DataFrame of plain cells (nested values as JSON text), in `columns` order if given."""
+    """Rows as a DataFrame of plain cells (nested values as JSON text), in `columns` order if given;
+    a text column's missing values are blank, never the word "None"."""
     names = list(columns) if columns is not None else (list(rows[0]) if rows else [])
-    return pd.DataFrame([[_cell(row.get(name)) for name in names] for row in rows], columns=names)
+    data = pd.DataFrame([[_cell(row.get(name)) for name in names] for row in rows], columns=names)
+    for name in names:
+        present = data[name].dropna()
+        if len(present) < len(data) and all(isinstance(value, str) for value in present):
+            data[name] = data[name].astype(object).where(data[name].notna(), "")
+    return data
 
 
 def table(

@@ -154,6 +154,17 @@ class TestBlockedAttempts:
         assert len(table) == total
         assert list(table["time"]) == sorted(table["time"], reverse=True)
 
+    def test_blank_text_cells_are_blank(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A text column's missing values (no trace id, no workflow) are empty cells, not "None"."""
+        at = open_app(store_env, monkeypatch, "blocked")
+        (table,) = [df.value for df in at.dataframe]
+        missing = seeded_store.scalar("select count(*) from blocked_attempts where trace_id is null")
+        assert missing > 0
+        assert list(table["trace_id"]).count("") == missing
+        assert not any(value is None for column in ("trace_id", "workflow", "cause") for value in table[column])
+
     def test_filters_narrow_through_query_parameters(
         self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -251,7 +262,7 @@ class TestRun:
         at = open_app(runs_env, monkeypatch, "run", run_id="run-desk")
         (story,) = [c.value for c in at.code if "ask_research" in c.value]
         lines = story.splitlines()
-        assert lines[0] == "turn 1 (1 messages): allow"
+        assert lines[0] == "turn 1 (1 message): allow"
         assert "approval: approved [by lead]" in [line.strip() for line in lines]
         at_research = lines.index("ask_research: allowed (ok)")
         assert lines[at_research + 1].startswith("    turn 1")
@@ -285,7 +296,7 @@ class TestRun:
         at.text_input(key="r_principal").input("u-2").run()
         (table,) = [df.value for df in at.dataframe]
         assert list(table["run_id"]) == ["run-globex"]
-        assert list(table["outcome"]) == ["had_denials"]
+        assert list(table["outcome"]) == ["had denials"]  # words, not the query's code
 
     def test_reached_from_a_call(
         self, run_store: Any, runs_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
