@@ -322,12 +322,13 @@ async def _serve(
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from interceptor_core.integrations.mcp import McpProxy, McpToolset, client_of
+    from interceptor_core.integrations.mcp import McpProxy, McpRelay, McpToolset, client_of, crossing_tools
 
     command = shlex.join(upstream)
     # A proxy stands in for the command, so the command sees the environment it would have seen.
     params = StdioServerParameters(command=upstream[0], args=list(upstream[1:]), env=dict(os.environ))
     toolset = McpToolset(raw_results=True, prefix=prefix)
+    relay = McpRelay(toolset)
     noise = _UpstreamNoise()
     stdio_log = logging.getLogger("mcp.client.stdio")
     stdio_log.addFilter(noise)
@@ -393,13 +394,16 @@ async def _serve(
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(stop_on_signals)
             tasks.start_soon(give_up_after_timeout)
-            async with Client(stdio_client(params, errlog=sys.stderr), message_handler=toolset.on_message) as client:
+            async with Client(stdio_client(params, errlog=sys.stderr), **relay.client_options()) as client:
                 toolset.bind(client)
                 await toolset.load()
-                scope = await toolset.attach(gate.agent(agent, tools=toolset.tools, identity=run))
+                tools = [*toolset.tools, *crossing_tools(toolset)]
+                scope = await toolset.attach(gate.agent(agent, tools=tools, identity=run))
                 started.set()
                 noise.starting = False
-                proxy = McpProxy(toolset, scope, name=f"callgate:{gate.name}", run=run_for if tokens else run)
+                proxy = McpProxy(
+                    toolset, scope, name=f"callgate:{gate.name}", run=run_for if tokens else run, relay=relay
+                )
                 async with anyio.create_task_group() as serving:
                     await serving.start(follow_upstream)
                     if http is not None:

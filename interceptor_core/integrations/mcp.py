@@ -17,6 +17,7 @@ Needs the `mcp` package (the `mcp` extra); importing `interceptor_core` does not
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -25,9 +26,9 @@ import socket
 import sys
 import threading
 import time
-import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import anyio
 import anyio.abc
@@ -40,10 +41,10 @@ from mcp.client.subscriptions import listen
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
-from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -56,7 +57,18 @@ from interceptor_core.tools import Tool
 
 log = logging.getLogger("callgate.integrations.mcp")
 
-__all__ = ["McpProxy", "McpToolError", "McpToolset", "error_text", "result_from_gate", "value_from_result"]
+__all__ = [
+    "CROSSING_TOOLS",
+    "DENIED",
+    "McpProxy",
+    "McpRelay",
+    "McpToolError",
+    "McpToolset",
+    "crossing_tools",
+    "error_text",
+    "result_from_gate",
+    "value_from_result",
+]
 
 _LIST_PAGE_CAP = 1000
 """Pages of a tools/list walk before giving up: a server whose cursor never ends cannot hang us."""
@@ -269,7 +281,11 @@ class McpToolset:
         toolset = self
 
         async def call(args: dict[str, Any], ctx: ToolContext) -> Any:
-            result = await toolset.session.call_tool(server_name, args)
+            # A proxied call passes the client's progress token on (its handler set the client's
+            # request in this task's context before the gate started the call).
+            client = _downstream.get()
+            progress = _progress_relay(client) if client is not None else None
+            result = await toolset.session.call_tool(server_name, args, progress_callback=progress)
             if not isinstance(result, types.CallToolResult):
                 raise McpToolError(f"the server answered {type(result).__name__}, not a tool result")
             if result.is_error:
@@ -362,18 +378,252 @@ def result_from_gate(result: ToolResult, output_schema: dict[str, Any] | None = 
     raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
 
 
+_downstream: contextvars.ContextVar[ServerRequestContext[Any] | None] = contextvars.ContextVar(
+    "callgate_mcp_downstream", default=None
+)
+"""The client request a gated call serves, read by the call's body (which runs in a task copied
+from the handler's context) to pass the client's progress token on."""
+
+_upstream_failure: contextvars.ContextVar[list[MCPError] | None] = contextvars.ContextVar(
+    "callgate_mcp_upstream_failure", default=None
+)
+"""Where a crossing's body leaves the error the other side answered with, so the proxy can answer
+with that same error (code and message) instead of the gate's error text."""
+
+CROSSING_TOOLS: dict[str, str] = {
+    "mcp.resources.read": "resource",
+    "mcp.prompts.get": "prompt",
+    "mcp.sampling.createMessage": "sampling",
+    "mcp.elicitation.create": "elicitation",
+    "mcp.roots.list": "roots",
+}
+"""The gate tools an `McpProxy` registers for the crossings that are not tool calls (name to the
+events' `crossing`); a policy names them in `tools:` like any tool. Never listed by tools/list and
+never callable with tools/call."""
+
+DENIED = -32001
+"""The JSON-RPC error code of a crossing the gate denied (a resource read, a prompt get; a
+sampling, elicitation or roots request answered to the server): an implementation-defined server
+error, the message being what the gate said."""
+
+_MAX_CLIENTS = 1024
+"""How many client connections an `McpProxy` remembers for notifications and server requests
+(the least recently active are forgotten first)."""
+
+_SHOWN_ERROR_CHARS = 512
+"""How much of the other side's error message a relayed error keeps."""
+
+
+def _progress_relay(ctx: ServerRequestContext[Any]) -> Any:
+    """A progress callback passing the upstream's progress to the client request `ctx` (None when
+    the client asked for no progress)."""
+    if progress_token_from_params(ctx.params) is None:
+        return None
+
+    async def relay(progress: float, total: float | None, message: str | None) -> None:
+        try:
+            await ctx.session.report_progress(progress, total, message)
+        except Exception:  # the client went away; the call itself goes on
+            log.debug("could not pass progress on to an MCP client", exc_info=True)
+
+    return relay
+
+
+def _params(model: pydantic.BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= _SHOWN_ERROR_CHARS else text[:_SHOWN_ERROR_CHARS] + "…"
+
+
+class _Client:
+    """What an `McpProxy` knows of one client connection: its most recent request (whose session
+    reaches the connection's standalone channel), its requests in flight and its subscriptions."""
+
+    __slots__ = ("inflight", "last", "subscriptions")
+
+    def __init__(self, ctx: ServerRequestContext[Any]) -> None:
+        self.last = ctx
+        self.inflight: dict[Any, ServerRequestContext[Any]] = {}
+        self.subscriptions: set[str] = set()
+
+    def can(self, capability: types.ClientCapabilities) -> bool:
+        return self.last.session.check_client_capability(capability)
+
+
+class McpRelay:
+    """The callbacks of a gateway's upstream `Client`: what the upstream server sends of its own
+    accord (list changes, resource updates, log messages, sampling, elicitation and roots requests)
+    reaches the clients of the `McpProxy` bound to it. Build it before the upstream connection
+    (`client_options()` are the `Client`'s keyword arguments), bind it when the proxy exists.
+
+    Before a proxy is bound, notifications are dropped and server requests answered with an error.
+    """
+
+    def __init__(self, toolset: McpToolset | None = None) -> None:
+        self.toolset = toolset
+        self.proxy: McpProxy | None = None
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for `mcp.Client`: the handlers, and the client capabilities the proxy
+        relays (sampling, elicitation, roots)."""
+        return {
+            "message_handler": self.on_message,
+            "logging_callback": self.on_log,
+            "sampling_callback": self.on_sampling,
+            "elicitation_callback": self.on_elicitation,
+            "list_roots_callback": self.on_roots,
+        }
+
+    async def on_message(self, message: object) -> None:
+        if self.toolset is not None:
+            await self.toolset.on_message(message)
+        if self.proxy is not None and not isinstance(message, Exception):
+            await self.proxy.notify_clients(message)
+
+    async def on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        if self.proxy is not None:
+            await self.proxy.notify_clients(types.LoggingMessageNotification(params=params))
+
+    async def on_sampling(
+        self, context: Any, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+        if self.proxy is None:
+            return types.ErrorData(code=types.INVALID_REQUEST, message="no client is connected yet")
+        result_type = types.CreateMessageResultWithTools if params.tools else types.CreateMessageResult
+        return await self.proxy.ask_client("mcp.sampling.createMessage", _params(params), result_type)
+
+    async def on_elicitation(
+        self, context: Any, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        if self.proxy is None:
+            return types.ErrorData(code=types.INVALID_REQUEST, message="no client is connected yet")
+        return await self.proxy.ask_client("mcp.elicitation.create", _params(params), types.ElicitResult)
+
+    async def on_roots(self, context: Any) -> types.ListRootsResult | types.ErrorData:
+        if self.proxy is None:
+            return types.ErrorData(code=types.INVALID_REQUEST, message="no client is connected yet")
+        return await self.proxy.ask_client("mcp.roots.list", {}, types.ListRootsResult)
+
+
+_R = TypeVar("_R", bound=pydantic.BaseModel)
+
+_CLIENT_CAPABILITY = {
+    "mcp.sampling.createMessage": types.ClientCapabilities(sampling=types.SamplingCapability()),
+    "mcp.elicitation.create": types.ClientCapabilities(elicitation=types.ElicitationCapability()),
+    "mcp.roots.list": types.ClientCapabilities(roots=types.RootsCapability()),
+}
+
+
+def crossing_tools(toolset: McpToolset) -> list[Tool[Any, Any]]:
+    """The gate tools of the crossings that are not tool calls (`CROSSING_TOOLS`) that the
+    toolset's connected upstream can take: `mcp.resources.read` and `mcp.prompts.get` when it
+    offers resources and prompts, the server-to-client ones always. Register them in the scope the
+    upstream's tools are in (`McpProxy` adds those missing)."""
+    session = toolset.session
+    caps = session.server_capabilities if isinstance(session, Client) else types.ServerCapabilities()
+    offered = {"mcp.resources.read": caps.resources is not None, "mcp.prompts.get": caps.prompts is not None}
+    return [_crossing_tool(toolset, name) for name in CROSSING_TOOLS if offered.get(name, True)]
+
+
+_CROSSING_SCHEMAS: dict[str, dict[str, Any]] = {
+    "mcp.resources.read": {"type": "object", "properties": {"uri": {"type": "string"}}, "required": ["uri"]},
+    "mcp.prompts.get": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "arguments": {"type": "object"}},
+        "required": ["name"],
+    },
+}
+
+
+def _crossing_tool(toolset: McpToolset, name: str) -> Tool[Any, Any]:
+    async def cross(args: dict[str, Any], _ctx: ToolContext) -> Any:
+        try:
+            return await _cross(toolset, name, args, _downstream.get())
+        except MCPError as exc:
+            failures = _upstream_failure.get()
+            if failures is not None:
+                failures.append(exc)
+            raise
+
+    schema = _CROSSING_SCHEMAS.get(name, {"type": "object"})
+    tool = schema_tool(name, f"MCP {name[4:]} through the gateway", schema, cross)
+    tool.crossing = CROSSING_TOOLS[name]
+    return tool
+
+
+async def _cross(toolset: McpToolset, name: str, args: dict[str, Any], target: ServerRequestContext[Any] | None) -> Any:
+    """What a crossing tool does once the gate let it through: ask the upstream (a read, a get)
+    or the client `target` (a server request), with the arguments as the chain left them."""
+    session = toolset.session
+    raw = session.session if isinstance(session, Client) else session
+    progress = _progress_relay(target) if target is not None else None
+    meta = target.meta if target is not None else None
+    match name:
+        case "mcp.resources.read":
+            params = types.ReadResourceRequestParams(uri=args["uri"], _meta=meta)
+            return await raw.send_request(
+                types.ReadResourceRequest(params=params), types.ReadResourceResult, progress_callback=progress
+            )
+        case "mcp.prompts.get":
+            params_get = types.GetPromptRequestParams(name=args["name"], arguments=args.get("arguments"), _meta=meta)
+            return await raw.send_request(
+                types.GetPromptRequest(params=params_get), types.GetPromptResult, progress_callback=progress
+            )
+    if target is None:
+        raise MCPError(types.INVALID_REQUEST, "no connected client can answer this request")
+    related = ServerMessageMetadata(related_request_id=target.request_id) if target.request_id is not None else None
+    match name:
+        case "mcp.sampling.createMessage":
+            sampling = types.CreateMessageRequestParams.model_validate(args, by_name=False)
+            result_type: Any = types.CreateMessageResultWithTools if sampling.tools else types.CreateMessageResult
+            return await target.session.send_request(
+                types.CreateMessageRequest(params=sampling), result_type, metadata=related
+            )
+        case "mcp.elicitation.create":
+            adapter = pydantic.TypeAdapter[types.ElicitRequestParams](types.ElicitRequestParams)
+            elicit = adapter.validate_python(args, by_name=False)
+            return await target.session.send_request(
+                types.ElicitRequest(params=elicit), types.ElicitResult, metadata=related
+            )
+        case "mcp.roots.list":
+            return await target.session.send_request(types.ListRootsRequest(), types.ListRootsResult, metadata=related)
+    raise AssertionError(f"unknown crossing {name}")  # pragma: no cover
+
+
 class McpProxy:
     """A gated MCP server in front of an upstream one (what `callgate mcp-proxy` runs).
 
     `toolset` holds the upstream session (built with `raw_results=True`, so a result passes
     through unchanged); `scope` is the agent scope the upstream's tools are registered in.
-    `tools/list` shows the upstream's definitions; `tools/call` goes through `scope.call` with
-    `run` (a `RunContext`, or a function of the request context returning one). A name the proxy
-    does not know yet makes it list the upstream again before answering, so a tool announced
-    after start is registered before its first call; those extra listings are made at most once
-    per `refresh_interval_s` (a client naming unknown tools in a loop cannot flood the upstream).
-    Upstream list changes are passed on to connected clients (a notification on older protocol
-    versions, `subscriptions/listen` on 2026-07-28).
+
+    What crosses, and what decides:
+
+    - The proxy offers what the upstream offers (its capabilities, `serverInfo` name, version and
+      title, `instructions`); its description says callgate serves it. When the upstream speaks a
+      handshake-era protocol (2025-11-25 and before), so does the proxy to its clients.
+    - `tools/list`, `resources/list`, `resources/templates/list` and `prompts/list` are relayed
+      page by page (the upstream's cursors pass through; the upstream's error for a bad cursor
+      comes back as it is); `tools/list` pages hide the tools no path of the chain can allow for
+      the client's run. `completion/complete`, `logging/setLevel`, `resources/subscribe` and
+      `resources/unsubscribe` are relayed as they are.
+    - `tools/call` goes through `scope.call` with `run` (a `RunContext`, or a function of the
+      request context returning one). A name the proxy does not know yet makes it list the
+      upstream again before answering (at most once per `refresh_interval_s`).
+    - `resources/read` and `prompts/get` go through `scope.call` too, as the gate tools
+      `mcp.resources.read` (args `{"uri"}`) and `mcp.prompts.get` (args `{"name", "arguments"}`),
+      so a policy decides on them and each leaves an outcome event with its `crossing`. A denial
+      is the JSON-RPC error `DENIED` with the gate's message; an upstream error is passed on.
+    - `sampling/createMessage`, `elicitation/create` and `roots/list` from the upstream (given to
+      `McpRelay`) go through `scope.call` as `mcp.sampling.createMessage`,
+      `mcp.elicitation.create` and `mcp.roots.list` (args: the request's params; a rewrite changes
+      what the client is asked) and then to a client that declared the capability: the client
+      with a request in flight, most recent first, else the most recently active one. A denial
+      is answered to the upstream as the error `DENIED`.
+    - Progress the client asked for (`progressToken`) is passed on from the upstream; upstream
+      notifications (list changes, resource updates for the client's subscriptions, log
+      messages) reach the connected clients.
 
     Hostile input is refused before the gate sees it: a tool name longer than `max_name_chars` or
     arguments larger than `max_args_bytes` (as JSON) get a JSON-RPC error (invalid params) that
@@ -391,6 +641,7 @@ class McpProxy:
         max_name_chars: int = MAX_NAME_CHARS,
         max_args_bytes: int = MAX_ARGS_BYTES,
         refresh_interval_s: float = 1.0,
+        relay: McpRelay | None = None,
     ) -> None:
         if not toolset.raw_results:
             raise ConfigurationError("McpProxy needs a toolset built with raw_results=True")
@@ -408,40 +659,307 @@ class McpProxy:
         self._refreshing: anyio.Event | None = None
         self._bus = InMemorySubscriptionBus()
         self._listen = ListenHandler(self._bus)
-        self._legacy_sessions: weakref.WeakSet[ServerSession] = weakref.WeakSet()
+        self._clients: OrderedDict[object, _Client] = OrderedDict()
+        session = toolset.session
+        upstream = session if isinstance(session, Client) else None
+        info = upstream.server_info if upstream is not None else None
+        caps = upstream.server_capabilities if upstream is not None else types.ServerCapabilities()
+        self._upstream_caps = caps
+        self._legacy = upstream is not None and upstream.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        described = f"served through callgate ({name})"
         self.server: Server[Any] = Server(
-            name,
+            info.name if info is not None else name,
+            version=info.version if info is not None else "",
+            title=info.title if info is not None else None,
+            description=f"{info.description} ({described})" if info is not None and info.description else described,
+            instructions=upstream.instructions if upstream is not None else None,
+            website_url=info.website_url if info is not None else None,
+            icons=info.icons if info is not None else None,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self._listen,
         )
+        # The proxy serves (and so advertises) what the upstream offers, no more. Registered one by
+        # one: the constructor's logging keyword warns that the newest protocol deprecates it, and
+        # the upstream still offers it.
+        add = self.server.add_request_handler
+        paginated = types.PaginatedRequestParams
+        if caps.resources is not None:
+            add("resources/list", paginated, self._list_resources)
+            add("resources/templates/list", paginated, self._list_resource_templates)
+            add("resources/read", types.ReadResourceRequestParams, self._read_resource)
+            if caps.resources.subscribe:
+                add("resources/subscribe", types.SubscribeRequestParams, self._subscribe)
+                add("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe)
+        if caps.prompts is not None:
+            add("prompts/list", paginated, self._list_prompts)
+            add("prompts/get", types.GetPromptRequestParams, self._get_prompt)
+        if caps.completions is not None:
+            add("completion/complete", types.CompleteRequestParams, self._complete)
+        if caps.logging is not None:
+            add("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+        if self._legacy:
+            # Without discovery, a client falls back to the handshake the upstream speaks.
+            self.server._request_handlers.pop("server/discover", None)
+        present = scope.tools
+        missing = [tool for tool in crossing_tools(toolset) if tool.name not in present]
+        if missing:
+            scope.add_tools(missing)
         toolset.on_change(self._announce)
+        if relay is not None:
+            relay.toolset = relay.toolset or toolset
+            relay.proxy = self
 
-    def _remember(self, ctx: ServerRequestContext[Any]) -> None:
-        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            self._legacy_sessions.add(ctx.session)
+    # -- clients --------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _serving(self, ctx: ServerRequestContext[Any]) -> Iterator[_Client]:
+        """Remember the client of `ctx` (most recently active last) and its request while it runs."""
+        key = getattr(ctx.session, "_connection", ctx.session)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = _Client(ctx)
+            while len(self._clients) > _MAX_CLIENTS:
+                self._clients.popitem(last=False)
+        else:
+            client.last = ctx
+            self._clients.move_to_end(key)
+        request_id = ctx.request_id
+        if request_id is not None:
+            client.inflight[request_id] = ctx
+        try:
+            yield client
+        finally:
+            if request_id is not None:
+                client.inflight.pop(request_id, None)
+
+    def _run_for(self, ctx: ServerRequestContext[Any]) -> RunContext:
+        return self._run if isinstance(self._run, RunContext) else self._run(ctx)
+
+    def _target(self, crossing: str) -> ServerRequestContext[Any] | None:
+        """The client request a server request is put to: of the clients that declared the
+        capability, the one with a request in flight (most recently active first), else the most
+        recently active one."""
+        capability = _CLIENT_CAPABILITY[crossing]
+        able = [client for client in reversed(self._clients.values()) if client.can(capability)]
+        for client in able:
+            if client.inflight:
+                return next(reversed(client.inflight.values()))
+        return able[0].last if able else None
+
+    async def ask_client(self, crossing: str, args: dict[str, Any], result_type: type[_R]) -> _R | types.ErrorData:
+        """Put a server request (`crossing`: one of the `mcp.sampling.createMessage`,
+        `mcp.elicitation.create`, `mcp.roots.list` tools) through the gate to a client; the
+        client's result (a substitute is validated as `result_type`), or the `ErrorData` the
+        upstream is answered with."""
+        target = self._target(crossing)
+        if target is None:
+            # No client to ask: recorded like any other refusal, so the audit shows the attempt.
+            message = f"no connected client declared the {CROSSING_TOOLS[crossing]} capability"
+            self.scope.refuse(crossing, message, crossing=CROSSING_TOOLS[crossing])
+            return types.ErrorData(code=types.INVALID_REQUEST, message=message)
+        failures: list[MCPError] = []
+        token_d = _downstream.set(target)
+        token_f = _upstream_failure.set(failures)
+        try:
+            result = await self.scope.call(crossing, args, run=self._run_for(target))
+        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
+            return types.ErrorData(code=DENIED, message=_bounded(str(exc)))
+        finally:
+            _downstream.reset(token_d)
+            _upstream_failure.reset(token_f)
+        if failures:
+            return failures[0].error
+        match result.kind:
+            case "ok" | "substituted":
+                value = result.value
+                if isinstance(value, result_type):
+                    return value
+                try:
+                    return result_type.model_validate(value, by_name=False)
+                except pydantic.ValidationError:
+                    return types.ErrorData(
+                        code=types.INTERNAL_ERROR, message="the gate's answer is not a client result"
+                    )
+            case "denied":
+                return types.ErrorData(code=DENIED, message=_bounded(result.to_model_text()))
+            case "error":
+                return types.ErrorData(code=types.INTERNAL_ERROR, message=_bounded(result.to_model_text()))
+        raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
+
+    async def notify_clients(self, message: object) -> None:
+        """Pass an upstream notification on: list changes and log messages to every client
+        connection, a resource update to the clients subscribed to its URI. Others are dropped
+        (progress rides its own request; tools list changes go through the toolset's refresh)."""
+        if isinstance(message, types.ResourceUpdatedNotification):
+            clients = [c for c in self._clients.values() if message.params.uri in c.subscriptions]
+        elif isinstance(
+            message,
+            types.ResourceListChangedNotification
+            | types.PromptListChangedNotification
+            | types.LoggingMessageNotification,
+        ):
+            clients = list(self._clients.values())
+        else:
+            return
+        for client in clients:
+            try:
+                await client.last.session.send_notification(message)
+            except Exception:  # a client that went away must not stop the others hearing of it
+                log.debug("could not pass a notification on to an MCP client", exc_info=True)
 
     async def _announce(self, _new: list[Tool[Any, Any]]) -> None:
         await self._bus.publish(ToolsListChanged())
-        for session in list(self._legacy_sessions):
+        for client in list(self._clients.values()):
+            if client.last.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                continue
             try:
-                await session.send_tool_list_changed()
+                await client.last.session.send_tool_list_changed()
             except Exception:  # a client that went away must not stop the others hearing of it
                 log.debug("could not notify an MCP client of a tools list change", exc_info=True)
+
+    # -- relayed as they are ------------------------------------------------------------------------
+
+    @property
+    def _upstream(self) -> ClientSession:
+        session = self.toolset.session
+        return session.session if isinstance(session, Client) else session
+
+    async def _relay(self, ctx: ServerRequestContext[Any], request: Any, result_type: Any) -> Any:
+        with self._serving(ctx):
+            return await self._upstream.send_request(request, result_type, progress_callback=_progress_relay(ctx))
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        result: types.ListResourcesResult = await self._relay(
+            ctx, types.ListResourcesRequest(params=params), types.ListResourcesResult
+        )
+        return result
+
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        result: types.ListResourceTemplatesResult = await self._relay(
+            ctx, types.ListResourceTemplatesRequest(params=params), types.ListResourceTemplatesResult
+        )
+        return result
+
+    async def _list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        result: types.ListPromptsResult = await self._relay(
+            ctx, types.ListPromptsRequest(params=params), types.ListPromptsResult
+        )
+        return result
+
+    async def _complete(
+        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        result: types.CompleteResult = await self._relay(
+            ctx, types.CompleteRequest(params=params), types.CompleteResult
+        )
+        return result
+
+    async def _set_level(
+        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        # One upstream connection serves every client: the last level asked for holds for all.
+        result: types.EmptyResult = await self._relay(ctx, types.SetLevelRequest(params=params), types.EmptyResult)
+        return result
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        with self._serving(ctx) as client:
+            result: types.EmptyResult = await self._upstream.send_request(
+                types.SubscribeRequest(params=params), types.EmptyResult
+            )
+            client.subscriptions.add(params.uri)
+            return result
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        with self._serving(ctx) as client:
+            client.subscriptions.discard(params.uri)
+            # Another client may still want the updates of this URI: the upstream keeps sending them.
+            if any(params.uri in other.subscriptions for other in self._clients.values()):
+                return types.EmptyResult()
+            result: types.EmptyResult = await self._upstream.send_request(
+                types.UnsubscribeRequest(params=params), types.EmptyResult
+            )
+            return result
+
+    # -- decided by the gate ------------------------------------------------------------------------
+
+    async def _gated(self, ctx: ServerRequestContext[Any], crossing: str, args: dict[str, Any]) -> Any:
+        """Put a client request through the gate as the crossing tool `crossing`; the upstream's
+        result, or an `MCPError` (the gate's denial, or the upstream's own error)."""
+        failures: list[MCPError] = []
+        with self._serving(ctx):
+            token_d = _downstream.set(ctx)
+            token_f = _upstream_failure.set(failures)
+            try:
+                result = await self.scope.call(crossing, args, run=self._run_for(ctx))
+            except (ToolBlockedError, ToolApprovalRequiredError) as exc:
+                raise MCPError(types.INTERNAL_ERROR, _bounded(str(exc))) from exc
+            finally:
+                _downstream.reset(token_d)
+                _upstream_failure.reset(token_f)
+        if failures:
+            raise failures[0]
+        match result.kind:
+            case "ok" | "substituted":
+                return result.value
+            case "denied":
+                raise MCPError(DENIED, _bounded(result.to_model_text()))
+            case "error":
+                raise MCPError(types.INTERNAL_ERROR, _bounded(result.to_model_text()))
+        raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        value = await self._gated(ctx, "mcp.resources.read", {"uri": params.uri})
+        if isinstance(value, types.ReadResourceResult):
+            return value
+        # A substitute: the value as the resource's text.
+        text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text=text)])
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        args: dict[str, Any] = {"name": params.name}
+        if params.arguments is not None:
+            args["arguments"] = dict(params.arguments)
+        value = await self._gated(ctx, "mcp.prompts.get", args)
+        if isinstance(value, types.GetPromptResult):
+            return value
+        text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
+        return types.GetPromptResult(
+            messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))]
+        )
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        self._remember(ctx)
+        with self._serving(ctx):
+            page: types.ListToolsResult = await self._upstream.send_request(
+                types.ListToolsRequest(params=params), types.ListToolsResult
+            )
+        if any(self.toolset.tool_name(d.name) not in self.scope.tools for d in page.tools):
+            await self._refresh_for_unknown()
         # Only the tools some path of the chain can allow for this client's run; calls of the
         # others are still mediated (and refused) if a client asks for them by name.
-        run = self._run if isinstance(self._run, RunContext) else self._run(ctx)
-        registered = set(self.scope.shown_tools(run))
+        shown = set(self.scope.shown_tools(self._run_for(ctx)))
         tools = []
-        for definition in self.toolset.definitions:
-            if self.toolset.tool_name(definition.name) in registered:
-                tools.append(definition.model_copy(update={"name": self.toolset.tool_name(definition.name)}))
-        return types.ListToolsResult(tools=tools)
+        for definition in page.tools:
+            name = self.toolset.tool_name(definition.name)
+            if name in shown and name not in CROSSING_TOOLS:
+                tools.append(definition.model_copy(update={"name": name}))
+        return page.model_copy(update={"tools": tools})
 
     def _refusal(self, name: str, args: dict[str, Any]) -> str | None:
         """Why a call is refused before the gate (sizes only, never the input), or None."""
@@ -473,22 +991,29 @@ class McpProxy:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        self._remember(ctx)
-        run = self._run if isinstance(self._run, RunContext) else self._run(ctx)
-        args = dict(params.arguments or {})
-        refusal = self._refusal(params.name, args)
-        if refusal is not None:
-            name = params.name
-            shown = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
-            self.scope.refuse(shown, refusal, run=run)
-            raise MCPError(types.INVALID_PARAMS, refusal)
-        if params.name not in self.scope.tools:
-            await self._refresh_for_unknown()
-        try:
-            result = await self.scope.call(params.name, args, run=run)
-        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
-            # A block stops the caller's run: a protocol error, not a result a model would read on.
-            raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+        with self._serving(ctx):
+            run = self._run_for(ctx)
+            args = dict(params.arguments or {})
+            refusal = self._refusal(params.name, args)
+            if refusal is not None:
+                name = params.name
+                shown = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
+                self.scope.refuse(shown, refusal, run=run)
+                raise MCPError(types.INVALID_PARAMS, refusal)
+            if params.name in CROSSING_TOOLS:
+                # The gate tools of other crossings are not tools of the upstream's.
+                self.scope.refuse(params.name, f"unknown tool {params.name}", run=run)
+                raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+            if params.name not in self.scope.tools:
+                await self._refresh_for_unknown()
+            token = _downstream.set(ctx)
+            try:
+                result = await self.scope.call(params.name, args, run=run)
+            except (ToolBlockedError, ToolApprovalRequiredError) as exc:
+                # A block stops the caller's run: a protocol error, not a result a model would read on.
+                raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+            finally:
+                _downstream.reset(token)
         definition = self.toolset.definition(params.name)
         return result_from_gate(result, definition.output_schema if definition is not None else None)
 
@@ -581,7 +1106,14 @@ class McpProxy:
             tasks.cancel_scope.cancel()
 
     def _init_options(self) -> Any:
-        return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+        caps = self._upstream_caps
+        return self.server.create_initialization_options(
+            NotificationOptions(
+                tools_changed=True,
+                resources_changed=bool(caps.resources and caps.resources.list_changed),
+                prompts_changed=bool(caps.prompts and caps.prompts.list_changed),
+            )
+        )
 
 
 def client_of(ctx: ServerRequestContext[Any]) -> object | None:
