@@ -407,8 +407,22 @@ async def _serve(
                 async with anyio.create_task_group() as serving:
                     await serving.start(follow_upstream)
                     if http is not None:
+                        host, port = http
+                        shown = f"[{host}]" if ":" in host else host
+
+                        def say_listening() -> None:
+                            print(
+                                f"callgate mcp-proxy: listening on http://{shown}:{port}/mcp",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+
                         await proxy.serve_http(
-                            *http, stop=stop, sock=sock, authenticate=tokens.client if tokens else None
+                            *http,
+                            stop=stop,
+                            sock=sock,
+                            authenticate=tokens.client if tokens else None,
+                            ready=say_listening,
                         )
                     else:
                         await proxy.serve_stdio(stop=stop, grace_s=grace_s, draining=draining)

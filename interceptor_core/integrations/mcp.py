@@ -46,7 +46,7 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_MODERN_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from interceptor_core.context import RunContext, ToolContext
 from interceptor_core.exceptions import CallgateError, ConfigurationError, ToolApprovalRequiredError, ToolBlockedError
@@ -528,6 +528,34 @@ def crossing_tools(toolset: McpToolset) -> list[Tool[Any, Any]]:
 
 
 _CROSSING_SCHEMAS: dict[str, dict[str, Any]] = {
+    # What a policy can name (and the static check knows of); other params the spec adds pass too.
+    "mcp.sampling.createMessage": {
+        "type": "object",
+        "properties": {
+            "messages": {"type": "array"},
+            "maxTokens": {"type": "integer"},
+            "systemPrompt": {"type": "string"},
+            "includeContext": {"type": "string"},
+            "temperature": {"type": "number"},
+            "stopSequences": {"type": "array"},
+            "modelPreferences": {"type": "object"},
+            "metadata": {"type": "object"},
+            "tools": {"type": "array"},
+            "toolChoice": {"type": "object"},
+        },
+        "required": ["messages", "maxTokens"],
+    },
+    "mcp.elicitation.create": {
+        "type": "object",
+        "properties": {
+            "mode": {"type": "string"},
+            "message": {"type": "string"},
+            "requestedSchema": {"type": "object"},
+            "url": {"type": "string"},
+            "elicitationId": {"type": "string"},
+        },
+        "required": ["message"],
+    },
     "mcp.resources.read": {"type": "object", "properties": {"uri": {"type": "string"}}, "required": ["uri"]},
     "mcp.prompts.get": {
         "type": "object",
@@ -1045,7 +1073,7 @@ class McpProxy:
         if grace_s < 0:
             raise ConfigurationError(f"grace_s must not be negative, got {grace_s}")
         async with (
-            _stdio_transport(max_line_bytes, stop, grace_s, draining) as (read, write),
+            _stdio_transport(max_line_bytes, stop, grace_s, draining, self._legacy) as (read, write),
             anyio.create_task_group() as tasks,
         ):
             if stop is not None:
@@ -1069,6 +1097,7 @@ class McpProxy:
         stop: anyio.Event | None = None,
         sock: socket.socket | None = None,
         authenticate: Callable[[str | None], object | None] | None = None,
+        ready: Callable[[], object] | None = None,
     ) -> None:
         """Serve streamable HTTP on `host:port` (path `/mcp`) until `stop` is set (then it shuts
         down gracefully and returns) or the task is cancelled. Installs no signal handlers:
@@ -1079,7 +1108,7 @@ class McpProxy:
         `authenticate(bearer_token_or_None)` returns who the request is from, or None to answer it
         401 (`WWW-Authenticate: Bearer`) before the MCP layer sees it; what it returned is in the
         request's ASGI scope under `"callgate.client"`, which a `run` function reads with
-        `client_of(ctx)`."""
+        `client_of(ctx)`. `ready()` is called once the server has started serving."""
         import uvicorn
 
         class _Server(uvicorn.Server):
@@ -1090,6 +1119,8 @@ class McpProxy:
                 yield
 
         app: Any = self.server.streamable_http_app(host=host)
+        if self._legacy:
+            app = _HandshakeOnly(app)
         if authenticate is not None:
             app = _BearerAuth(app, authenticate)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
@@ -1099,9 +1130,17 @@ class McpProxy:
             await stop.wait()
             server.should_exit = True
 
+        async def say_when_ready(ready: Callable[[], object]) -> None:
+            # uvicorn has no started callback; its flag is set once the app's lifespan ran.
+            while not server.started:  # noqa: ASYNC110 - a flag of uvicorn's, with no event to wait on
+                await anyio.sleep(0.01)
+            ready()
+
         async with anyio.create_task_group() as tasks:
             if stop is not None:
                 tasks.start_soon(stop_when_asked, stop)
+            if ready is not None:
+                tasks.start_soon(say_when_ready, ready)
             await server.serve(sockets=[sock] if sock is not None else None)
             tasks.cancel_scope.cancel()
 
@@ -1160,6 +1199,85 @@ class _BearerAuth:
             await send({"type": "http.response.body", "body": body})
             return
         await self.app({**scope, "callgate.client": client}, receive, send)
+
+
+_DISCOVER = "server/discover"
+
+
+def _handshake_only_error(request_id: Any) -> types.JSONRPCError:
+    """The answer to `server/discover` from a proxy whose upstream speaks a handshake-era protocol:
+    -32022 naming the handshake versions, on which a client falls back to `initialize` (a
+    discovery the SDK's server answered itself would lock the connection to the newest era)."""
+    data = types.UnsupportedProtocolVersionErrorData(
+        supported=list(HANDSHAKE_PROTOCOL_VERSIONS), requested=LATEST_MODERN_VERSION
+    )
+    return types.JSONRPCError(
+        jsonrpc="2.0",
+        id=request_id,
+        error=types.ErrorData(
+            code=types.UNSUPPORTED_PROTOCOL_VERSION,
+            message="this server speaks the initialize handshake",
+            data=data.model_dump(mode="json"),
+        ),
+    )
+
+
+class _HandshakeOnly:
+    """ASGI middleware: a `server/discover` POST is answered with `_handshake_only_error` before the
+    MCP app sees it (see `McpProxy`: the proxy speaks the era its upstream speaks)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([], receive, message), send)
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        request_id = _discover_id(body)
+        if request_id is None:
+            await self.app(scope, _replay([body], receive), send)
+            return
+        answer = _handshake_only_error(request_id).model_dump_json(by_alias=True, exclude_none=True).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+def _discover_id(body: bytes) -> Any:
+    """The id of a `server/discover` request in an HTTP body, or None for any other body."""
+    if _DISCOVER.encode() not in body:
+        return None
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(parsed, dict) and parsed.get("method") == _DISCOVER and isinstance(parsed.get("id"), str | int):
+        return parsed["id"]
+    return None
+
+
+def _replay(bodies: list[bytes], receive: Any, first: dict[str, Any] | None = None) -> Callable[[], Any]:
+    """An ASGI `receive` that hands out `first` or `bodies` (already read), then defers to `receive`."""
+    pending = (
+        [first] if first is not None else [{"type": "http.request", "body": b, "more_body": False} for b in bodies]
+    )
+
+    async def replayed() -> Any:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
 
 
 # -- stdio ----------------------------------------------------------------------------------------
@@ -1256,6 +1374,7 @@ async def _stdio_transport(
     stop: anyio.Event | None,
     grace_s: float,
     draining: Callable[[int], object] | None,
+    handshake_only: bool = False,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """MCP over fds 0 and 1, read and written by daemon threads of its own: a read blocked on
     stdin never holds up the process's exit (the SDK's transport reads in a worker thread that a
@@ -1310,6 +1429,9 @@ async def _stdio_transport(
                     message = types.jsonrpc_message_adapter.validate_json(item, by_name=False)
                 except pydantic.ValidationError as exc:
                     await write_stream.send(_answer_unreadable(item, exc))
+                    continue
+                if handshake_only and isinstance(message, types.JSONRPCRequest) and message.method == _DISCOVER:
+                    await write_stream.send(SessionMessage(_handshake_only_error(message.id)))
                     continue
                 if isinstance(message, types.JSONRPCRequest) and message.method not in _LONG_LIVED:
                     unanswered.ids.add(message.id)
