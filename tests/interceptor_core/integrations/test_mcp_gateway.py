@@ -23,6 +23,9 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
+from consumers.reader import FileReader
+from consumers.store import AuditStore, RawRecord
+from dashboard.data import BlockedFilters, load_blocked
 from events import verify_chain
 from interceptor_core.integrations.mcp import DENIED
 
@@ -258,6 +261,24 @@ class TestDecisions:
             "deny",
         )
         assert [rule.id for step in event.decisions for rule in step.rules] == ["static-docs-only"]
+
+    async def test_the_blocked_attempts_page_lists_a_denied_read(self, gateway: Gateway, tmp_path: Path) -> None:
+        """The proxy's events, stored as the materializer stores them, put the denied read on the
+        dashboard's Blocked attempts page (its tool names the crossing)."""
+        async with gateway.proxied() as proxied:
+            with pytest.raises(MCPError):
+                await proxied.read_resource("demo://resource/dynamic/text/7")
+        (denied,) = gateway.outcomes(1)
+        lines = [line.encode() for line in gateway.events.read_text().splitlines() if line.strip()]
+        key = denied.producer_id.encode()
+        records = [RawRecord("callgate.events", 0, i, key, line) for i, line in enumerate(lines)]
+        with AuditStore(tmp_path / "audit.duckdb") as store:
+            store.ingest(records, {("callgate.events", 0): len(records)})
+        with FileReader(tmp_path / "audit.duckdb") as reader:
+            page = load_blocked(lambda name, params: reader.query(name, params).rows, BlockedFilters())
+        assert [(row["type"], row["tool"], row["message"]) for row in page.rows] == [
+            ("ToolDenied", "mcp.resources.read", "Only the static documents may be read.")
+        ]
 
     async def test_a_denied_prompt_is_refused_with_an_event(self, gateway: Gateway) -> None:
         """prompts/get of a prompt the policy refuses: DENIED, and a ToolDenied with crossing prompt."""
