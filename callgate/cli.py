@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,15 +24,19 @@ console = Console()
 
 
 def load_object(spec: str) -> Any:
-    """Import `MODULE:ATTR` (the current directory is importable); raise `typer.BadParameter` naming
-    what is missing."""
-    module_name, _, attr = spec.partition(":")
+    """Import `MODULE:ATTR` or `FILE.py:ATTR` (the current directory is importable; a file is loaded
+    as a module of its own name, its folder importable); raise `typer.BadParameter` naming what is
+    missing."""
+    module_name, _, attr = spec.rpartition(":") if spec.count(":") > 1 else spec.partition(":")
     if not module_name or not attr:
-        raise typer.BadParameter(f"expected MODULE:ATTR, got {spec!r}")
+        raise typer.BadParameter(f"expected MODULE:ATTR or FILE.py:ATTR, got {spec!r}")
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
-        module = importlib.import_module(module_name)
+        if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+            module = _load_file(Path(module_name))
+        else:
+            module = importlib.import_module(module_name)
     except ImportError as exc:
         raise typer.BadParameter(f"cannot import module {module_name!r}: {exc}") from exc
     obj: Any = module
@@ -41,6 +46,31 @@ def load_object(spec: str) -> Any:
         except AttributeError:
             raise typer.BadParameter(f"module {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+def _load_file(path: Path) -> Any:
+    """The module a Python file defines, loaded once (under its file name) with its folder importable."""
+    import importlib.util
+
+    if not path.is_file():
+        raise ImportError(f"no such file {path}")
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python module")
+    if str(path.parent.resolve()) not in sys.path:
+        sys.path.insert(0, str(path.parent.resolve()))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def resolve_gate(spec: str) -> Any:

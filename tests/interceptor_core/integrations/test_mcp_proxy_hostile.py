@@ -580,12 +580,18 @@ GATE = Gate("files", interceptors=[ProtectFiles()])
 
 
 class TestFactoriesWithoutSinks:
-    @pytest.mark.parametrize("spec", ["files_policy:build_plain_gate", "ready_gate:GATE"], ids=["plain", "ready"])
+    @pytest.mark.parametrize(
+        "spec",
+        ["files_policy:build_plain_gate", "ready_gate:GATE", "{tmp}/gates/ready_gate_file.py:GATE"],
+        ids=["plain", "ready", "file-path"],
+    )
     def test_the_proxy_adds_its_sinks(self, stdio_proxy: Any, root: Path, tmp_path: Path, spec: str) -> None:
-        """`def build(): return Gate(...)` and a module-level Gate both work with `--events`: the
-        events file holds the registration and every call's outcome."""
+        """`def build(): return Gate(...)` and a module-level Gate both work with `--events`, named
+        by module or by file path: the events file holds the registration and every call's outcome."""
         (tmp_path / "ready_gate.py").write_text(READY_GATE)
-        proxy = stdio_proxy("--gate", spec)
+        (tmp_path / "gates").mkdir()
+        (tmp_path / "gates" / "ready_gate_file.py").write_text(READY_GATE)
+        proxy = stdio_proxy("--gate", spec.format(tmp=tmp_path))
         proxy.initialize()
         assert proxy.call("delete_file", {"path": "precious.txt"})["result"]["isError"] is True
         proxy.process.send_signal(signal.SIGTERM)
