@@ -82,6 +82,10 @@ MAX_ARGS_BYTES = 1_048_576
 MAX_LINE_BYTES = 4 * 1_048_576
 """The longest JSON-RPC message line `McpProxy.serve_stdio` reads by default."""
 
+HTTP_GRACE_S = 3.0
+"""How long `McpProxy.serve_http`, once stopped, lets requests in flight finish before it cancels
+them (whole seconds: uvicorn's graceful shutdown timeout)."""
+
 STDIO_GRACE_S = 30.0
 """How long `McpProxy.serve_stdio`, once stopped, lets requests in flight finish by default."""
 
@@ -1123,12 +1127,28 @@ class McpProxy:
             app = _HandshakeOnly(app)
         if authenticate is not None:
             app = _BearerAuth(app, authenticate)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=int(HTTP_GRACE_S),
+        )
         server = _Server(config)
+        manager = self.server.session_manager
 
         async def stop_when_asked(stop: anyio.Event) -> None:
             await stop.wait()
             server.should_exit = True
+            # A client's notification stream (its GET) never ends of its own accord, and uvicorn
+            # waits for every connection to end: those streams are closed now and until serving
+            # returns (a client may open one again before the listening socket is closed). The
+            # requests in flight run on, up to uvicorn's graceful timeout; then they are cancelled.
+            while True:
+                for transport in list(manager._server_instances.values()):
+                    transport.close_standalone_sse_stream()
+                await anyio.sleep(0.1)
 
         async def say_when_ready(ready: Callable[[], object]) -> None:
             # uvicorn has no started callback; its flag is set once the app's lifespan ran.

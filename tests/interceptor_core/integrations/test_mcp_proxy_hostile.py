@@ -332,6 +332,27 @@ class TestSignalsOverHttp:
         assert [e.type for e in read_jsonl(proxy.events)] == ["ToolsRegistered", "ToolUse"]
         assert gone(upstream_pid)
 
+    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+    async def test_exits_0_within_5_s_with_a_client_still_connected(
+        self, root: Path, tmp_path: Path, signum: int
+    ) -> None:
+        """An SDK client holds its notification stream open; the signal still ends the proxy with
+        exit 0 within 5 s, the call it made recorded."""
+        proxy = HttpProxy(root, tmp_path)
+        try:
+            await proxy.wait_until_listening()
+            async with Client(proxy.url) as client:
+                assert not (await client.call_tool("write_file", {"path": "note.txt", "text": "hi"})).is_error
+                started = time.monotonic()
+                proxy.process.send_signal(signum)
+                code = await anyio.to_thread.run_sync(lambda: proxy.process.wait(timeout=DEADLINE_S))
+                took = time.monotonic() - started
+        finally:
+            proxy.stop()
+        assert code == 0, proxy.stderr.read_text()
+        assert took < 5.0
+        assert [e.type for e in read_jsonl(proxy.events)] == ["ToolsRegistered", "ToolUse"]
+
     async def test_a_call_in_flight_at_sigterm_finishes(self, root: Path, tmp_path: Path) -> None:
         """Over HTTP as over stdio: SIGTERM while a tools/call waits in the upstream; the proxy
         stops listening, the call (released only then) completes and its result reaches the
