@@ -520,6 +520,40 @@ _CLIENT_CAPABILITY = {
 }
 
 
+def _kind(value: object) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _params_problem(method: str, params: Any) -> tuple[str, str] | None:
+    """For a gated method whose params are of the wrong shape: the tool the audit names and the
+    refusal (saying what was wrong, never the value); else None."""
+    if method == "tools/call":
+        tool = "unnamed-tool"
+        if not isinstance(params, dict):
+            return tool, f"tools/call params must be an object, got {_kind(params)}"
+        name = params.get("name")
+        if not isinstance(name, str):
+            return tool, f"tools/call name must be a string, got {_kind(name)}"
+        tool = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
+        arguments = params.get("arguments")
+        if arguments is not None and not isinstance(arguments, dict):
+            return tool, f"tools/call arguments must be an object, got {_kind(arguments)}"
+    elif method == "resources/read":
+        uri = params.get("uri") if isinstance(params, dict) else None
+        if not isinstance(uri, str):
+            return "mcp.resources.read", f"resources/read uri must be a string, got {_kind(uri)}"
+    elif method == "prompts/get":
+        name = params.get("name") if isinstance(params, dict) else None
+        arguments = params.get("arguments") if isinstance(params, dict) else None
+        if not isinstance(name, str):
+            return "mcp.prompts.get", f"prompts/get name must be a string, got {_kind(name)}"
+        if arguments is not None and not isinstance(arguments, dict):
+            return "mcp.prompts.get", f"prompts/get arguments must be an object, got {_kind(arguments)}"
+    return None
+
+
 def crossing_tools(toolset: McpToolset) -> list[Tool[Any, Any]]:
     """The gate tools of the crossings that are not tool calls (`CROSSING_TOOLS`) that the
     toolset's connected upstream can take: `mcp.resources.read` and `mcp.prompts.get` when it
@@ -730,6 +764,7 @@ class McpProxy:
             add("completion/complete", types.CompleteRequestParams, self._complete)
         if caps.logging is not None:
             add("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+        self.server.middleware.append(self._screen_params)
         if self._legacy:
             # Without discovery, a client falls back to the handshake the upstream speaks.
             self.server._request_handlers.pop("server/discover", None)
@@ -764,6 +799,31 @@ class McpProxy:
         finally:
             if request_id is not None:
                 client.inflight.pop(request_id, None)
+
+    async def _screen_params(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
+        """Server middleware: params of a gated method that are not of the shape the method takes
+        (arguments that are not an object, a name that is not a string) are refused with a short
+        error and a `ToolDenied` event before the SDK validates them; any other validation failure
+        is answered without echoing the input."""
+        problem = _params_problem(ctx.method, ctx.params) if ctx.request_id is not None else None
+        if problem is not None:
+            tool, message = problem
+            crossing = CROSSING_TOOLS.get(tool)
+            self.scope.refuse(tool, message, run=self._run_for(ctx), crossing=crossing)
+            raise MCPError(types.INVALID_PARAMS, message)
+        try:
+            return await call_next(ctx)
+        except pydantic.ValidationError as exc:
+            where = sorted({".".join(str(part) for part in error["loc"]) or "params" for error in exc.errors()})
+            shown = ", ".join(where[:5]) + (", …" if len(where) > 5 else "")
+            raise MCPError(types.INVALID_PARAMS, _bounded(f"Invalid params: {shown}")) from None
+
+    def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
+        """Record a request refused before it could be read as one (one `ToolDenied`, decided by
+        validation, with the size and depth the message states and no arguments)."""
+        if run is None:
+            run = self._run if isinstance(self._run, RunContext) else RunContext(principal="mcp-client")
+        self.scope.refuse(tool, message, run=run)
 
     def _run_for(self, ctx: ServerRequestContext[Any]) -> RunContext:
         return self._run if isinstance(self._run, RunContext) else self._run(ctx)
@@ -1077,7 +1137,10 @@ class McpProxy:
         if grace_s < 0:
             raise ConfigurationError(f"grace_s must not be negative, got {grace_s}")
         async with (
-            _stdio_transport(max_line_bytes, stop, grace_s, draining, self._legacy) as (read, write),
+            _stdio_transport(max_line_bytes, stop, grace_s, draining, self._legacy, self._refuse_unread) as (
+                read,
+                write,
+            ),
             anyio.create_task_group() as tasks,
         ):
             if stop is not None:
@@ -1123,8 +1186,7 @@ class McpProxy:
                 yield
 
         app: Any = self.server.streamable_http_app(host=host)
-        if self._legacy:
-            app = _HandshakeOnly(app)
+        app = _HttpScreen(app, self._refuse_unread, max_bytes=MAX_LINE_BYTES, handshake_only=self._legacy)
         if authenticate is not None:
             app = _BearerAuth(app, authenticate)
         config = uvicorn.Config(
@@ -1242,47 +1304,90 @@ def _handshake_only_error(request_id: Any) -> types.JSONRPCError:
     )
 
 
-class _HandshakeOnly:
-    """ASGI middleware: a `server/discover` POST is answered with `_handshake_only_error` before the
-    MCP app sees it (see `McpProxy`: the proxy speaks the era its upstream speaks)."""
+class _HttpScreen:
+    """ASGI middleware in front of the MCP app: every POST body is read whole (up to
+    `max_bytes`) and refused here, with the JSON-RPC error the specification prescribes, a bounded
+    message that never repeats the input and one `ToolDenied` event (via `refused`), when it is
+    too large, not JSON, nested past the parser, not a JSON-RPC message or carries an id of no
+    legal type. With `handshake_only`, `server/discover` gets `_handshake_only_error`."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        refused: Callable[[str, str, RunContext | None], object],
+        *,
+        max_bytes: int,
+        handshake_only: bool,
+    ) -> None:
         self.app = app
+        self.refused = refused
+        self.max_bytes = max_bytes
+        self.handshake_only = handshake_only
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
+        client = scope.get("callgate.client")
+        run = getattr(client, "run", None)
+        run = run if isinstance(run, RunContext) else None
         chunks: list[bytes] = []
+        size = 0
         more = True
         while more:
             message = await receive()
             if message["type"] != "http.request":
                 await self.app(scope, _replay([], receive, message), send)
                 return
-            chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                declared = dict(scope.get("headers", ())).get(b"content-length", b"")
+                total = int(declared) if declared.isdigit() else size
+                why = f"Invalid request: longer than {self.max_bytes} bytes"
+                self.refused(_UNREADABLE, f"request of {total} bytes refused: at most {self.max_bytes} bytes", run)
+                await _json_error(send, 413, _error_line(types.INVALID_REQUEST, why))
+                return
+            chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        request_id = _discover_id(body)
-        if request_id is None:
+        answer = _screen_body(body, self.handshake_only)
+        if answer is None:
             await self.app(scope, _replay([body], receive), send)
             return
-        answer = _handshake_only_error(request_id).model_dump_json(by_alias=True, exclude_none=True).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": answer})
+        status, error, record = answer
+        if record:
+            self.refused(*_refusal_record(body, error), run)
+        await _json_error(send, status, error)
 
 
-def _discover_id(body: bytes) -> Any:
-    """The id of a `server/discover` request in an HTTP body, or None for any other body."""
-    if _DISCOVER.encode() not in body:
-        return None
+async def _json_error(send: Any, status: int, error: SessionMessage) -> None:
+    body = error.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _screen_body(body: bytes, handshake_only: bool) -> tuple[int, SessionMessage, bool] | None:
+    """The answer to an HTTP body the MCP app must not see (status, error, whether it is a
+    refusal to record), or None to pass it on."""
     try:
         parsed = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if isinstance(parsed, dict) and parsed.get("method") == _DISCOVER and isinstance(parsed.get("id"), str | int):
-        return parsed["id"]
+    except RecursionError:
+        return 400, _error_line(types.INVALID_REQUEST, "Invalid request: nested too deep"), True
+    except ValueError:
+        return 400, _error_line(types.PARSE_ERROR, "Parse error: not JSON"), True
+    if not isinstance(parsed, dict):
+        return 400, _error_line(types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message"), True
+    request_id = parsed.get("id")
+    if "id" in parsed and (isinstance(request_id, bool) or not isinstance(request_id, str | int)):
+        return 400, _error_line(types.INVALID_REQUEST, _BAD_ID), True
+    answered = "result" in parsed or "error" in parsed
+    if parsed.get("jsonrpc") != "2.0" or (not answered and not isinstance(parsed.get("method"), str)):
+        not_jsonrpc = "Invalid request: not a JSON-RPC 2.0 message"
+        return 400, _error_line(types.INVALID_REQUEST, not_jsonrpc, request_id), True
+    if handshake_only and parsed.get("method") == _DISCOVER and request_id is not None:
+        return 200, SessionMessage(_handshake_only_error(request_id)), False
     return None
 
 
@@ -1303,7 +1408,17 @@ def _replay(bodies: list[bytes], receive: Any, first: dict[str, Any] | None = No
 # -- stdio ----------------------------------------------------------------------------------------
 
 _EOF = object()
-_TOO_LONG = object()
+
+
+class _TooLong:
+    """A line over the limit, skipped: only its size is known."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
 _STOP = object()
 
 _LONG_LIVED = frozenset({"subscriptions/listen"})
@@ -1346,7 +1461,10 @@ def _answer_unreadable(line: bytes, exc: pydantic.ValidationError) -> SessionMes
         # Python's parser reads deeper than pydantic-core's (200 levels), so the id of a request
         # refused only for its nesting can usually be named.
         parsed = json.loads(line)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        # JSON, but nested past what any parser here reads: no id can be named.
+        return _error_line(types.INVALID_REQUEST, "Invalid request: nested too deep")
+    except ValueError:
         parsed = None
     if isinstance(parsed, dict) and isinstance(parsed.get("id"), str | int) and not isinstance(parsed["id"], bool):
         request_id = parsed["id"]
@@ -1359,8 +1477,66 @@ def _answer_unreadable(line: bytes, exc: pydantic.ValidationError) -> SessionMes
     return _error_line(types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message", request_id)
 
 
+_UNREADABLE = "unreadable-request"
+"""The events' `tool` for a refused request whose method cannot be read."""
+
+_BAD_ID = "Invalid request: id must be a string or an integer"
+
+
+def _has_id(line: bytes) -> bool:
+    """Whether a line that validated as a notification carries an `id` member after all."""
+    if b'"id"' not in line:
+        return False
+    try:
+        parsed = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(parsed, dict) and "id" in parsed
+
+
+def nesting_depth(data: bytes) -> int:
+    """How deep the arrays and objects of JSON text nest (brackets inside strings not counted);
+    for text that is not JSON, the depth its brackets reach."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return deepest
+
+
+def _refusal_record(line: bytes, answer: SessionMessage) -> tuple[str, str]:
+    """What the audit keeps of a refused line: the tool (or method) it named, if readable, and
+    the answer with the line's size and nesting depth; never its content."""
+    tool = _UNREADABLE
+    try:
+        parsed = json.loads(line)
+    except (ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("method"), str):
+        params = parsed.get("params")
+        named = params.get("name") if isinstance(params, dict) and parsed["method"] == "tools/call" else None
+        tool = named if isinstance(named, str) else parsed["method"]
+        tool = tool if len(tool) <= _SHOWN_NAME_CHARS else tool[:_SHOWN_NAME_CHARS] + "…"
+    error = answer.message
+    said = error.error.message if isinstance(error, types.JSONRPCError) else "refused"
+    return tool, f"{said} ({len(line)} bytes, nested {nesting_depth(line)} levels)"
+
+
 def _read_lines(fd: int, max_line_bytes: int, deliver: Callable[[object], bool]) -> None:
-    """A daemon thread's loop: each line of `fd` (bytes), `_TOO_LONG` for a line over the limit
+    """A daemon thread's loop: each line of `fd` (bytes), `_TooLong` for a line over the limit
     (skipped to its end), then `_EOF`; stops when `deliver` returns False (nobody listens)."""
     with os.fdopen(fd, "rb", closefd=False) as stream:
         while True:
@@ -1369,9 +1545,11 @@ def _read_lines(fd: int, max_line_bytes: int, deliver: Callable[[object], bool])
                 deliver(_EOF)
                 return
             if len(line) > max_line_bytes:
+                size = len(line)
                 while line and not line.endswith(b"\n"):
                     line = stream.readline(65536)
-                if not deliver(_TOO_LONG):
+                    size += len(line)
+                if not deliver(_TooLong(size)):
                     return
                 continue
             if not deliver(line):
@@ -1395,6 +1573,7 @@ async def _stdio_transport(
     grace_s: float,
     draining: Callable[[int], object] | None,
     handshake_only: bool = False,
+    refused: Callable[[str, str], object] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """MCP over fds 0 and 1, read and written by daemon threads of its own: a read blocked on
     stdin never holds up the process's exit (the SDK's transport reads in a worker thread that a
@@ -1439,16 +1618,29 @@ async def _stdio_transport(
             async for item in lines:
                 if item is _EOF or item is _STOP:
                     break
-                if not isinstance(item, bytes):  # _TOO_LONG
+                if isinstance(item, _TooLong):
                     too_long = f"Invalid request: longer than {max_line_bytes} bytes"
                     await write_stream.send(_error_line(types.INVALID_REQUEST, too_long))
+                    if refused is not None:
+                        refused(_UNREADABLE, f"request of {item.size} bytes refused: at most {max_line_bytes} bytes")
                     continue
-                if not item.strip():
+                if not isinstance(item, bytes) or not item.strip():
                     continue
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(item, by_name=False)
                 except pydantic.ValidationError as exc:
-                    await write_stream.send(_answer_unreadable(item, exc))
+                    answer = _answer_unreadable(item, exc)
+                    await write_stream.send(answer)
+                    if refused is not None:
+                        refused(*_refusal_record(item, answer))
+                    continue
+                if isinstance(message, types.JSONRPCNotification) and _has_id(item):
+                    # A request whose id is of no legal type validates as a notification: answered
+                    # here, or it would get no answer at all.
+                    answer = _error_line(types.INVALID_REQUEST, _BAD_ID)
+                    await write_stream.send(answer)
+                    if refused is not None:
+                        refused(*_refusal_record(item, answer))
                     continue
                 if handshake_only and isinstance(message, types.JSONRPCRequest) and message.method == _DISCOVER:
                     await write_stream.send(SessionMessage(_handshake_only_error(message.id)))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -34,7 +35,7 @@ from events import read_jsonl, verify_chain
 
 from .conftest import HERE, effects, upstream_command
 from .files_policy import DENIAL, PROTECTED
-from .test_mcp import DEADLINE_S, proxy_params, text_of
+from .test_mcp import DEADLINE_S, proxy_params, read_events, text_of
 from .test_mcp_proxy import FILES_POLICY, HttpProxy, free_port
 
 INITIALIZE = {
@@ -406,7 +407,7 @@ class TestOversizedInput:
     def test_a_huge_tool_name_is_refused_small(self, stdio_proxy: Any) -> None:
         """A 3 MB tool name: a JSON-RPC invalid-params error stating sizes (not the name), one
         small ToolDenied event with the name cut, and no extra tools/list of the upstream. A 5 MB
-        one (a line past the message limit) is refused unread, with no event: it names no tool."""
+        one (a line past the message limit) is refused unread, its event saying only its size."""
         proxy = stdio_proxy()
         proxy.initialize()
         before = proxy.lists()
@@ -414,17 +415,18 @@ class TestOversizedInput:
         assert answer["error"]["code"] == -32602
         assert len(json.dumps(answer)) < 300
         assert f"tool name of {THREE_MB} characters refused" in answer["error"]["message"]
-        proxy.send(
-            json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x" * FIVE_MB}}).encode()
-        )
+        huge = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x" * FIVE_MB}})
+        proxy.send(huge.encode())
         answer = proxy.receive()
         assert (answer["id"], answer["error"]["code"], len(json.dumps(answer)) < 200) == (None, -32600, True)
         assert proxy.lists() == before
         proxy.process.send_signal(signal.SIGTERM)
         assert proxy.wait() == 0
         assert proxy.events.stat().st_size < 10_000
-        (denied,) = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
+        denied, unread = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
         assert (denied.tool, denied.cause, denied.args) == ("x" * 64 + "…", "validation", {})
+        assert (unread.tool, unread.cause, unread.args) == ("unreadable-request", "validation", {})
+        assert f"request of {len(huge) + 1} bytes refused" in unread.message  # with its newline
 
     def test_huge_arguments_are_refused_before_the_upstream(self, stdio_proxy: Any, root: Path) -> None:
         """2 MB of arguments to a real tool: refused with the sizes, the upstream never runs it,
@@ -756,3 +758,85 @@ class TestUpstreamDeath:
         assert "Traceback" not in stderr
         assert len([x for x in stderr.splitlines() if x.startswith("error: upstream")]) == 1
         assert [e.type for e in read_jsonl(proxy.events)] == ["ToolsRegistered", "ToolUse"]
+
+
+class TestEveryRefusalIsRecorded:
+    """Each refusal gets its JSON-RPC error and leaves one small `ToolDenied` (size and depth,
+    never the content)."""
+
+    def refusals(self, proxy: Any, count: int) -> list[Any]:
+        found = read_events(proxy.events, lambda evs: sum(e.type == "ToolDenied" for e in evs) >= count)
+        assert verify_chain(found).ok
+        return [e for e in found if e.type == "ToolDenied"]
+
+    def test_over_stdio(self, stdio_proxy: Any, root: Path) -> None:
+        """Arguments that are not an object, ids of no legal type, a line past the size limit and
+        10,000-deep nesting: each answered as the specification says and recorded; legal ids of
+        every type are answered."""
+        proxy = stdio_proxy()
+        proxy.initialize()
+        not_object = proxy.request("tools/call", {"name": "write_file", "arguments": [1, 2]})
+        assert not_object["error"] == {
+            "code": -32602,
+            "message": "tools/call arguments must be an object, got an array",
+        }
+        for bad_id in (b'{"a":1}', b"true"):
+            proxy.send(b'{"jsonrpc":"2.0","id":%s,"method":"ping"}' % bad_id)
+            assert proxy.receive() == {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": BAD_ID}}
+        for good_id in ("text-id", 0, -5, 2**53):
+            proxy.send(json.dumps({"jsonrpc": "2.0", "id": good_id, "method": "ping"}).encode())
+            assert proxy.answer_to(good_id)["result"] == {}
+        proxy.send(b'{"jsonrpc":"2.0","id":9,"method":"ping","params":{"pad":"' + b"z" * FIVE_MB + b'"}}')
+        assert proxy.receive()["error"]["code"] == -32600
+        deep = b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"write_file","arguments":{"a":'
+        proxy.send(deep + b"[" * 10_000 + b"]" * 10_000 + b"}}}")
+        assert proxy.receive()["error"]["code"] == -32600
+        assert effects(root) == []
+        denied = self.refusals(proxy, 5)
+        assert [e.tool for e in denied] == ["write_file", "ping", "ping", "unreadable-request", "unreadable-request"]
+        assert all(e.decided_by == "validation" and e.args == {} for e in denied)
+        assert "5242" in denied[3].message  # the size, in bytes
+        assert "nested 10003 levels" in denied[4].message
+        assert max(len(e.message) for e in denied) < 200
+
+    async def test_over_http(self, root: Path, tmp_path: Path) -> None:
+        """The same over streamable HTTP, and valid JSON that is no JSON-RPC message gets a short
+        error that does not repeat it."""
+        proxy = HttpProxy(root, tmp_path)
+        try:
+            await proxy.wait_until_listening()
+            async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
+                headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+                async def post(body: bytes) -> httpx.Response:
+                    return await http.post(proxy.url, content=body, headers=headers)
+
+                for bad_id in (b'{"a":1}', b"false"):
+                    answer = await post(b'{"jsonrpc":"2.0","id":%s,"method":"ping"}' % bad_id)
+                    assert (answer.status_code, answer.json()["error"]["code"]) == (400, -32600)
+                    assert answer.json()["id"] is None
+                noise = json.dumps({"hello": "x" * 2000}).encode()
+                answer = await post(noise)
+                assert answer.json()["error"]["code"] == -32600
+                assert len(answer.content) < 200
+                answer = await post(b"[" * 10_000 + b"]" * 10_000)
+                assert answer.json()["error"]["code"] == -32600
+                answer = await post(
+                    b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"p":"' + b"z" * FIVE_MB + b'"}}'
+                )
+                assert (answer.status_code, answer.json()["error"]["code"]) == (413, -32600)
+        finally:
+            assert proxy.stop() == 0
+        denied = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
+        assert [e.tool for e in denied] == [
+            "ping",
+            "ping",
+            "unreadable-request",
+            "unreadable-request",
+            "unreadable-request",
+        ]
+        assert "nested 10000 levels" in denied[3].message
+        assert str(len(b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"p":""}}') + FIVE_MB) in denied[4].message
+
+
+BAD_ID = "Invalid request: id must be a string or an integer"
