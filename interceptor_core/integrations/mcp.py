@@ -1165,6 +1165,7 @@ class McpProxy:
         sock: socket.socket | None = None,
         authenticate: Callable[[str | None], object | None] | None = None,
         ready: Callable[[], object] | None = None,
+        resource_metadata: dict[str, Any] | None = None,
     ) -> None:
         """Serve streamable HTTP on `host:port` (path `/mcp`) until `stop` is set (then it shuts
         down gracefully and returns) or the task is cancelled. Installs no signal handlers:
@@ -1175,7 +1176,10 @@ class McpProxy:
         `authenticate(bearer_token_or_None)` returns who the request is from, or None to answer it
         401 (`WWW-Authenticate: Bearer`) before the MCP layer sees it; what it returned is in the
         request's ASGI scope under `"callgate.client"`, which a `run` function reads with
-        `client_of(ctx)`. `ready()` is called once the server has started serving."""
+        `client_of(ctx)`. `ready()` is called once the server has started serving.
+        `resource_metadata` (OAuth protected-resource metadata, RFC 9728) is served without
+        authentication at `/.well-known/oauth-protected-resource` (and that path followed by
+        `/mcp`), and named in the 401's `WWW-Authenticate`."""
         import uvicorn
 
         class _Server(uvicorn.Server):
@@ -1188,7 +1192,7 @@ class McpProxy:
         app: Any = self.server.streamable_http_app(host=host)
         app = _HttpScreen(app, self._refuse_unread, max_bytes=MAX_LINE_BYTES, handshake_only=self._legacy)
         if authenticate is not None:
-            app = _BearerAuth(app, authenticate)
+            app = _BearerAuth(app, authenticate, resource_metadata)
         config = uvicorn.Config(
             app,
             host=host,
@@ -1245,17 +1249,36 @@ def client_of(ctx: ServerRequestContext[Any]) -> object | None:
     return scope.get("callgate.client") if isinstance(scope, dict) else None
 
 
+_METADATA_PATH = "/.well-known/oauth-protected-resource"
+
+
 class _BearerAuth:
     """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>` that
     `authenticate` accepts; others are answered 401 and never reach the MCP app."""
 
-    def __init__(self, app: Any, authenticate: Callable[[str | None], object | None]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        authenticate: Callable[[str | None], object | None],
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         self.app = app
         self.authenticate = authenticate
+        self.metadata = json.dumps(metadata).encode() if metadata is not None else None
+        self.challenge = b'Bearer realm="callgate"'
+        if metadata is not None:
+            where = str(metadata["resource"]).split("://", 1)
+            origin = where[0] + "://" + where[1].split("/", 1)[0] if len(where) == 2 else ""
+            self.challenge += f', resource_metadata="{origin}{_METADATA_PATH}"'.encode()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.metadata is not None and scope.get("path") in (_METADATA_PATH, _METADATA_PATH + "/mcp"):
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(self.metadata)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": self.metadata})
             return
         token = None
         for key, value in scope.get("headers", ()):
@@ -1274,7 +1297,7 @@ class _BearerAuth:
                     "headers": [
                         (b"content-type", b"application/json"),
                         (b"content-length", str(len(body)).encode()),
-                        (b"www-authenticate", b'Bearer realm="callgate"'),
+                        (b"www-authenticate", self.challenge),
                     ],
                 }
             )

@@ -45,8 +45,9 @@ class HttpProxy:
         *extra: str,
         host: str = "127.0.0.1",
         slow_tool: bool = False,
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.events = events or tmp_path / "events.jsonl"
         self.stderr = tmp_path / "proxy.stderr"

@@ -26,7 +26,9 @@ from typing import Any
 
 import anyio
 import httpx
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -557,7 +559,7 @@ class TestStartupFailures:
         done = self.run(root, "--http", f"0.0.0.0:{port}")
         assert done.returncode == 2
         assert done.stderr.splitlines() == [
-            f"error: --http 0.0.0.0:{port} is not a loopback address: give --tokens FILE so every client "
+            f"error: --http 0.0.0.0:{port} is not a loopback address: give --tokens FILE or --jwt-jwks so every client "
             "authenticates (or listen on 127.0.0.1)"
         ]
         assert not (root / "upstream.pid").exists()
@@ -719,6 +721,59 @@ class TestBearerTokens:
         registered = [(e.principal, e.tenant) for e in found if e.type == "ToolsRegistered"]
         assert set(registered) == {("gateway", "ops")}
         assert effects(root) == ["write A.txt", "write B.txt"]
+
+
+class TestOAuthBearerTokens:
+    async def test_tokens_of_the_issuer_name_the_principal(self, root: Path, tmp_path: Path) -> None:
+        """On 0.0.0.0 with `--jwt-jwks`: the protected-resource metadata is served without a token
+        and named in the 401; a token signed by the issuer's key for this resource is accepted and
+        its subject and tenant role are the events' principal and tenant; an expired token, one for
+        another audience and one signed by another key are 401."""
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+        (tmp_path / "jwks.json").write_text(json.dumps({"keys": [{**jwk, "kid": "k1", "alg": "RS256", "use": "sig"}]}))
+        port = free_port()
+        resource = f"http://mcp.example:{port}/mcp"
+        issuer = "https://idp.example"
+
+        def token(signer: Any = key, **claims: Any) -> str:
+            now = int(time.time())
+            body = {"sub": "alice", "iss": issuer, "aud": resource, "exp": now + 300, "roles": ["tenant:acme"]}
+            return jwt.encode({**body, **claims}, signer, algorithm="RS256", headers={"kid": "k1"})
+
+        proxy = HttpProxy(
+            root,
+            tmp_path,
+            None,
+            *("--jwt-jwks", str(tmp_path / "jwks.json"), "--jwt-issuer", issuer, "--resource-url", resource),
+            host="0.0.0.0",  # noqa: S104 - the non-loopback case is the point
+            port=port,
+        )
+        try:
+            await proxy.wait_until_listening()
+            metadata_url = f"http://127.0.0.1:{port}/.well-known/oauth-protected-resource"
+            async with httpx.AsyncClient(timeout=DEADLINE_S) as web:
+                metadata = (await web.get(metadata_url)).json()
+            assert metadata["resource"] == resource
+            assert metadata["authorization_servers"] == [issuer]
+            status, challenge = post_status(proxy.url, None)
+            assert status == 401
+            assert f'resource_metadata="http://mcp.example:{port}/.well-known/oauth-protected-resource"' in (
+                challenge or ""
+            )
+            assert post_status(proxy.url, token(exp=int(time.time()) - 600))[0] == 401
+            assert post_status(proxy.url, token(aud="http://elsewhere.example/mcp"))[0] == 401
+            assert post_status(proxy.url, token(other))[0] == 401
+            http = create_mcp_http_client(headers=bearer(token()))
+            async with http, Client(streamable_http_client(proxy.url, http_client=http)) as client:
+                done = await client.call_tool("write_file", {"path": "a.txt", "text": "hi"})
+                assert not done.is_error, text_of(done)
+        finally:
+            code = proxy.stop()
+        assert code == 0, proxy.stderr.read_text()
+        uses = [(e.principal, e.tenant, e.tool) for e in read_jsonl(proxy.events) if e.type == "ToolUse"]
+        assert uses == [("alice", "acme", "write_file")]
 
 
 class TestUpstreamDeath:
