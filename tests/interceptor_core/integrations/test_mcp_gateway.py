@@ -383,6 +383,22 @@ class TestWhatFlowsBack:
             "emergency",
         }
 
+    # Subscriptions are deprecated in the newest protocol; this server speaks an older one.
+    @pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+    async def test_resource_updates_reach_the_subscribed_client(self, gateway: Gateway) -> None:
+        """resources/subscribe is relayed, and the server's update of that URI reaches the client."""
+        answers = Answers()
+        uri = "demo://resource/static/document/architecture.md"
+        async with gateway.proxied(answers) as proxied:
+            await proxied.subscribe_resource(uri)
+            await proxied.call_tool("toggle-subscriber-updates", {})
+            with anyio.fail_after(DEADLINE_S):
+                while not any(isinstance(n, types.ResourceUpdatedNotification) for n in answers.notifications):
+                    await anyio.sleep(0.05)
+            await proxied.call_tool("toggle-subscriber-updates", {})
+        updates = [n for n in answers.notifications if isinstance(n, types.ResourceUpdatedNotification)]
+        assert updates[0].params.uri == uri
+
 
 @pytest.fixture(scope="module")
 def http_gateway(everything: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
