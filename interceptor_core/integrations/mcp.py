@@ -468,6 +468,13 @@ class McpRelay:
     def __init__(self, toolset: McpToolset | None = None) -> None:
         self.toolset = toolset
         self.proxy: McpProxy | None = None
+        self.unrecorded: list[str] = []
+        """Server requests refused before a proxy was bound (their crossing tools), recorded by
+        the proxy when it binds: every refusal leaves an event."""
+
+    def _too_early(self, crossing: str) -> types.ErrorData:
+        self.unrecorded.append(crossing)
+        return types.ErrorData(code=types.INVALID_REQUEST, message="no client is connected yet")
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for `mcp.Client`: the handlers, and the client capabilities the proxy
@@ -494,7 +501,7 @@ class McpRelay:
         self, context: Any, params: types.CreateMessageRequestParams
     ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
         if self.proxy is None:
-            return types.ErrorData(code=types.INVALID_REQUEST, message="no client is connected yet")
+            return self._too_early("mcp.sampling.createMessage")
         result_type = types.CreateMessageResultWithTools if params.tools else types.CreateMessageResult
         return await self.proxy.ask_client("mcp.sampling.createMessage", _params(params), result_type)
 
@@ -502,12 +509,12 @@ class McpRelay:
         self, context: Any, params: types.ElicitRequestParams
     ) -> types.ElicitResult | types.ErrorData:
         if self.proxy is None:
-            return types.ErrorData(code=types.INVALID_REQUEST, message="no client is connected yet")
+            return self._too_early("mcp.elicitation.create")
         return await self.proxy.ask_client("mcp.elicitation.create", _params(params), types.ElicitResult)
 
     async def on_roots(self, context: Any) -> types.ListRootsResult | types.ErrorData:
         if self.proxy is None:
-            return types.ErrorData(code=types.INVALID_REQUEST, message="no client is connected yet")
+            return self._too_early("mcp.roots.list")
         return await self.proxy.ask_client("mcp.roots.list", {}, types.ListRootsResult)
 
 
@@ -776,6 +783,10 @@ class McpProxy:
         if relay is not None:
             relay.toolset = relay.toolset or toolset
             relay.proxy = self
+            for crossing in relay.unrecorded:
+                message = f"no client was connected yet to answer the {CROSSING_TOOLS[crossing]} request"
+                self.scope.refuse(crossing, message, run=self._refuse_run(), crossing=CROSSING_TOOLS[crossing])
+            relay.unrecorded.clear()
 
     # -- clients --------------------------------------------------------------------------------
 
@@ -805,6 +816,10 @@ class McpProxy:
         (arguments that are not an object, a name that is not a string) are refused with a short
         error and a `ToolDenied` event before the SDK validates them; any other validation failure
         is answered without echoing the input."""
+        if ctx.method == "notifications/initialized":
+            result = await call_next(ctx)
+            await self._client_ready(ctx)
+            return result
         problem = _params_problem(ctx.method, ctx.params) if ctx.request_id is not None else None
         if problem is not None:
             tool, message = problem
@@ -818,12 +833,26 @@ class McpProxy:
             shown = ", ".join(where[:5]) + (", …" if len(where) > 5 else "")
             raise MCPError(types.INVALID_PARAMS, _bounded(f"Invalid params: {shown}")) from None
 
+    async def _client_ready(self, ctx: ServerRequestContext[Any]) -> None:
+        """A client finished its handshake: remember it, and when it can give roots, tell the
+        upstream its roots changed (a server that asked at its own start, before any client, asks
+        again and gets this client's answer through the gate)."""
+        with self._serving(ctx) as client:
+            if not client.can(_CLIENT_CAPABILITY["mcp.roots.list"]):
+                return
+        try:
+            await self._upstream.send_notification(types.RootsListChangedNotification())
+        except Exception:  # the upstream's own trouble shows on the next request
+            log.debug("could not tell the upstream that the roots changed", exc_info=True)
+
+    def _refuse_run(self) -> RunContext:
+        """Whom a refusal that no client request carried is recorded for: the proxy's own run."""
+        return self._run if isinstance(self._run, RunContext) else RunContext(principal="mcp-client")
+
     def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
         """Record a request refused before it could be read as one (one `ToolDenied`, decided by
         validation, with the size and depth the message states and no arguments)."""
-        if run is None:
-            run = self._run if isinstance(self._run, RunContext) else RunContext(principal="mcp-client")
-        self.scope.refuse(tool, message, run=run)
+        self.scope.refuse(tool, message, run=run if run is not None else self._refuse_run())
 
     def _run_for(self, ctx: ServerRequestContext[Any]) -> RunContext:
         return self._run if isinstance(self._run, RunContext) else self._run(ctx)
