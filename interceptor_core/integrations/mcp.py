@@ -405,10 +405,11 @@ CROSSING_TOOLS: dict[str, str] = {
 events' `crossing`); a policy names them in `tools:` like any tool. Never listed by tools/list and
 never callable with tools/call."""
 
-DENIED = -32001
+DENIED = -32003
 """The JSON-RPC error code of a crossing the gate denied (a resource read, a prompt get; a
 sampling, elicitation or roots request answered to the server): an implementation-defined server
-error, the message being what the gate said."""
+error, the message being what the gate said. (Not -32001 or -32000: the MCP SDKs use those for a
+request timeout and a closed connection, which a client may retry.)"""
 
 _MAX_CLIENTS = 1024
 """How many client connections an `McpProxy` remembers for notifications and server requests
