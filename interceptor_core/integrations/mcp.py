@@ -41,6 +41,7 @@ from mcp.client.subscriptions import listen
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
+from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.exceptions import MCPError
@@ -666,6 +667,23 @@ async def _cross(toolset: McpToolset, name: str, args: dict[str, Any], target: S
     raise AssertionError(f"unknown crossing {name}")  # pragma: no cover
 
 
+class _ProxyServer(Server[Any]):
+    """The SDK's server, whose default initialization options advertise the list changes the
+    proxy passes on: the streamable HTTP transport asks for the defaults, stdio for these too."""
+
+    notification_options: NotificationOptions | None = None
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or self.notification_options, experimental_capabilities, extensions
+        )
+
+
 class McpProxy:
     """A gated MCP server in front of an upstream one (what `callgate mcp-proxy` runs).
 
@@ -741,7 +759,7 @@ class McpProxy:
         self._upstream_caps = caps
         self._legacy = upstream is not None and upstream.protocol_version not in MODERN_PROTOCOL_VERSIONS
         described = f"served through callgate ({name})"
-        self.server: Server[Any] = Server(
+        self.server: Server[Any] = _ProxyServer(
             info.name if info is not None else name,
             version=info.version if info is not None else "",
             title=info.title if info is not None else None,
@@ -752,6 +770,11 @@ class McpProxy:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self._listen,
+        )
+        self.server.notification_options = NotificationOptions(
+            tools_changed=True,
+            resources_changed=bool(caps.resources and caps.resources.list_changed),
+            prompts_changed=bool(caps.prompts and caps.prompts.list_changed),
         )
         # The proxy serves (and so advertises) what the upstream offers, no more. Registered one by
         # one: the constructor's logging keyword warns that the newest protocol deprecates it, and
@@ -1261,14 +1284,7 @@ class McpProxy:
             tasks.cancel_scope.cancel()
 
     def _init_options(self) -> Any:
-        caps = self._upstream_caps
-        return self.server.create_initialization_options(
-            NotificationOptions(
-                tools_changed=True,
-                resources_changed=bool(caps.resources and caps.resources.list_changed),
-                prompts_changed=bool(caps.prompts and caps.prompts.list_changed),
-            )
-        )
+        return self.server.create_initialization_options()
 
 
 def client_of(ctx: ServerRequestContext[Any]) -> object | None:

@@ -435,8 +435,15 @@ class TestStreamableHttp:
         async with gateway.direct() as direct:
             expected = dump(await direct.list_resources())
             doc = dump(await direct.read_resource("demo://resource/static/document/architecture.md"))
+            caps = direct.server_capabilities
         answers = Answers()
         async with Client(url, **answers.options()) as client:
+            # List changes are advertised over HTTP as over stdio, as the server advertises them.
+            assert (client.server_capabilities.resources, client.server_capabilities.prompts) == (
+                caps.resources,
+                caps.prompts,
+            )
+            assert client.server_capabilities.tools == caps.tools
             assert dump(await client.list_resources()) == expected
             assert dump(await client.read_resource("demo://resource/static/document/architecture.md")) == doc
             with pytest.raises(MCPError) as denied:
