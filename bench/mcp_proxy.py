@@ -7,9 +7,13 @@ The server is the reference `@modelcontextprotocol/server-everything` from npm (
 tests/mcp_servers; installed there when missing), over stdio, reached by the official `mcp`
 client twice: directly, and through `callgate mcp-proxy` (stdio too) with a policy file that
 allows everything and a JSONL events file, so every call is decided, recorded, hashed and chained
-as in a deployment. Rounds of the two paths alternate, so machine noise hits them alike; each
-path makes N calls in all. Reported: median and p99 latency per path, and the ratio of the
-proxied median to the direct one (target <= 1.5 over stdio).
+as in a deployment. Rounds of the paths alternate, so machine noise hits them alike; each path
+makes N calls in all. Reported: median and p99 latency per path, and the ratio of the proxied
+median to the direct one (target <= 1.5 over stdio).
+
+Two more rows split the proxy's share (not figures): `gate only` is the direct connection's call
+made through `scope.call` (the gate with the same policy, no proxy), and `in-process proxy` an
+`McpProxy` reached by an in-memory client (the gate and both SDK sides, no second process hop).
 
 The last lines are the figures.
 """
@@ -32,6 +36,10 @@ import anyio
 from figures import report
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+
+from interceptor_core import Gate
+from interceptor_core.integrations.mcp import McpProxy, McpToolset, crossing_tools
+from interceptor_core.policy import load_policy
 
 SERVERS = Path(__file__).resolve().parent.parent / "tests" / "mcp_servers"
 EVERYTHING = SERVERS / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
@@ -90,7 +98,18 @@ async def main(calls: int, rounds: int) -> None:
             Client(stdio_client(direct, errlog=quiet)) as plain,
             Client(stdio_client(proxied, errlog=quiet)) as gated,
         ):
+            toolset = McpToolset(raw_results=True)
+            toolset.bind(plain)
+            await toolset.load()
+            gate = Gate("bench", interceptors=[load_policy(policy)])
+            scope = gate.agent("mcp", tools=[*toolset.tools, *crossing_tools(toolset)])
+            inproc = Client(McpProxy(toolset, scope).server, mode="legacy")
+            await inproc.__aenter__()
             clients = {"direct": plain, "proxy": gated}
+            extra: dict[str, Callable[[], Awaitable[Any]]] = {
+                "gate only": lambda: scope.call("echo", {"message": "hello"}),
+                "in-process proxy": lambda: inproc.call_tool("echo", {"message": "hello"}),
+            }
             ops: dict[str, Callable[[Client], Callable[[], Awaitable[Any]]]] = {
                 "tool call": lambda c: lambda: c.call_tool("echo", {"message": "hello"}),
                 "resource read": lambda c: lambda: c.read_resource(DOCUMENT, cache_mode="refresh"),
@@ -99,11 +118,15 @@ async def main(calls: int, rounds: int) -> None:
             for make in ops.values():  # warm-up: imports, first listings, JIT of the server
                 for client in clients.values():
                     await timed(make(client), 20)
+            parts: dict[str, list[float]] = {name: [] for name in extra}
             per_round = max(1, calls // rounds)
             for _ in range(rounds):
                 for op, make in ops.items():
                     for path, client in clients.items():
                         samples[(op, path)] += await timed(make(client), per_round)
+                for name, call in extra.items():
+                    parts[name] += await timed(call, per_round)
+            await inproc.__aexit__(None, None, None)
     print(f"{'':16}{'direct median':>15}{'proxy median':>15}{'ratio':>8}{'direct p99':>13}{'proxy p99':>13}")
     for op in ops:
         direct_s, proxy_s = samples[(op, "direct")], samples[(op, "proxy")]
@@ -112,6 +135,8 @@ async def main(calls: int, rounds: int) -> None:
             f"{op:16}{d_med * 1e6:>12.0f} us{p_med * 1e6:>12.0f} us{p_med / d_med:>8.2f}"
             f"{p99(direct_s) * 1e6:>10.0f} us{p99(proxy_s) * 1e6:>10.0f} us"
         )
+    for name, values in parts.items():
+        print(f"{name:16}{'':15}{statistics.median(values) * 1e6:>12.0f} us   (tool call)")
     for op in ops:
         direct_s, proxy_s = samples[(op, "direct")], samples[(op, "proxy")]
         key = op.replace(" ", "_")
