@@ -6,10 +6,14 @@
   `scope.call` reach MCP tools through the chain like local tools; tools the server adds later
   (its list-changed notification) are registered in that scope, with a `ToolsRegistered` event,
   before any call of them can pass.
-- `McpProxy` is the server side of `callgate mcp-proxy`: it serves an upstream server's tools to
-  any MCP client (stdio or streamable HTTP), and every `tools/call` passes the gate first. A
-  denial comes back as a tool result with `isError` and the denial message, a substitute as
-  synthetic content, a block as a JSON-RPC error; the upstream never sees a call the gate refused.
+- `McpProxy` is the server side of `callgate mcp-proxy`: it serves what an upstream server offers
+  to any MCP client (stdio or streamable HTTP), relaying the whole protocol, and every crossing
+  passes the gate first: `tools/call` as the tool, `resources/read` and `prompts/get` and, from
+  the server, sampling, elicitation and roots requests as the gate tools of `CROSSING_TOOLS`. A
+  denied tool call comes back as a tool result with `isError` and the denial message, a substitute
+  as synthetic content, a block as a JSON-RPC error; another denied crossing as the JSON-RPC error
+  `DENIED`; the other side never sees a request the gate refused. `McpRelay` carries what the
+  upstream sends of its own accord to the proxy's clients.
 
 Needs the `mcp` package (the `mcp` extra); importing `interceptor_core` does not load it.
 """
