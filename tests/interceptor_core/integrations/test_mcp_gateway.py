@@ -286,6 +286,17 @@ class TestDecisions:
         listed = [(row["type"], row["tool"], row["message"]) for row in page.rows]
         assert ("ToolDenied", "mcp.resources.read", "Only the static documents may be read.") in listed
 
+    async def test_a_crossings_gate_tool_is_no_tool(self, gateway: Gateway) -> None:
+        """tools/call naming `mcp.resources.read` is refused as an unknown tool (and recorded):
+        a client cannot reach a resource around the read's own decision."""
+        async with gateway.proxied() as proxied:
+            assert "mcp.resources.read" not in {tool.name for tool in (await proxied.list_tools()).tools}
+            with pytest.raises(MCPError) as refused:
+                await proxied.call_tool("mcp.resources.read", {"uri": "demo://resource/dynamic/text/1"})
+        assert (refused.value.code, refused.value.error.message) == (-32602, "Unknown tool: mcp.resources.read")
+        (event,) = gateway.outcomes(1)
+        assert (event.type, event.tool, event.args) == ("ToolDenied", "mcp.resources.read", {})
+
     async def test_a_denied_prompt_is_refused_with_an_event(self, gateway: Gateway) -> None:
         """prompts/get of a prompt the policy refuses: DENIED, and a ToolDenied with crossing prompt."""
         async with gateway.proxied() as proxied:
