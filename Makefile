@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/mcp_servers/package-lock.json
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	[ -z "$$missing" ] || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing) \
 		|| { echo "make: cannot install$$missing (apt-get as root): the dashboard's browser test needs chromium, the counter tests redis-server, the SQL and lake tests postgresql, the Node tests nodejs" >&2; exit 1; }
+	@# The reference MCP servers the gateway's tests drive (pinned in tests/mcp_servers/package-lock.json;
+	@# node_modules is ignored by git). The tests' fixture installs them too when they are missing.
+	cd tests/mcp_servers && npm ci --no-audit --no-fund --silent
 	touch $(STAMP)
 
 test: $(STAMP) lint typecheck pytest

@@ -41,6 +41,7 @@ SCRIPTS: dict[str, list[str]] = {
     "integrations_langchain": [],
     "integrations_openai_agents": [],
     "integrations_pydantic_ai": [],
+    "mcp_proxy": [],
 }
 QUICK: dict[str, list[str]] = {
     "gate_overhead": ["--calls", "300", "--rounds", "3"],
@@ -59,6 +60,7 @@ QUICK: dict[str, list[str]] = {
     "integrations_langchain": ["--calls", "200", "--rounds", "3"],
     "integrations_openai_agents": ["--calls", "200", "--rounds", "3"],
     "integrations_pydantic_ai": ["--calls", "300", "--rounds", "3", "--runs", "5"],
+    "mcp_proxy": ["--calls", "200", "--rounds", "2"],
 }
 
 

@@ -26,6 +26,8 @@ import anyio
 
 from interceptor_core import ConfigurationError, Gate, RunContext
 
+log = logging.getLogger("callgate.mcp_proxy")
+
 DEFAULT_PRINCIPAL = "mcp-client"
 """Who the proxy's events say it acts for when the command line does not name a principal."""
 
@@ -175,6 +177,75 @@ class TokenTable:
         return cls(entries)
 
 
+class OAuthClients:
+    """OAuth 2.1 bearer tokens (JWTs) of an issuer, checked against its JWKS (`jwks`: a file or an
+    https URL) with `consumers.auth.JwtAuthenticator`: signature by a public-key algorithm, `exp`,
+    `iss` equal to `issuer`, `aud` containing `audience` (the MCP server's URL, as the MCP
+    authorization specification asks), `sub`. The subject becomes the events' `principal`; a role
+    `tenant:<id>` (in `roles_claim`), when the token carries exactly one, the `tenant`.
+
+    `metadata` is the OAuth protected-resource metadata (RFC 9728) of `resource`. `client(token)`
+    may block on a JWKS fetch (a URL's keys are cached). `ProxyConfigError` for an unusable JWKS
+    file or setting."""
+
+    def __init__(self, jwks: str, *, issuer: str, audience: str, resource: str, roles_claim: str = "roles") -> None:
+        from consumers.auth import ConfigError, JwtAuthenticator
+
+        try:
+            self._checker = JwtAuthenticator(jwks, audience=audience, issuer=issuer, roles_claim=roles_claim)
+        except ConfigError as exc:
+            raise ProxyConfigError(str(exc)) from None
+        self.issuer = issuer
+        self.resource = resource
+        self._runs: dict[tuple[str, str | None], ProxyClient] = {}
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "authorization_servers": [self.issuer],
+            "bearer_methods_supported": ["header"],
+        }
+
+    def client(self, token: str | None) -> ProxyClient | None:
+        """The client a valid token stands for (one `RunContext` per subject and tenant for the
+        life of the process), or None."""
+        from consumers.auth import AuthError
+
+        if not token:
+            return None
+        try:
+            identity = self._checker.authenticate(token)
+        except AuthError as exc:
+            log.info("bearer token refused: %s", exc)
+            return None
+        tenants = sorted(role.removeprefix("tenant:") for role in identity.roles if role.startswith("tenant:"))
+        tenant = tenants[0] if len(tenants) == 1 else None
+        key = (identity.subject, tenant)
+        known = self._runs.get(key)
+        if known is None:
+            if len(self._runs) >= 10_000:
+                self._runs.clear()  # a bound on what many subjects can hold; runs begin anew
+            known = self._runs[key] = ProxyClient(
+                identity.subject, tenant, 0, RunContext(tenant=tenant, principal=identity.subject)
+            )
+        return known
+
+
+class ProxyAuth:
+    """Who an HTTP request is from: a token of the tokens file first, then an OAuth bearer token."""
+
+    def __init__(self, tokens: TokenTable | None, oauth: OAuthClients | None) -> None:
+        self.tokens = tokens
+        self.oauth = oauth
+
+    def client(self, token: str | None) -> ProxyClient | None:
+        found = self.tokens.client(token) if self.tokens is not None else None
+        if found is None and self.oauth is not None:
+            found = self.oauth.client(token)
+        return found
+
+
 def parse_listen(spec: str) -> tuple[str, int]:
     """`HOST:PORT` of `--http` (an IPv6 host in brackets); `ProxyConfigError` for anything else,
     a port out of 1-65535 included."""
@@ -247,6 +318,7 @@ async def run_proxy(
     tokens: TokenTable | None = None,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
     grace_s: float = STDIO_GRACE_S,
+    oauth: OAuthClients | None = None,
 ) -> int:
     """Start `upstream` (a command and its arguments, speaking MCP on stdio), register its tools
     in `gate.agent(agent)` and serve them through the gate until the client side closes (stdio)
@@ -272,15 +344,16 @@ async def run_proxy(
         sock = None
         if http is not None:
             sock, loopback = listen_socket(*http)
-            if not loopback and tokens is None:
+            if not loopback and tokens is None and oauth is None:
                 sock.close()
                 raise ProxyConfigError(
-                    f"--http {http[0]}:{http[1]} is not a loopback address: give --tokens FILE so every client "
-                    "authenticates (or listen on 127.0.0.1)"
+                    f"--http {http[0]}:{http[1]} is not a loopback address: give --tokens FILE or --jwt-jwks so "
+                    "every client authenticates (or listen on 127.0.0.1)"
                 )
         try:
             identity = RunContext(tenant=tenant, principal=principal)
-            return await _serve(gate, upstream, http, sock, agent, prefix, identity, tokens, startup_timeout_s, grace_s)
+            auth = ProxyAuth(tokens, oauth) if tokens is not None or oauth is not None else None
+            return await _serve(gate, upstream, http, sock, agent, prefix, identity, auth, startup_timeout_s, grace_s)
         finally:
             if sock is not None:
                 sock.close()
@@ -315,19 +388,20 @@ async def _serve(
     agent: str,
     prefix: str,
     run: RunContext,
-    tokens: TokenTable | None,
+    auth: ProxyAuth | None,
     startup_timeout_s: float,
     grace_s: float,
 ) -> int:
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from interceptor_core.integrations.mcp import McpProxy, McpToolset, client_of
+    from interceptor_core.integrations.mcp import McpProxy, McpRelay, McpToolset, client_of, crossing_tools
 
     command = shlex.join(upstream)
     # A proxy stands in for the command, so the command sees the environment it would have seen.
     params = StdioServerParameters(command=upstream[0], args=list(upstream[1:]), env=dict(os.environ))
     toolset = McpToolset(raw_results=True, prefix=prefix)
+    relay = McpRelay(toolset)
     noise = _UpstreamNoise()
     stdio_log = logging.getLogger("mcp.client.stdio")
     stdio_log.addFilter(noise)
@@ -393,18 +467,36 @@ async def _serve(
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(stop_on_signals)
             tasks.start_soon(give_up_after_timeout)
-            async with Client(stdio_client(params, errlog=sys.stderr), message_handler=toolset.on_message) as client:
+            async with Client(stdio_client(params, errlog=sys.stderr), **relay.client_options()) as client:
                 toolset.bind(client)
                 await toolset.load()
-                scope = await toolset.attach(gate.agent(agent, tools=toolset.tools, identity=run))
+                tools = [*toolset.tools, *crossing_tools(toolset)]
+                scope = await toolset.attach(gate.agent(agent, tools=tools, identity=run))
                 started.set()
                 noise.starting = False
-                proxy = McpProxy(toolset, scope, name=f"callgate:{gate.name}", run=run_for if tokens else run)
+                proxy = McpProxy(
+                    toolset, scope, name=f"callgate:{gate.name}", run=run_for if auth else run, relay=relay
+                )
                 async with anyio.create_task_group() as serving:
                     await serving.start(follow_upstream)
                     if http is not None:
+                        host, port = http
+                        shown = f"[{host}]" if ":" in host else host
+
+                        def say_listening() -> None:
+                            print(
+                                f"callgate mcp-proxy: listening on http://{shown}:{port}/mcp",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+
                         await proxy.serve_http(
-                            *http, stop=stop, sock=sock, authenticate=tokens.client if tokens else None
+                            *http,
+                            stop=stop,
+                            sock=sock,
+                            authenticate=auth.client if auth else None,
+                            resource_metadata=auth.oauth.metadata if auth and auth.oauth else None,
+                            ready=say_listening,
                         )
                     else:
                         await proxy.serve_stdio(stop=stop, grace_s=grace_s, draining=draining)

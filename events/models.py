@@ -149,6 +149,11 @@ class EventBase(BaseModel):
         return super().model_dump_json(**options)
 
 
+CrossingKind: TypeAlias = Literal["resource", "prompt", "sampling", "elicitation", "roots"]
+"""What crossed an MCP gateway when it was not a tool call: a resource read, a prompt get (client
+to server), or a sampling, elicitation or roots request (server to client)."""
+
+
 class CallEvent(EventBase):
     """An event about one call: carries the arguments as redacted before leaving the process."""
 
@@ -172,6 +177,12 @@ class CallEvent(EventBase):
     )
     shadow_rule: str | None = Field(
         default=None, exclude_if=_absent, description="The policy rule behind shadow_outcome, for a policy file."
+    )
+    crossing: CrossingKind | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="Set when the call was an MCP crossing other than a tool call (resource, prompt, "
+        "sampling, elicitation, roots); absent for a tool call. `args` then hold the request's params.",
     )
 
 

@@ -383,6 +383,8 @@ class Audit:
         shadow = state.shadow
         fields["decisions"] = self._trail(state.trail, shadow is not None)
         fields.update(self._args(state))
+        if state.compiled.tool.crossing is not None:
+            fields["crossing"] = state.compiled.tool.crossing
         if shadow is not None and actual is not None:
             outcome, by, rule = shadow.outcome(actual)
             fields.update(shadow_outcome=outcome, divergent=outcome != actual, shadow_decided_by=by, shadow_rule=rule)
@@ -550,6 +552,7 @@ class Audit:
         run: RunContext,
         result: ToolResult,
         cause: Literal["unknown_tool", "validation"] = "unknown_tool",
+        crossing: str | None = None,
     ) -> None:
         """A call refused before any chain: a name the scope does not have ("unknown_tool", decided
         by the registry) or input refused in front of the gate ("validation", see `AgentScope.refuse`)."""
@@ -563,6 +566,8 @@ class Audit:
         ]
         fields.update(self._args_only(name, args))
         fields.update(message=result.message or "", decided_by=decided_by, cause=cause)
+        if crossing is not None:
+            fields["crossing"] = crossing
         self._emit(ToolDeniedEvent, fields)
 
     def _args_only(self, tool: str, args: Any) -> dict[str, Any]:

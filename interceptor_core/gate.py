@@ -1413,19 +1413,28 @@ class AgentScope:
         )
 
     def refuse(
-        self, tool_name: str, message: str, *, run: RunContext | None = None, call_id: str | None = None
+        self,
+        tool_name: str,
+        message: str,
+        *,
+        run: RunContext | None = None,
+        call_id: str | None = None,
+        crossing: str | None = None,
     ) -> ToolResult:
         """Record a call that a transport in front of the gate refused before any chain ran (the
         MCP proxy's bounds on tool names and argument sizes): one `ToolDenied` event, decided by
         validation, with `message`, `tool_name` as the event's tool and no arguments. No tool runs
         and no interceptor is asked. Returns the `error` result (its message is `message`). Keep
-        `tool_name` and `message` short: they are stored as given (the caller cuts what it refuses)."""
+        `tool_name` and `message` short: they are stored as given (the caller cuts what it refuses).
+        `crossing` names the kind of MCP crossing refused when it was not a tool call."""
         result = ToolResult(
             kind="error", message=message, tool_name=tool_name, call_id=call_id or new_id(), decided_by="validation"
         )
         audit = self.gate._audit
         if audit is not None:
-            audit.unknown_tool(self, tool_name, {}, run if run is not None else RunContext(), result, "validation")
+            audit.unknown_tool(
+                self, tool_name, {}, run if run is not None else RunContext(), result, "validation", crossing
+            )
         return result
 
     def __repr__(self) -> str:

@@ -28,6 +28,7 @@ class Tool(Generic[In, Out]):
     __slots__ = (
         "_args_style",
         "_ctx_param",
+        "crossing",
         "description",
         "exclude_interceptors",
         "fn",
@@ -56,6 +57,9 @@ class Tool(Generic[In, Out]):
         localns: Mapping[str, Any] | None = None,
     ) -> None:
         self.fn = fn
+        self.crossing: str | None = None
+        """Set by an MCP gateway on the tools that stand for a crossing other than a tool call
+        (a resource read, a prompt get, a sampling request...); their events carry it."""
         self.name = name or fn.__name__
         if not self.name.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise ConfigurationError(

@@ -6,10 +6,14 @@
   `scope.call` reach MCP tools through the chain like local tools; tools the server adds later
   (its list-changed notification) are registered in that scope, with a `ToolsRegistered` event,
   before any call of them can pass.
-- `McpProxy` is the server side of `callgate mcp-proxy`: it serves an upstream server's tools to
-  any MCP client (stdio or streamable HTTP), and every `tools/call` passes the gate first. A
-  denial comes back as a tool result with `isError` and the denial message, a substitute as
-  synthetic content, a block as a JSON-RPC error; the upstream never sees a call the gate refused.
+- `McpProxy` is the server side of `callgate mcp-proxy`: it serves what an upstream server offers
+  to any MCP client (stdio or streamable HTTP), relaying the whole protocol, and every crossing
+  passes the gate first: `tools/call` as the tool, `resources/read` and `prompts/get` and, from
+  the server, sampling, elicitation and roots requests as the gate tools of `CROSSING_TOOLS`. A
+  denied tool call comes back as a tool result with `isError` and the denial message, a substitute
+  as synthetic content, a block as a JSON-RPC error; another denied crossing as the JSON-RPC error
+  `DENIED`; the other side never sees a request the gate refused. `McpRelay` carries what the
+  upstream sends of its own accord to the proxy's clients.
 
 Needs the `mcp` package (the `mcp` extra); importing `interceptor_core` does not load it.
 """
@@ -17,6 +21,7 @@ Needs the `mcp` package (the `mcp` extra); importing `interceptor_core` does not
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -25,9 +30,9 @@ import socket
 import sys
 import threading
 import time
-import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import anyio
 import anyio.abc
@@ -40,12 +45,13 @@ from mcp.client.subscriptions import listen
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
-from mcp.server.session import ServerSession
+from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_MODERN_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from interceptor_core.context import RunContext, ToolContext
 from interceptor_core.exceptions import CallgateError, ConfigurationError, ToolApprovalRequiredError, ToolBlockedError
@@ -56,7 +62,18 @@ from interceptor_core.tools import Tool
 
 log = logging.getLogger("callgate.integrations.mcp")
 
-__all__ = ["McpProxy", "McpToolError", "McpToolset", "error_text", "result_from_gate", "value_from_result"]
+__all__ = [
+    "CROSSING_TOOLS",
+    "DENIED",
+    "McpProxy",
+    "McpRelay",
+    "McpToolError",
+    "McpToolset",
+    "crossing_tools",
+    "error_text",
+    "result_from_gate",
+    "value_from_result",
+]
 
 _LIST_PAGE_CAP = 1000
 """Pages of a tools/list walk before giving up: a server whose cursor never ends cannot hang us."""
@@ -69,6 +86,10 @@ MAX_ARGS_BYTES = 1_048_576
 
 MAX_LINE_BYTES = 4 * 1_048_576
 """The longest JSON-RPC message line `McpProxy.serve_stdio` reads by default."""
+
+HTTP_GRACE_S = 3.0
+"""How long `McpProxy.serve_http`, once stopped, lets requests in flight finish before it cancels
+them (whole seconds: uvicorn's graceful shutdown timeout)."""
 
 STDIO_GRACE_S = 30.0
 """How long `McpProxy.serve_stdio`, once stopped, lets requests in flight finish by default."""
@@ -269,7 +290,11 @@ class McpToolset:
         toolset = self
 
         async def call(args: dict[str, Any], ctx: ToolContext) -> Any:
-            result = await toolset.session.call_tool(server_name, args)
+            # A proxied call passes the client's progress token on (its handler set the client's
+            # request in this task's context before the gate started the call).
+            client = _downstream.get()
+            progress = _progress_relay(client) if client is not None else None
+            result = await toolset.session.call_tool(server_name, args, progress_callback=progress)
             if not isinstance(result, types.CallToolResult):
                 raise McpToolError(f"the server answered {type(result).__name__}, not a tool result")
             if result.is_error:
@@ -362,18 +387,339 @@ def result_from_gate(result: ToolResult, output_schema: dict[str, Any] | None = 
     raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
 
 
+_downstream: contextvars.ContextVar[ServerRequestContext[Any] | None] = contextvars.ContextVar(
+    "callgate_mcp_downstream", default=None
+)
+"""The client request a gated call serves, read by the call's body (which runs in a task copied
+from the handler's context) to pass the client's progress token on."""
+
+_upstream_failure: contextvars.ContextVar[list[MCPError] | None] = contextvars.ContextVar(
+    "callgate_mcp_upstream_failure", default=None
+)
+"""Where a crossing's body leaves the error the other side answered with, so the proxy can answer
+with that same error (code and message) instead of the gate's error text."""
+
+CROSSING_TOOLS: dict[str, str] = {
+    "mcp.resources.read": "resource",
+    "mcp.prompts.get": "prompt",
+    "mcp.sampling.createMessage": "sampling",
+    "mcp.elicitation.create": "elicitation",
+    "mcp.roots.list": "roots",
+}
+"""The gate tools an `McpProxy` registers for the crossings that are not tool calls (name to the
+events' `crossing`); a policy names them in `tools:` like any tool. Never listed by tools/list and
+never callable with tools/call."""
+
+DENIED = -32003
+"""The JSON-RPC error code of a crossing the gate denied (a resource read, a prompt get; a
+sampling, elicitation or roots request answered to the server): an implementation-defined server
+error, the message being what the gate said. (Not -32001 or -32000: the MCP SDKs use those for a
+request timeout and a closed connection, which a client may retry.)"""
+
+_MAX_CLIENTS = 1024
+"""How many client connections an `McpProxy` remembers for notifications and server requests
+(the least recently active are forgotten first)."""
+
+_SHOWN_ERROR_CHARS = 512
+"""How much of the other side's error message a relayed error keeps."""
+
+
+def _progress_relay(ctx: ServerRequestContext[Any]) -> Any:
+    """A progress callback passing the upstream's progress to the client request `ctx` (None when
+    the client asked for no progress)."""
+    if progress_token_from_params(ctx.params) is None:
+        return None
+
+    async def relay(progress: float, total: float | None, message: str | None) -> None:
+        try:
+            await ctx.session.report_progress(progress, total, message)
+        except Exception:  # the client went away; the call itself goes on
+            log.debug("could not pass progress on to an MCP client", exc_info=True)
+
+    return relay
+
+
+def _params(model: pydantic.BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= _SHOWN_ERROR_CHARS else text[:_SHOWN_ERROR_CHARS] + "…"
+
+
+class _Client:
+    """What an `McpProxy` knows of one client connection: its most recent request (whose session
+    reaches the connection's standalone channel), its requests in flight and its subscriptions."""
+
+    __slots__ = ("inflight", "last", "subscriptions")
+
+    def __init__(self, ctx: ServerRequestContext[Any]) -> None:
+        self.last = ctx
+        self.inflight: dict[Any, ServerRequestContext[Any]] = {}
+        self.subscriptions: set[str] = set()
+
+    def can(self, capability: types.ClientCapabilities) -> bool:
+        return self.last.session.check_client_capability(capability)
+
+
+class McpRelay:
+    """The callbacks of a gateway's upstream `Client`: what the upstream server sends of its own
+    accord (list changes, resource updates, log messages, sampling, elicitation and roots requests)
+    reaches the clients of the `McpProxy` bound to it. Build it before the upstream connection
+    (`client_options()` are the `Client`'s keyword arguments), bind it when the proxy exists.
+
+    Before a proxy is bound, notifications are dropped and server requests answered with an error.
+    """
+
+    def __init__(self, toolset: McpToolset | None = None) -> None:
+        self.toolset = toolset
+        self.proxy: McpProxy | None = None
+        self.unrecorded: list[str] = []
+        """Server requests refused before a proxy was bound (their crossing tools), recorded by
+        the proxy when it binds: every refusal leaves an event."""
+
+    def _too_early(self, crossing: str) -> types.ErrorData:
+        self.unrecorded.append(crossing)
+        return types.ErrorData(code=types.INVALID_REQUEST, message="no client is connected yet")
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for `mcp.Client`: the handlers, and the client capabilities the proxy
+        relays (sampling, elicitation, roots)."""
+        return {
+            "message_handler": self.on_message,
+            "logging_callback": self.on_log,
+            "sampling_callback": self.on_sampling,
+            "elicitation_callback": self.on_elicitation,
+            "list_roots_callback": self.on_roots,
+        }
+
+    async def on_message(self, message: object) -> None:
+        if self.toolset is not None:
+            await self.toolset.on_message(message)
+        if self.proxy is not None and not isinstance(message, Exception):
+            await self.proxy.notify_clients(message)
+
+    async def on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        if self.proxy is not None:
+            await self.proxy.notify_clients(types.LoggingMessageNotification(params=params))
+
+    async def on_sampling(
+        self, context: Any, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+        if self.proxy is None:
+            return self._too_early("mcp.sampling.createMessage")
+        result_type = types.CreateMessageResultWithTools if params.tools else types.CreateMessageResult
+        return await self.proxy.ask_client("mcp.sampling.createMessage", _params(params), result_type)
+
+    async def on_elicitation(
+        self, context: Any, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        if self.proxy is None:
+            return self._too_early("mcp.elicitation.create")
+        return await self.proxy.ask_client("mcp.elicitation.create", _params(params), types.ElicitResult)
+
+    async def on_roots(self, context: Any) -> types.ListRootsResult | types.ErrorData:
+        if self.proxy is None:
+            return self._too_early("mcp.roots.list")
+        return await self.proxy.ask_client("mcp.roots.list", {}, types.ListRootsResult)
+
+
+_R = TypeVar("_R", bound=pydantic.BaseModel)
+
+_CLIENT_CAPABILITY = {
+    "mcp.sampling.createMessage": types.ClientCapabilities(sampling=types.SamplingCapability()),
+    "mcp.elicitation.create": types.ClientCapabilities(elicitation=types.ElicitationCapability()),
+    "mcp.roots.list": types.ClientCapabilities(roots=types.RootsCapability()),
+}
+
+
+def _kind(value: object) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _params_problem(method: str, params: Any) -> tuple[str, str] | None:
+    """For a gated method whose params are of the wrong shape: the tool the audit names and the
+    refusal (saying what was wrong, never the value); else None."""
+    if method == "tools/call":
+        tool = "unnamed-tool"
+        if not isinstance(params, dict):
+            return tool, f"tools/call params must be an object, got {_kind(params)}"
+        name = params.get("name")
+        if not isinstance(name, str):
+            return tool, f"tools/call name must be a string, got {_kind(name)}"
+        tool = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
+        arguments = params.get("arguments")
+        if arguments is not None and not isinstance(arguments, dict):
+            return tool, f"tools/call arguments must be an object, got {_kind(arguments)}"
+    elif method == "resources/read":
+        uri = params.get("uri") if isinstance(params, dict) else None
+        if not isinstance(uri, str):
+            return "mcp.resources.read", f"resources/read uri must be a string, got {_kind(uri)}"
+    elif method == "prompts/get":
+        name = params.get("name") if isinstance(params, dict) else None
+        arguments = params.get("arguments") if isinstance(params, dict) else None
+        if not isinstance(name, str):
+            return "mcp.prompts.get", f"prompts/get name must be a string, got {_kind(name)}"
+        if arguments is not None and not isinstance(arguments, dict):
+            return "mcp.prompts.get", f"prompts/get arguments must be an object, got {_kind(arguments)}"
+    return None
+
+
+def crossing_tools(toolset: McpToolset) -> list[Tool[Any, Any]]:
+    """The gate tools of the crossings that are not tool calls (`CROSSING_TOOLS`) that the
+    toolset's connected upstream can take: `mcp.resources.read` and `mcp.prompts.get` when it
+    offers resources and prompts, the server-to-client ones always. Register them in the scope the
+    upstream's tools are in (`McpProxy` adds those missing)."""
+    session = toolset.session
+    caps = session.server_capabilities if isinstance(session, Client) else types.ServerCapabilities()
+    offered = {"mcp.resources.read": caps.resources is not None, "mcp.prompts.get": caps.prompts is not None}
+    return [_crossing_tool(toolset, name) for name in CROSSING_TOOLS if offered.get(name, True)]
+
+
+_CROSSING_SCHEMAS: dict[str, dict[str, Any]] = {
+    # What a policy can name (and the static check knows of); other params the spec adds pass too.
+    "mcp.sampling.createMessage": {
+        "type": "object",
+        "properties": {
+            "messages": {"type": "array"},
+            "maxTokens": {"type": "integer"},
+            "systemPrompt": {"type": "string"},
+            "includeContext": {"type": "string"},
+            "temperature": {"type": "number"},
+            "stopSequences": {"type": "array"},
+            "modelPreferences": {"type": "object"},
+            "metadata": {"type": "object"},
+            "tools": {"type": "array"},
+            "toolChoice": {"type": "object"},
+        },
+        "required": ["messages", "maxTokens"],
+    },
+    "mcp.elicitation.create": {
+        "type": "object",
+        "properties": {
+            "mode": {"type": "string"},
+            "message": {"type": "string"},
+            "requestedSchema": {"type": "object"},
+            "url": {"type": "string"},
+            "elicitationId": {"type": "string"},
+        },
+        "required": ["message"],
+    },
+    "mcp.resources.read": {"type": "object", "properties": {"uri": {"type": "string"}}, "required": ["uri"]},
+    "mcp.prompts.get": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "arguments": {"type": "object"}},
+        "required": ["name"],
+    },
+}
+
+
+def _crossing_tool(toolset: McpToolset, name: str) -> Tool[Any, Any]:
+    async def cross(args: dict[str, Any], _ctx: ToolContext) -> Any:
+        try:
+            return await _cross(toolset, name, args, _downstream.get())
+        except MCPError as exc:
+            failures = _upstream_failure.get()
+            if failures is not None:
+                failures.append(exc)
+            raise
+
+    schema = _CROSSING_SCHEMAS.get(name, {"type": "object"})
+    tool = schema_tool(name, f"MCP {name[4:]} through the gateway", schema, cross)
+    tool.crossing = CROSSING_TOOLS[name]
+    return tool
+
+
+async def _cross(toolset: McpToolset, name: str, args: dict[str, Any], target: ServerRequestContext[Any] | None) -> Any:
+    """What a crossing tool does once the gate let it through: ask the upstream (a read, a get)
+    or the client `target` (a server request), with the arguments as the chain left them."""
+    session = toolset.session
+    raw = session.session if isinstance(session, Client) else session
+    progress = _progress_relay(target) if target is not None else None
+    meta = target.meta if target is not None else None
+    match name:
+        case "mcp.resources.read":
+            params = types.ReadResourceRequestParams(uri=args["uri"], _meta=meta)
+            return await raw.send_request(
+                types.ReadResourceRequest(params=params), types.ReadResourceResult, progress_callback=progress
+            )
+        case "mcp.prompts.get":
+            params_get = types.GetPromptRequestParams(name=args["name"], arguments=args.get("arguments"), _meta=meta)
+            return await raw.send_request(
+                types.GetPromptRequest(params=params_get), types.GetPromptResult, progress_callback=progress
+            )
+    if target is None:
+        raise MCPError(types.INVALID_REQUEST, "no connected client can answer this request")
+    related = ServerMessageMetadata(related_request_id=target.request_id) if target.request_id is not None else None
+    match name:
+        case "mcp.sampling.createMessage":
+            sampling = types.CreateMessageRequestParams.model_validate(args, by_name=False)
+            result_type: Any = types.CreateMessageResultWithTools if sampling.tools else types.CreateMessageResult
+            return await target.session.send_request(
+                types.CreateMessageRequest(params=sampling), result_type, metadata=related
+            )
+        case "mcp.elicitation.create":
+            adapter = pydantic.TypeAdapter[types.ElicitRequestParams](types.ElicitRequestParams)
+            elicit = adapter.validate_python(args, by_name=False)
+            return await target.session.send_request(
+                types.ElicitRequest(params=elicit), types.ElicitResult, metadata=related
+            )
+        case "mcp.roots.list":
+            return await target.session.send_request(types.ListRootsRequest(), types.ListRootsResult, metadata=related)
+    raise AssertionError(f"unknown crossing {name}")  # pragma: no cover
+
+
+class _ProxyServer(Server[Any]):
+    """The SDK's server, whose default initialization options advertise the list changes the
+    proxy passes on: the streamable HTTP transport asks for the defaults, stdio for these too."""
+
+    notification_options: NotificationOptions | None = None
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or self.notification_options, experimental_capabilities, extensions
+        )
+
+
 class McpProxy:
     """A gated MCP server in front of an upstream one (what `callgate mcp-proxy` runs).
 
     `toolset` holds the upstream session (built with `raw_results=True`, so a result passes
     through unchanged); `scope` is the agent scope the upstream's tools are registered in.
-    `tools/list` shows the upstream's definitions; `tools/call` goes through `scope.call` with
-    `run` (a `RunContext`, or a function of the request context returning one). A name the proxy
-    does not know yet makes it list the upstream again before answering, so a tool announced
-    after start is registered before its first call; those extra listings are made at most once
-    per `refresh_interval_s` (a client naming unknown tools in a loop cannot flood the upstream).
-    Upstream list changes are passed on to connected clients (a notification on older protocol
-    versions, `subscriptions/listen` on 2026-07-28).
+
+    What crosses, and what decides:
+
+    - The proxy offers what the upstream offers (its capabilities, `serverInfo` name, version and
+      title, `instructions`); its description says callgate serves it. When the upstream speaks a
+      handshake-era protocol (2025-11-25 and before), so does the proxy to its clients.
+    - `tools/list`, `resources/list`, `resources/templates/list` and `prompts/list` are relayed
+      page by page (the upstream's cursors pass through; the upstream's error for a bad cursor
+      comes back as it is); `tools/list` pages hide the tools no path of the chain can allow for
+      the client's run. `completion/complete`, `logging/setLevel`, `resources/subscribe` and
+      `resources/unsubscribe` are relayed as they are.
+    - `tools/call` goes through `scope.call` with `run` (a `RunContext`, or a function of the
+      request context returning one). A name the proxy does not know yet makes it list the
+      upstream again before answering (at most once per `refresh_interval_s`).
+    - `resources/read` and `prompts/get` go through `scope.call` too, as the gate tools
+      `mcp.resources.read` (args `{"uri"}`) and `mcp.prompts.get` (args `{"name", "arguments"}`),
+      so a policy decides on them and each leaves an outcome event with its `crossing`. A denial
+      is the JSON-RPC error `DENIED` with the gate's message; an upstream error is passed on.
+    - `sampling/createMessage`, `elicitation/create` and `roots/list` from the upstream (given to
+      `McpRelay`) go through `scope.call` as `mcp.sampling.createMessage`,
+      `mcp.elicitation.create` and `mcp.roots.list` (args: the request's params; a rewrite changes
+      what the client is asked) and then to a client that declared the capability: the client
+      with a request in flight, most recent first, else the most recently active one. A denial
+      is answered to the upstream as the error `DENIED`.
+    - Progress the client asked for (`progressToken`) is passed on from the upstream; upstream
+      notifications (list changes, resource updates for the client's subscriptions, log
+      messages) reach the connected clients.
 
     Hostile input is refused before the gate sees it: a tool name longer than `max_name_chars` or
     arguments larger than `max_args_bytes` (as JSON) get a JSON-RPC error (invalid params) that
@@ -391,6 +737,7 @@ class McpProxy:
         max_name_chars: int = MAX_NAME_CHARS,
         max_args_bytes: int = MAX_ARGS_BYTES,
         refresh_interval_s: float = 1.0,
+        relay: McpRelay | None = None,
     ) -> None:
         if not toolset.raw_results:
             raise ConfigurationError("McpProxy needs a toolset built with raw_results=True")
@@ -408,40 +755,360 @@ class McpProxy:
         self._refreshing: anyio.Event | None = None
         self._bus = InMemorySubscriptionBus()
         self._listen = ListenHandler(self._bus)
-        self._legacy_sessions: weakref.WeakSet[ServerSession] = weakref.WeakSet()
-        self.server: Server[Any] = Server(
-            name,
+        self._clients: OrderedDict[object, _Client] = OrderedDict()
+        session = toolset.session
+        upstream = session if isinstance(session, Client) else None
+        info = upstream.server_info if upstream is not None else None
+        caps = upstream.server_capabilities if upstream is not None else types.ServerCapabilities()
+        self._upstream_caps = caps
+        self._legacy = upstream is not None and upstream.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        described = f"served through callgate ({name})"
+        self.server: Server[Any] = _ProxyServer(
+            info.name if info is not None else name,
+            version=info.version if info is not None else "",
+            title=info.title if info is not None else None,
+            description=f"{info.description} ({described})" if info is not None and info.description else described,
+            instructions=upstream.instructions if upstream is not None else None,
+            website_url=info.website_url if info is not None else None,
+            icons=info.icons if info is not None else None,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self._listen,
         )
+        self.server.notification_options = NotificationOptions(
+            tools_changed=True,
+            resources_changed=bool(caps.resources and caps.resources.list_changed),
+            prompts_changed=bool(caps.prompts and caps.prompts.list_changed),
+        )
+        # The proxy serves (and so advertises) what the upstream offers, no more. Registered one by
+        # one: the constructor's logging keyword warns that the newest protocol deprecates it, and
+        # the upstream still offers it.
+        add = self.server.add_request_handler
+        paginated = types.PaginatedRequestParams
+        if caps.resources is not None:
+            add("resources/list", paginated, self._list_resources)
+            add("resources/templates/list", paginated, self._list_resource_templates)
+            add("resources/read", types.ReadResourceRequestParams, self._read_resource)
+            if caps.resources.subscribe:
+                add("resources/subscribe", types.SubscribeRequestParams, self._subscribe)
+                add("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe)
+        if caps.prompts is not None:
+            add("prompts/list", paginated, self._list_prompts)
+            add("prompts/get", types.GetPromptRequestParams, self._get_prompt)
+        if caps.completions is not None:
+            add("completion/complete", types.CompleteRequestParams, self._complete)
+        if caps.logging is not None:
+            add("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+        self.server.middleware.append(self._screen_params)
+        if self._legacy:
+            # Without discovery, a client falls back to the handshake the upstream speaks.
+            self.server._request_handlers.pop("server/discover", None)
+        present = scope.tools
+        missing = [tool for tool in crossing_tools(toolset) if tool.name not in present]
+        if missing:
+            scope.add_tools(missing)
         toolset.on_change(self._announce)
+        if relay is not None:
+            relay.toolset = relay.toolset or toolset
+            relay.proxy = self
+            for crossing in relay.unrecorded:
+                message = f"no client was connected yet to answer the {CROSSING_TOOLS[crossing]} request"
+                self.scope.refuse(crossing, message, run=self._refuse_run(), crossing=CROSSING_TOOLS[crossing])
+            relay.unrecorded.clear()
 
-    def _remember(self, ctx: ServerRequestContext[Any]) -> None:
-        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            self._legacy_sessions.add(ctx.session)
+    # -- clients --------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _serving(self, ctx: ServerRequestContext[Any]) -> Iterator[_Client]:
+        """Remember the client of `ctx` (most recently active last) and its request while it runs."""
+        key = getattr(ctx.session, "_connection", ctx.session)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = _Client(ctx)
+            while len(self._clients) > _MAX_CLIENTS:
+                self._clients.popitem(last=False)
+        else:
+            client.last = ctx
+            self._clients.move_to_end(key)
+        request_id = ctx.request_id
+        if request_id is not None:
+            client.inflight[request_id] = ctx
+        try:
+            yield client
+        finally:
+            if request_id is not None:
+                client.inflight.pop(request_id, None)
+
+    async def _screen_params(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
+        """Server middleware: params of a gated method that are not of the shape the method takes
+        (arguments that are not an object, a name that is not a string) are refused with a short
+        error and a `ToolDenied` event before the SDK validates them; any other validation failure
+        is answered without echoing the input."""
+        if ctx.method == "notifications/initialized":
+            result = await call_next(ctx)
+            await self._client_ready(ctx)
+            return result
+        problem = _params_problem(ctx.method, ctx.params) if ctx.request_id is not None else None
+        if problem is not None:
+            tool, message = problem
+            crossing = CROSSING_TOOLS.get(tool)
+            self.scope.refuse(tool, message, run=self._run_for(ctx), crossing=crossing)
+            raise MCPError(types.INVALID_PARAMS, message)
+        try:
+            return await call_next(ctx)
+        except pydantic.ValidationError as exc:
+            where = sorted({".".join(str(part) for part in error["loc"]) or "params" for error in exc.errors()})
+            shown = ", ".join(where[:5]) + (", …" if len(where) > 5 else "")
+            raise MCPError(types.INVALID_PARAMS, _bounded(f"Invalid params: {shown}")) from None
+
+    async def _client_ready(self, ctx: ServerRequestContext[Any]) -> None:
+        """A client finished its handshake: remember it, and when it can give roots, tell the
+        upstream its roots changed (a server that asked at its own start, before any client, asks
+        again and gets this client's answer through the gate)."""
+        with self._serving(ctx) as client:
+            if not client.can(_CLIENT_CAPABILITY["mcp.roots.list"]):
+                return
+        try:
+            await self._upstream.send_notification(types.RootsListChangedNotification())
+        except Exception:  # the upstream's own trouble shows on the next request
+            log.debug("could not tell the upstream that the roots changed", exc_info=True)
+
+    def _refuse_run(self) -> RunContext:
+        """Whom a refusal that no client request carried is recorded for: the proxy's own run."""
+        return self._run if isinstance(self._run, RunContext) else RunContext(principal="mcp-client")
+
+    def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
+        """Record a request refused before it could be read as one (one `ToolDenied`, decided by
+        validation, with the size and depth the message states and no arguments)."""
+        self.scope.refuse(tool, message, run=run if run is not None else self._refuse_run())
+
+    def _run_for(self, ctx: ServerRequestContext[Any]) -> RunContext:
+        return self._run if isinstance(self._run, RunContext) else self._run(ctx)
+
+    def _target(self, crossing: str) -> ServerRequestContext[Any] | None:
+        """The client request a server request is put to: of the clients that declared the
+        capability, the one with a request in flight (most recently active first), else the most
+        recently active one."""
+        capability = _CLIENT_CAPABILITY[crossing]
+        able = [client for client in reversed(self._clients.values()) if client.can(capability)]
+        for client in able:
+            if client.inflight:
+                return next(reversed(client.inflight.values()))
+        return able[0].last if able else None
+
+    async def ask_client(self, crossing: str, args: dict[str, Any], result_type: type[_R]) -> _R | types.ErrorData:
+        """Put a server request (`crossing`: one of the `mcp.sampling.createMessage`,
+        `mcp.elicitation.create`, `mcp.roots.list` tools) through the gate to a client; the
+        client's result (a substitute is validated as `result_type`), or the `ErrorData` the
+        upstream is answered with."""
+        target = self._target(crossing)
+        if target is None:
+            # No client to ask: recorded like any other refusal, so the audit shows the attempt.
+            message = f"no connected client declared the {CROSSING_TOOLS[crossing]} capability"
+            self.scope.refuse(crossing, message, crossing=CROSSING_TOOLS[crossing])
+            return types.ErrorData(code=types.INVALID_REQUEST, message=message)
+        failures: list[MCPError] = []
+        token_d = _downstream.set(target)
+        token_f = _upstream_failure.set(failures)
+        try:
+            result = await self.scope.call(crossing, args, run=self._run_for(target))
+        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
+            return types.ErrorData(code=DENIED, message=_bounded(str(exc)))
+        finally:
+            _downstream.reset(token_d)
+            _upstream_failure.reset(token_f)
+        if failures:
+            return failures[0].error
+        match result.kind:
+            case "ok" | "substituted":
+                value = result.value
+                if isinstance(value, result_type):
+                    return value
+                try:
+                    return result_type.model_validate(value, by_name=False)
+                except pydantic.ValidationError:
+                    return types.ErrorData(
+                        code=types.INTERNAL_ERROR, message="the gate's answer is not a client result"
+                    )
+            case "denied":
+                return types.ErrorData(code=DENIED, message=_bounded(result.to_model_text()))
+            case "error":
+                return types.ErrorData(code=types.INTERNAL_ERROR, message=_bounded(result.to_model_text()))
+        raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
+
+    async def notify_clients(self, message: object) -> None:
+        """Pass an upstream notification on: list changes and log messages to every client
+        connection, a resource update to the clients subscribed to its URI. Others are dropped
+        (progress rides its own request; tools list changes go through the toolset's refresh)."""
+        if isinstance(message, types.ResourceUpdatedNotification):
+            clients = [c for c in self._clients.values() if message.params.uri in c.subscriptions]
+        elif isinstance(
+            message,
+            types.ResourceListChangedNotification
+            | types.PromptListChangedNotification
+            | types.LoggingMessageNotification,
+        ):
+            clients = list(self._clients.values())
+        else:
+            return
+        for client in clients:
+            try:
+                await client.last.session.send_notification(message)
+            except Exception:  # a client that went away must not stop the others hearing of it
+                log.debug("could not pass a notification on to an MCP client", exc_info=True)
 
     async def _announce(self, _new: list[Tool[Any, Any]]) -> None:
         await self._bus.publish(ToolsListChanged())
-        for session in list(self._legacy_sessions):
+        for client in list(self._clients.values()):
+            if client.last.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                continue
             try:
-                await session.send_tool_list_changed()
+                await client.last.session.send_tool_list_changed()
             except Exception:  # a client that went away must not stop the others hearing of it
                 log.debug("could not notify an MCP client of a tools list change", exc_info=True)
+
+    # -- relayed as they are ------------------------------------------------------------------------
+
+    @property
+    def _upstream(self) -> ClientSession:
+        session = self.toolset.session
+        return session.session if isinstance(session, Client) else session
+
+    async def _relay(self, ctx: ServerRequestContext[Any], request: Any, result_type: Any) -> Any:
+        with self._serving(ctx):
+            return await self._upstream.send_request(request, result_type, progress_callback=_progress_relay(ctx))
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        result: types.ListResourcesResult = await self._relay(
+            ctx, types.ListResourcesRequest(params=params), types.ListResourcesResult
+        )
+        return result
+
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        result: types.ListResourceTemplatesResult = await self._relay(
+            ctx, types.ListResourceTemplatesRequest(params=params), types.ListResourceTemplatesResult
+        )
+        return result
+
+    async def _list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        result: types.ListPromptsResult = await self._relay(
+            ctx, types.ListPromptsRequest(params=params), types.ListPromptsResult
+        )
+        return result
+
+    async def _complete(
+        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        result: types.CompleteResult = await self._relay(
+            ctx, types.CompleteRequest(params=params), types.CompleteResult
+        )
+        return result
+
+    async def _set_level(
+        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        # One upstream connection serves every client: the last level asked for holds for all.
+        result: types.EmptyResult = await self._relay(ctx, types.SetLevelRequest(params=params), types.EmptyResult)
+        return result
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        with self._serving(ctx) as client:
+            result: types.EmptyResult = await self._upstream.send_request(
+                types.SubscribeRequest(params=params), types.EmptyResult
+            )
+            client.subscriptions.add(params.uri)
+            return result
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        with self._serving(ctx) as client:
+            client.subscriptions.discard(params.uri)
+            # Another client may still want the updates of this URI: the upstream keeps sending them.
+            if any(params.uri in other.subscriptions for other in self._clients.values()):
+                return types.EmptyResult()
+            result: types.EmptyResult = await self._upstream.send_request(
+                types.UnsubscribeRequest(params=params), types.EmptyResult
+            )
+            return result
+
+    # -- decided by the gate ------------------------------------------------------------------------
+
+    async def _gated(self, ctx: ServerRequestContext[Any], crossing: str, args: dict[str, Any]) -> Any:
+        """Put a client request through the gate as the crossing tool `crossing`; the upstream's
+        result, or an `MCPError` (the gate's denial, or the upstream's own error)."""
+        failures: list[MCPError] = []
+        with self._serving(ctx):
+            token_d = _downstream.set(ctx)
+            token_f = _upstream_failure.set(failures)
+            try:
+                result = await self.scope.call(crossing, args, run=self._run_for(ctx))
+            except (ToolBlockedError, ToolApprovalRequiredError) as exc:
+                raise MCPError(types.INTERNAL_ERROR, _bounded(str(exc))) from exc
+            finally:
+                _downstream.reset(token_d)
+                _upstream_failure.reset(token_f)
+        if failures:
+            raise failures[0]
+        match result.kind:
+            case "ok" | "substituted":
+                return result.value
+            case "denied":
+                raise MCPError(DENIED, _bounded(result.to_model_text()))
+            case "error":
+                raise MCPError(types.INTERNAL_ERROR, _bounded(result.to_model_text()))
+        raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        value = await self._gated(ctx, "mcp.resources.read", {"uri": params.uri})
+        if isinstance(value, types.ReadResourceResult):
+            return value
+        # A substitute: the value as the resource's text.
+        text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text=text)])
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        args: dict[str, Any] = {"name": params.name}
+        if params.arguments is not None:
+            args["arguments"] = dict(params.arguments)
+        value = await self._gated(ctx, "mcp.prompts.get", args)
+        if isinstance(value, types.GetPromptResult):
+            return value
+        text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
+        return types.GetPromptResult(
+            messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))]
+        )
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        self._remember(ctx)
+        with self._serving(ctx):
+            page: types.ListToolsResult = await self._upstream.send_request(
+                types.ListToolsRequest(params=params), types.ListToolsResult
+            )
+        if any(self.toolset.tool_name(d.name) not in self.scope.tools for d in page.tools):
+            await self._refresh_for_unknown()
         # Only the tools some path of the chain can allow for this client's run; calls of the
         # others are still mediated (and refused) if a client asks for them by name.
-        run = self._run if isinstance(self._run, RunContext) else self._run(ctx)
-        registered = set(self.scope.shown_tools(run))
+        shown = set(self.scope.shown_tools(self._run_for(ctx)))
         tools = []
-        for definition in self.toolset.definitions:
-            if self.toolset.tool_name(definition.name) in registered:
-                tools.append(definition.model_copy(update={"name": self.toolset.tool_name(definition.name)}))
-        return types.ListToolsResult(tools=tools)
+        for definition in page.tools:
+            name = self.toolset.tool_name(definition.name)
+            if name in shown and name not in CROSSING_TOOLS:
+                tools.append(definition.model_copy(update={"name": name}))
+        return page.model_copy(update={"tools": tools})
 
     def _refusal(self, name: str, args: dict[str, Any]) -> str | None:
         """Why a call is refused before the gate (sizes only, never the input), or None."""
@@ -473,22 +1140,29 @@ class McpProxy:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        self._remember(ctx)
-        run = self._run if isinstance(self._run, RunContext) else self._run(ctx)
-        args = dict(params.arguments or {})
-        refusal = self._refusal(params.name, args)
-        if refusal is not None:
-            name = params.name
-            shown = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
-            self.scope.refuse(shown, refusal, run=run)
-            raise MCPError(types.INVALID_PARAMS, refusal)
-        if params.name not in self.scope.tools:
-            await self._refresh_for_unknown()
-        try:
-            result = await self.scope.call(params.name, args, run=run)
-        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
-            # A block stops the caller's run: a protocol error, not a result a model would read on.
-            raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+        with self._serving(ctx):
+            run = self._run_for(ctx)
+            args = dict(params.arguments or {})
+            refusal = self._refusal(params.name, args)
+            if refusal is not None:
+                name = params.name
+                shown = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
+                self.scope.refuse(shown, refusal, run=run)
+                raise MCPError(types.INVALID_PARAMS, refusal)
+            if params.name in CROSSING_TOOLS:
+                # The gate tools of other crossings are not tools of the upstream's.
+                self.scope.refuse(params.name, f"unknown tool {params.name}", run=run)
+                raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+            if params.name not in self.scope.tools:
+                await self._refresh_for_unknown()
+            token = _downstream.set(ctx)
+            try:
+                result = await self.scope.call(params.name, args, run=run)
+            except (ToolBlockedError, ToolApprovalRequiredError) as exc:
+                # A block stops the caller's run: a protocol error, not a result a model would read on.
+                raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+            finally:
+                _downstream.reset(token)
         definition = self.toolset.definition(params.name)
         return result_from_gate(result, definition.output_schema if definition is not None else None)
 
@@ -520,7 +1194,10 @@ class McpProxy:
         if grace_s < 0:
             raise ConfigurationError(f"grace_s must not be negative, got {grace_s}")
         async with (
-            _stdio_transport(max_line_bytes, stop, grace_s, draining) as (read, write),
+            _stdio_transport(max_line_bytes, stop, grace_s, draining, self._legacy, self._refuse_unread) as (
+                read,
+                write,
+            ),
             anyio.create_task_group() as tasks,
         ):
             if stop is not None:
@@ -544,6 +1221,8 @@ class McpProxy:
         stop: anyio.Event | None = None,
         sock: socket.socket | None = None,
         authenticate: Callable[[str | None], object | None] | None = None,
+        ready: Callable[[], object] | None = None,
+        resource_metadata: dict[str, Any] | None = None,
     ) -> None:
         """Serve streamable HTTP on `host:port` (path `/mcp`) until `stop` is set (then it shuts
         down gracefully and returns) or the task is cancelled. Installs no signal handlers:
@@ -554,7 +1233,10 @@ class McpProxy:
         `authenticate(bearer_token_or_None)` returns who the request is from, or None to answer it
         401 (`WWW-Authenticate: Bearer`) before the MCP layer sees it; what it returned is in the
         request's ASGI scope under `"callgate.client"`, which a `run` function reads with
-        `client_of(ctx)`."""
+        `client_of(ctx)`. `ready()` is called once the server has started serving.
+        `resource_metadata` (OAuth protected-resource metadata, RFC 9728) is served without
+        authentication at `/.well-known/oauth-protected-resource` (and that path followed by
+        `/mcp`), and named in the 401's `WWW-Authenticate`."""
         import uvicorn
 
         class _Server(uvicorn.Server):
@@ -565,23 +1247,48 @@ class McpProxy:
                 yield
 
         app: Any = self.server.streamable_http_app(host=host)
+        app = _HttpScreen(app, self._refuse_unread, max_bytes=MAX_LINE_BYTES, handshake_only=self._legacy)
         if authenticate is not None:
-            app = _BearerAuth(app, authenticate)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+            app = _BearerAuth(app, authenticate, resource_metadata)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=int(HTTP_GRACE_S),
+        )
         server = _Server(config)
+        manager = self.server.session_manager
 
         async def stop_when_asked(stop: anyio.Event) -> None:
             await stop.wait()
             server.should_exit = True
+            # A client's notification stream (its GET) never ends of its own accord, and uvicorn
+            # waits for every connection to end: those streams are closed now and until serving
+            # returns (a client may open one again before the listening socket is closed). The
+            # requests in flight run on, up to uvicorn's graceful timeout; then they are cancelled.
+            while True:
+                for transport in list(manager._server_instances.values()):
+                    transport.close_standalone_sse_stream()
+                await anyio.sleep(0.1)
+
+        async def say_when_ready(ready: Callable[[], object]) -> None:
+            # uvicorn has no started callback; its flag is set once the app's lifespan ran.
+            while not server.started:  # noqa: ASYNC110 - a flag of uvicorn's, with no event to wait on
+                await anyio.sleep(0.01)
+            ready()
 
         async with anyio.create_task_group() as tasks:
             if stop is not None:
                 tasks.start_soon(stop_when_asked, stop)
+            if ready is not None:
+                tasks.start_soon(say_when_ready, ready)
             await server.serve(sockets=[sock] if sock is not None else None)
             tasks.cancel_scope.cancel()
 
     def _init_options(self) -> Any:
-        return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+        return self.server.create_initialization_options()
 
 
 def client_of(ctx: ServerRequestContext[Any]) -> object | None:
@@ -592,17 +1299,36 @@ def client_of(ctx: ServerRequestContext[Any]) -> object | None:
     return scope.get("callgate.client") if isinstance(scope, dict) else None
 
 
+_METADATA_PATH = "/.well-known/oauth-protected-resource"
+
+
 class _BearerAuth:
     """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>` that
     `authenticate` accepts; others are answered 401 and never reach the MCP app."""
 
-    def __init__(self, app: Any, authenticate: Callable[[str | None], object | None]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        authenticate: Callable[[str | None], object | None],
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         self.app = app
         self.authenticate = authenticate
+        self.metadata = json.dumps(metadata).encode() if metadata is not None else None
+        self.challenge = b'Bearer realm="callgate"'
+        if metadata is not None:
+            where = str(metadata["resource"]).split("://", 1)
+            origin = where[0] + "://" + where[1].split("/", 1)[0] if len(where) == 2 else ""
+            self.challenge += f', resource_metadata="{origin}{_METADATA_PATH}"'.encode()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.metadata is not None and scope.get("path") in (_METADATA_PATH, _METADATA_PATH + "/mcp"):
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(self.metadata)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": self.metadata})
             return
         token = None
         for key, value in scope.get("headers", ()):
@@ -621,7 +1347,7 @@ class _BearerAuth:
                     "headers": [
                         (b"content-type", b"application/json"),
                         (b"content-length", str(len(body)).encode()),
-                        (b"www-authenticate", b'Bearer realm="callgate"'),
+                        (b"www-authenticate", self.challenge),
                     ],
                 }
             )
@@ -630,10 +1356,142 @@ class _BearerAuth:
         await self.app({**scope, "callgate.client": client}, receive, send)
 
 
+_DISCOVER = "server/discover"
+
+
+def _handshake_only_error(request_id: Any) -> types.JSONRPCError:
+    """The answer to `server/discover` from a proxy whose upstream speaks a handshake-era protocol:
+    -32022 naming the handshake versions, on which a client falls back to `initialize` (a
+    discovery the SDK's server answered itself would lock the connection to the newest era)."""
+    data = types.UnsupportedProtocolVersionErrorData(
+        supported=list(HANDSHAKE_PROTOCOL_VERSIONS), requested=LATEST_MODERN_VERSION
+    )
+    return types.JSONRPCError(
+        jsonrpc="2.0",
+        id=request_id,
+        error=types.ErrorData(
+            code=types.UNSUPPORTED_PROTOCOL_VERSION,
+            message="this server speaks the initialize handshake",
+            data=data.model_dump(mode="json"),
+        ),
+    )
+
+
+class _HttpScreen:
+    """ASGI middleware in front of the MCP app: every POST body is read whole (up to
+    `max_bytes`) and refused here, with the JSON-RPC error the specification prescribes, a bounded
+    message that never repeats the input and one `ToolDenied` event (via `refused`), when it is
+    too large, not JSON, nested past the parser, not a JSON-RPC message or carries an id of no
+    legal type. With `handshake_only`, `server/discover` gets `_handshake_only_error`."""
+
+    def __init__(
+        self,
+        app: Any,
+        refused: Callable[[str, str, RunContext | None], object],
+        *,
+        max_bytes: int,
+        handshake_only: bool,
+    ) -> None:
+        self.app = app
+        self.refused = refused
+        self.max_bytes = max_bytes
+        self.handshake_only = handshake_only
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("callgate.client")
+        run = getattr(client, "run", None)
+        run = run if isinstance(run, RunContext) else None
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([], receive, message), send)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                declared = dict(scope.get("headers", ())).get(b"content-length", b"")
+                total = int(declared) if declared.isdigit() else size
+                why = f"Invalid request: longer than {self.max_bytes} bytes"
+                self.refused(_UNREADABLE, f"request of {total} bytes refused: at most {self.max_bytes} bytes", run)
+                await _json_error(send, 413, _error_line(types.INVALID_REQUEST, why))
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        answer = _screen_body(body, self.handshake_only)
+        if answer is None:
+            await self.app(scope, _replay([body], receive), send)
+            return
+        status, error, record = answer
+        if record:
+            self.refused(*_refusal_record(body, error), run)
+        await _json_error(send, status, error)
+
+
+async def _json_error(send: Any, status: int, error: SessionMessage) -> None:
+    body = error.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _screen_body(body: bytes, handshake_only: bool) -> tuple[int, SessionMessage, bool] | None:
+    """The answer to an HTTP body the MCP app must not see (status, error, whether it is a
+    refusal to record), or None to pass it on."""
+    try:
+        parsed = json.loads(body)
+    except RecursionError:
+        return 400, _error_line(types.INVALID_REQUEST, "Invalid request: nested too deep"), True
+    except ValueError:
+        return 400, _error_line(types.PARSE_ERROR, "Parse error: not JSON"), True
+    if not isinstance(parsed, dict):
+        return 400, _error_line(types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message"), True
+    request_id = parsed.get("id")
+    if "id" in parsed and (isinstance(request_id, bool) or not isinstance(request_id, str | int)):
+        return 400, _error_line(types.INVALID_REQUEST, _BAD_ID), True
+    answered = "result" in parsed or "error" in parsed
+    if parsed.get("jsonrpc") != "2.0" or (not answered and not isinstance(parsed.get("method"), str)):
+        not_jsonrpc = "Invalid request: not a JSON-RPC 2.0 message"
+        return 400, _error_line(types.INVALID_REQUEST, not_jsonrpc, request_id), True
+    if handshake_only and parsed.get("method") == _DISCOVER and request_id is not None:
+        return 200, SessionMessage(_handshake_only_error(request_id)), False
+    return None
+
+
+def _replay(bodies: list[bytes], receive: Any, first: dict[str, Any] | None = None) -> Callable[[], Any]:
+    """An ASGI `receive` that hands out `first` or `bodies` (already read), then defers to `receive`."""
+    pending = (
+        [first] if first is not None else [{"type": "http.request", "body": b, "more_body": False} for b in bodies]
+    )
+
+    async def replayed() -> Any:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
+
+
 # -- stdio ----------------------------------------------------------------------------------------
 
 _EOF = object()
-_TOO_LONG = object()
+
+
+class _TooLong:
+    """A line over the limit, skipped: only its size is known."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
 _STOP = object()
 
 _LONG_LIVED = frozenset({"subscriptions/listen"})
@@ -676,7 +1534,10 @@ def _answer_unreadable(line: bytes, exc: pydantic.ValidationError) -> SessionMes
         # Python's parser reads deeper than pydantic-core's (200 levels), so the id of a request
         # refused only for its nesting can usually be named.
         parsed = json.loads(line)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        # JSON, but nested past what any parser here reads: no id can be named.
+        return _error_line(types.INVALID_REQUEST, "Invalid request: nested too deep")
+    except ValueError:
         parsed = None
     if isinstance(parsed, dict) and isinstance(parsed.get("id"), str | int) and not isinstance(parsed["id"], bool):
         request_id = parsed["id"]
@@ -689,8 +1550,66 @@ def _answer_unreadable(line: bytes, exc: pydantic.ValidationError) -> SessionMes
     return _error_line(types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message", request_id)
 
 
+_UNREADABLE = "unreadable-request"
+"""The events' `tool` for a refused request whose method cannot be read."""
+
+_BAD_ID = "Invalid request: id must be a string or an integer"
+
+
+def _has_id(line: bytes) -> bool:
+    """Whether a line that validated as a notification carries an `id` member after all."""
+    if b'"id"' not in line:
+        return False
+    try:
+        parsed = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(parsed, dict) and "id" in parsed
+
+
+def nesting_depth(data: bytes) -> int:
+    """How deep the arrays and objects of JSON text nest (brackets inside strings not counted);
+    for text that is not JSON, the depth its brackets reach."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return deepest
+
+
+def _refusal_record(line: bytes, answer: SessionMessage) -> tuple[str, str]:
+    """What the audit keeps of a refused line: the tool (or method) it named, if readable, and
+    the answer with the line's size and nesting depth; never its content."""
+    tool = _UNREADABLE
+    try:
+        parsed = json.loads(line)
+    except (ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("method"), str):
+        params = parsed.get("params")
+        named = params.get("name") if isinstance(params, dict) and parsed["method"] == "tools/call" else None
+        tool = named if isinstance(named, str) else parsed["method"]
+        tool = tool if len(tool) <= _SHOWN_NAME_CHARS else tool[:_SHOWN_NAME_CHARS] + "…"
+    error = answer.message
+    said = error.error.message if isinstance(error, types.JSONRPCError) else "refused"
+    return tool, f"{said} ({len(line)} bytes, nested {nesting_depth(line)} levels)"
+
+
 def _read_lines(fd: int, max_line_bytes: int, deliver: Callable[[object], bool]) -> None:
-    """A daemon thread's loop: each line of `fd` (bytes), `_TOO_LONG` for a line over the limit
+    """A daemon thread's loop: each line of `fd` (bytes), `_TooLong` for a line over the limit
     (skipped to its end), then `_EOF`; stops when `deliver` returns False (nobody listens)."""
     with os.fdopen(fd, "rb", closefd=False) as stream:
         while True:
@@ -699,9 +1618,11 @@ def _read_lines(fd: int, max_line_bytes: int, deliver: Callable[[object], bool])
                 deliver(_EOF)
                 return
             if len(line) > max_line_bytes:
+                size = len(line)
                 while line and not line.endswith(b"\n"):
                     line = stream.readline(65536)
-                if not deliver(_TOO_LONG):
+                    size += len(line)
+                if not deliver(_TooLong(size)):
                     return
                 continue
             if not deliver(line):
@@ -724,6 +1645,8 @@ async def _stdio_transport(
     stop: anyio.Event | None,
     grace_s: float,
     draining: Callable[[int], object] | None,
+    handshake_only: bool = False,
+    refused: Callable[[str, str], object] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """MCP over fds 0 and 1, read and written by daemon threads of its own: a read blocked on
     stdin never holds up the process's exit (the SDK's transport reads in a worker thread that a
@@ -768,16 +1691,32 @@ async def _stdio_transport(
             async for item in lines:
                 if item is _EOF or item is _STOP:
                     break
-                if not isinstance(item, bytes):  # _TOO_LONG
+                if isinstance(item, _TooLong):
                     too_long = f"Invalid request: longer than {max_line_bytes} bytes"
                     await write_stream.send(_error_line(types.INVALID_REQUEST, too_long))
+                    if refused is not None:
+                        refused(_UNREADABLE, f"request of {item.size} bytes refused: at most {max_line_bytes} bytes")
                     continue
-                if not item.strip():
+                if not isinstance(item, bytes) or not item.strip():
                     continue
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(item, by_name=False)
                 except pydantic.ValidationError as exc:
-                    await write_stream.send(_answer_unreadable(item, exc))
+                    answer = _answer_unreadable(item, exc)
+                    await write_stream.send(answer)
+                    if refused is not None:
+                        refused(*_refusal_record(item, answer))
+                    continue
+                if isinstance(message, types.JSONRPCNotification) and _has_id(item):
+                    # A request whose id is of no legal type validates as a notification: answered
+                    # here, or it would get no answer at all.
+                    answer = _error_line(types.INVALID_REQUEST, _BAD_ID)
+                    await write_stream.send(answer)
+                    if refused is not None:
+                        refused(*_refusal_record(item, answer))
+                    continue
+                if handshake_only and isinstance(message, types.JSONRPCRequest) and message.method == _DISCOVER:
+                    await write_stream.send(SessionMessage(_handshake_only_error(message.id)))
                     continue
                 if isinstance(message, types.JSONRPCRequest) and message.method not in _LONG_LIVED:
                     unanswered.ids.add(message.id)

@@ -20,17 +20,32 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, ListToolsResult
 
 root = Path(os.environ["UPSTREAM_ROOT"])
 
 
-class CountingServer(MCPServer):
-    """Records each tools/list request (the proxy's rate limit on listing again is measured here)."""
+PAGE_SIZE = int(os.environ.get("UPSTREAM_PAGE_SIZE", "0"))
+"""With a size, tools/list answers pages of that many tools, the cursor being the next offset."""
 
-    async def _handle_list_tools(self, *args: Any, **kwargs: Any) -> Any:
+
+class CountingServer(MCPServer):
+    """Records each tools/list request (the proxy's rate limit on listing again is measured here),
+    and pages the listing when UPSTREAM_PAGE_SIZE says so."""
+
+    async def _handle_list_tools(self, ctx: Any, params: Any) -> Any:
         with (root / "lists.log").open("a") as log:
             log.write("list\n")
-        return await super()._handle_list_tools(*args, **kwargs)
+        listed = await super()._handle_list_tools(ctx, params)
+        if not PAGE_SIZE:
+            return listed
+        cursor = params.cursor if params is not None else None
+        if cursor is not None and not (cursor.isdigit() and int(cursor) < len(listed.tools)):
+            raise MCPError(INVALID_PARAMS, "no such page")
+        start = int(cursor or 0)
+        end = start + PAGE_SIZE
+        return ListToolsResult(tools=listed.tools[start:end], next_cursor=str(end) if end < len(listed.tools) else None)
 
 
 server = CountingServer("files")

@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from events import MemorySink, parse_event, verify_chain
 from interceptor_core import Agent, Gate, ModelTurn, ScriptedModel, ToolBlockedError
-from interceptor_core.integrations.mcp import McpToolset, result_from_gate
+from interceptor_core.integrations.mcp import CROSSING_TOOLS, McpToolset, result_from_gate
 from interceptor_core.messages import call
 from interceptor_core.results import ToolResult
 
@@ -119,7 +119,8 @@ class TestProxy:
             ("ToolDenied", "delete_file"),
         ]
         registered = [e for e in found if e.type == "ToolsRegistered"]
-        assert [t.name for t in registered[0].tools] == ["write_file", "delete_file", "enable_archive"]
+        # The upstream's tools, then the gate tools of the other crossings it can take.
+        assert [t.name for t in registered[0].tools] == ["write_file", "delete_file", "enable_archive", *CROSSING_TOOLS]
         assert verify_chain(found).ok
 
     async def test_tools_added_later_are_registered_before_their_first_call(

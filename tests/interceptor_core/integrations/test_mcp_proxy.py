@@ -45,8 +45,9 @@ class HttpProxy:
         *extra: str,
         host: str = "127.0.0.1",
         slow_tool: bool = False,
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.events = events or tmp_path / "events.jsonl"
         self.stderr = tmp_path / "proxy.stderr"
@@ -131,6 +132,31 @@ class TestProxyOverHttp:
 
 
 ENOSPC = "write failed: [Errno 28] No space left on device"
+
+
+class TestPagination:
+    async def test_pages_and_cursors_pass_through(self, root: Path, tmp_path: Path, errlog: TextIO) -> None:
+        """A server that lists one tool a page: through the proxy the client gets each page with
+        the server's cursor (three pages, not one merged), and a cursor the server never gave gets
+        the server's own error."""
+        params = proxy_params(root, tmp_path / "events.jsonl")
+        params.env = {**(params.env or {}), "UPSTREAM_PAGE_SIZE": "1"}
+        async with Client(stdio_client(params, errlog=errlog)) as client:
+            pages: list[list[str]] = []
+            cursor = None
+            while True:
+                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+                pages.append([tool.name for tool in page.tools])
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            with pytest.raises(MCPError) as bogus:
+                await client.list_tools(cursor="not-a-page", cache_mode="refresh")
+            # Every tool was registered at start (the proxy walks the pages itself), so calls work.
+            done = await client.call_tool("write_file", {"path": "paged.txt", "text": "hi"})
+        assert pages == [["write_file"], ["delete_file"], ["enable_archive"]]
+        assert (bogus.value.code, bogus.value.error.message) == (-32602, "no such page")
+        assert not done.is_error
 
 
 class TestProxyWithAnAuditThatCannotWrite:

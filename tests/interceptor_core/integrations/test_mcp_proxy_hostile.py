@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -34,7 +37,7 @@ from events import read_jsonl, verify_chain
 
 from .conftest import HERE, effects, upstream_command
 from .files_policy import DENIAL, PROTECTED
-from .test_mcp import DEADLINE_S, proxy_params, text_of
+from .test_mcp import DEADLINE_S, proxy_params, read_events, text_of
 from .test_mcp_proxy import FILES_POLICY, HttpProxy, free_port
 
 INITIALIZE = {
@@ -332,6 +335,27 @@ class TestSignalsOverHttp:
         assert [e.type for e in read_jsonl(proxy.events)] == ["ToolsRegistered", "ToolUse"]
         assert gone(upstream_pid)
 
+    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+    async def test_exits_0_within_5_s_with_a_client_still_connected(
+        self, root: Path, tmp_path: Path, signum: int
+    ) -> None:
+        """An SDK client holds its notification stream open; the signal still ends the proxy with
+        exit 0 within 5 s, the call it made recorded."""
+        proxy = HttpProxy(root, tmp_path)
+        try:
+            await proxy.wait_until_listening()
+            async with Client(proxy.url) as client:
+                assert not (await client.call_tool("write_file", {"path": "note.txt", "text": "hi"})).is_error
+                started = time.monotonic()
+                proxy.process.send_signal(signum)
+                code = await anyio.to_thread.run_sync(lambda: proxy.process.wait(timeout=DEADLINE_S))
+                took = time.monotonic() - started
+        finally:
+            proxy.stop()
+        assert code == 0, proxy.stderr.read_text()
+        assert took < 5.0
+        assert [e.type for e in read_jsonl(proxy.events)] == ["ToolsRegistered", "ToolUse"]
+
     async def test_a_call_in_flight_at_sigterm_finishes(self, root: Path, tmp_path: Path) -> None:
         """Over HTTP as over stdio: SIGTERM while a tools/call waits in the upstream; the proxy
         stops listening, the call (released only then) completes and its result reaches the
@@ -385,7 +409,7 @@ class TestOversizedInput:
     def test_a_huge_tool_name_is_refused_small(self, stdio_proxy: Any) -> None:
         """A 3 MB tool name: a JSON-RPC invalid-params error stating sizes (not the name), one
         small ToolDenied event with the name cut, and no extra tools/list of the upstream. A 5 MB
-        one (a line past the message limit) is refused unread, with no event: it names no tool."""
+        one (a line past the message limit) is refused unread, its event saying only its size."""
         proxy = stdio_proxy()
         proxy.initialize()
         before = proxy.lists()
@@ -393,17 +417,18 @@ class TestOversizedInput:
         assert answer["error"]["code"] == -32602
         assert len(json.dumps(answer)) < 300
         assert f"tool name of {THREE_MB} characters refused" in answer["error"]["message"]
-        proxy.send(
-            json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x" * FIVE_MB}}).encode()
-        )
+        huge = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x" * FIVE_MB}})
+        proxy.send(huge.encode())
         answer = proxy.receive()
         assert (answer["id"], answer["error"]["code"], len(json.dumps(answer)) < 200) == (None, -32600, True)
         assert proxy.lists() == before
         proxy.process.send_signal(signal.SIGTERM)
         assert proxy.wait() == 0
         assert proxy.events.stat().st_size < 10_000
-        (denied,) = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
+        denied, unread = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
         assert (denied.tool, denied.cause, denied.args) == ("x" * 64 + "…", "validation", {})
+        assert (unread.tool, unread.cause, unread.args) == ("unreadable-request", "validation", {})
+        assert f"request of {len(huge) + 1} bytes refused" in unread.message  # with its newline
 
     def test_huge_arguments_are_refused_before_the_upstream(self, stdio_proxy: Any, root: Path) -> None:
         """2 MB of arguments to a real tool: refused with the sizes, the upstream never runs it,
@@ -534,7 +559,7 @@ class TestStartupFailures:
         done = self.run(root, "--http", f"0.0.0.0:{port}")
         assert done.returncode == 2
         assert done.stderr.splitlines() == [
-            f"error: --http 0.0.0.0:{port} is not a loopback address: give --tokens FILE so every client "
+            f"error: --http 0.0.0.0:{port} is not a loopback address: give --tokens FILE or --jwt-jwks so every client "
             "authenticates (or listen on 127.0.0.1)"
         ]
         assert not (root / "upstream.pid").exists()
@@ -580,12 +605,18 @@ GATE = Gate("files", interceptors=[ProtectFiles()])
 
 
 class TestFactoriesWithoutSinks:
-    @pytest.mark.parametrize("spec", ["files_policy:build_plain_gate", "ready_gate:GATE"], ids=["plain", "ready"])
+    @pytest.mark.parametrize(
+        "spec",
+        ["files_policy:build_plain_gate", "ready_gate:GATE", "{tmp}/gates/ready_gate_file.py:GATE"],
+        ids=["plain", "ready", "file-path"],
+    )
     def test_the_proxy_adds_its_sinks(self, stdio_proxy: Any, root: Path, tmp_path: Path, spec: str) -> None:
-        """`def build(): return Gate(...)` and a module-level Gate both work with `--events`: the
-        events file holds the registration and every call's outcome."""
+        """`def build(): return Gate(...)` and a module-level Gate both work with `--events`, named
+        by module or by file path: the events file holds the registration and every call's outcome."""
         (tmp_path / "ready_gate.py").write_text(READY_GATE)
-        proxy = stdio_proxy("--gate", spec)
+        (tmp_path / "gates").mkdir()
+        (tmp_path / "gates" / "ready_gate_file.py").write_text(READY_GATE)
+        proxy = stdio_proxy("--gate", spec.format(tmp=tmp_path))
         proxy.initialize()
         assert proxy.call("delete_file", {"path": "precious.txt"})["result"]["isError"] is True
         proxy.process.send_signal(signal.SIGTERM)
@@ -692,6 +723,59 @@ class TestBearerTokens:
         assert effects(root) == ["write A.txt", "write B.txt"]
 
 
+class TestOAuthBearerTokens:
+    async def test_tokens_of_the_issuer_name_the_principal(self, root: Path, tmp_path: Path) -> None:
+        """On 0.0.0.0 with `--jwt-jwks`: the protected-resource metadata is served without a token
+        and named in the 401; a token signed by the issuer's key for this resource is accepted and
+        its subject and tenant role are the events' principal and tenant; an expired token, one for
+        another audience and one signed by another key are 401."""
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+        (tmp_path / "jwks.json").write_text(json.dumps({"keys": [{**jwk, "kid": "k1", "alg": "RS256", "use": "sig"}]}))
+        port = free_port()
+        resource = f"http://mcp.example:{port}/mcp"
+        issuer = "https://idp.example"
+
+        def token(signer: Any = key, **claims: Any) -> str:
+            now = int(time.time())
+            body = {"sub": "alice", "iss": issuer, "aud": resource, "exp": now + 300, "roles": ["tenant:acme"]}
+            return jwt.encode({**body, **claims}, signer, algorithm="RS256", headers={"kid": "k1"})
+
+        proxy = HttpProxy(
+            root,
+            tmp_path,
+            None,
+            *("--jwt-jwks", str(tmp_path / "jwks.json"), "--jwt-issuer", issuer, "--resource-url", resource),
+            host="0.0.0.0",  # noqa: S104 - the non-loopback case is the point
+            port=port,
+        )
+        try:
+            await proxy.wait_until_listening()
+            metadata_url = f"http://127.0.0.1:{port}/.well-known/oauth-protected-resource"
+            async with httpx.AsyncClient(timeout=DEADLINE_S) as web:
+                metadata = (await web.get(metadata_url)).json()
+            assert metadata["resource"] == resource
+            assert metadata["authorization_servers"] == [issuer]
+            status, challenge = post_status(proxy.url, None)
+            assert status == 401
+            assert f'resource_metadata="http://mcp.example:{port}/.well-known/oauth-protected-resource"' in (
+                challenge or ""
+            )
+            assert post_status(proxy.url, token(exp=int(time.time()) - 600))[0] == 401
+            assert post_status(proxy.url, token(aud="http://elsewhere.example/mcp"))[0] == 401
+            assert post_status(proxy.url, token(other))[0] == 401
+            http = create_mcp_http_client(headers=bearer(token()))
+            async with http, Client(streamable_http_client(proxy.url, http_client=http)) as client:
+                done = await client.call_tool("write_file", {"path": "a.txt", "text": "hi"})
+                assert not done.is_error, text_of(done)
+        finally:
+            code = proxy.stop()
+        assert code == 0, proxy.stderr.read_text()
+        uses = [(e.principal, e.tenant, e.tool) for e in read_jsonl(proxy.events) if e.type == "ToolUse"]
+        assert uses == [("alice", "acme", "write_file")]
+
+
 class TestUpstreamDeath:
     def test_an_upstream_killed_while_serving_ends_the_proxy_in_one_line(self, stdio_proxy: Any, root: Path) -> None:
         """The upstream SIGKILLed after a call: the proxy exits 1 with one `error:` line naming the
@@ -729,3 +813,86 @@ class TestUpstreamDeath:
         assert "Traceback" not in stderr
         assert len([x for x in stderr.splitlines() if x.startswith("error: upstream")]) == 1
         assert [e.type for e in read_jsonl(proxy.events)] == ["ToolsRegistered", "ToolUse"]
+
+
+class TestEveryRefusalIsRecorded:
+    """Each refusal gets its JSON-RPC error and leaves one small `ToolDenied` (size and depth,
+    never the content)."""
+
+    def refusals(self, proxy: Any, count: int) -> list[Any]:
+        found = read_events(proxy.events, lambda evs: sum(e.type == "ToolDenied" for e in evs) >= count)
+        assert verify_chain(found).ok
+        return [e for e in found if e.type == "ToolDenied"]
+
+    def test_over_stdio(self, stdio_proxy: Any, root: Path) -> None:
+        """Arguments that are not an object, ids of no legal type, a line past the size limit and
+        10,000-deep nesting: each answered as the specification says and recorded; legal ids of
+        every type are answered."""
+        proxy = stdio_proxy()
+        proxy.initialize()
+        not_object = proxy.request("tools/call", {"name": "write_file", "arguments": [1, 2]})
+        assert not_object["error"] == {
+            "code": -32602,
+            "message": "tools/call arguments must be an object, got an array",
+        }
+        for bad_id in (b'{"a":1}', b"true", b"null"):
+            proxy.send(b'{"jsonrpc":"2.0","id":%s,"method":"ping"}' % bad_id)
+            assert proxy.receive() == {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": BAD_ID}}
+        for good_id in ("text-id", 0, -5, 2**53):
+            proxy.send(json.dumps({"jsonrpc": "2.0", "id": good_id, "method": "ping"}).encode())
+            assert proxy.answer_to(good_id)["result"] == {}
+        proxy.send(b'{"jsonrpc":"2.0","id":9,"method":"ping","params":{"pad":"' + b"z" * FIVE_MB + b'"}}')
+        assert proxy.receive()["error"]["code"] == -32600
+        deep = b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"write_file","arguments":{"a":'
+        proxy.send(deep + b"[" * 10_000 + b"]" * 10_000 + b"}}}")
+        assert proxy.receive()["error"]["code"] == -32600
+        assert effects(root) == []
+        denied = self.refusals(proxy, 6)
+        assert [e.tool for e in denied] == [
+            "write_file",
+            *("ping", "ping", "ping"),
+            *("unreadable-request", "unreadable-request"),
+        ]
+        assert all(e.decided_by == "validation" and e.args == {} for e in denied)
+        assert "5242" in denied[4].message  # the size, in bytes
+        assert "nested 10003 levels" in denied[5].message
+        assert max(len(e.message) for e in denied) < 200
+
+    async def test_over_http(self, root: Path, tmp_path: Path) -> None:
+        """The same over streamable HTTP, and valid JSON that is no JSON-RPC message gets a short
+        error that does not repeat it."""
+        proxy = HttpProxy(root, tmp_path)
+        try:
+            await proxy.wait_until_listening()
+            async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
+                headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+                async def post(body: bytes) -> httpx.Response:
+                    return await http.post(proxy.url, content=body, headers=headers)
+
+                for bad_id in (b'{"a":1}', b"false", b"null"):
+                    answer = await post(b'{"jsonrpc":"2.0","id":%s,"method":"ping"}' % bad_id)
+                    assert (answer.status_code, answer.json()["error"]["code"]) == (400, -32600)
+                    assert answer.json()["id"] is None
+                noise = json.dumps({"hello": "x" * 2000}).encode()
+                answer = await post(noise)
+                assert answer.json()["error"]["code"] == -32600
+                assert len(answer.content) < 200
+                answer = await post(b"[" * 10_000 + b"]" * 10_000)
+                assert answer.json()["error"]["code"] == -32600
+                answer = await post(
+                    b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"p":"' + b"z" * FIVE_MB + b'"}}'
+                )
+                assert (answer.status_code, answer.json()["error"]["code"]) == (413, -32600)
+        finally:
+            assert proxy.stop() == 0
+        denied = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
+        assert [e.tool for e in denied] == [
+            *("ping", "ping", "ping"),
+            *("unreadable-request", "unreadable-request", "unreadable-request"),
+        ]
+        assert "nested 10000 levels" in denied[4].message
+        assert str(len(b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"p":""}}') + FIVE_MB) in denied[5].message
+
+
+BAD_ID = "Invalid request: id must be a string or an integer"
