@@ -769,15 +769,41 @@ def mcp_proxy(
     startup_timeout: Annotated[
         float, typer.Option(help="Seconds the upstream has to answer as an MCP server before the proxy gives up.")
     ] = 30.0,
+    jwt_jwks: Annotated[
+        str | None, typer.Option(help="With --http: accept OAuth bearer tokens (JWTs) signed by a key of this JWKS.")
+    ] = None,
+    jwt_issuer: Annotated[str | None, typer.Option(help="The issuer (iss) OAuth tokens must name.")] = None,
+    jwt_audience: Annotated[
+        str | None, typer.Option(help="The audience (aud) OAuth tokens must name (default: the proxy's URL).")
+    ] = None,
+    resource_url: Annotated[
+        str | None,
+        typer.Option(help="The proxy's public URL, for the protected-resource metadata (default: from --http)."),
+    ] = None,
 ) -> None:
     """Serve an MCP server's tools through the gate: mcp-proxy --gate M:F | --policy FILE -- COMMAND ARGS..."""
-    from callgate.mcp_proxy import ProxyConfigError, TokenTable, build_proxy_gate, build_sinks, parse_listen, run_proxy
+    from callgate.mcp_proxy import (
+        OAuthClients,
+        ProxyConfigError,
+        TokenTable,
+        build_proxy_gate,
+        build_sinks,
+        parse_listen,
+        run_proxy,
+    )
 
     try:
         listen_on = parse_listen(http) if http else None
         if tokens is not None and listen_on is None:
             raise ProxyConfigError("--tokens authenticates HTTP clients: give --http HOST:PORT too")
         table = TokenTable.load(tokens) if tokens is not None else None
+        oauth = None
+        if jwt_jwks is not None:
+            if listen_on is None or not jwt_issuer:
+                raise ProxyConfigError("--jwt-jwks authenticates HTTP clients: give --http HOST:PORT and --jwt-issuer")
+            host, port = listen_on
+            resource = resource_url or f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
+            oauth = OAuthClients(jwt_jwks, issuer=jwt_issuer, audience=jwt_audience or resource, resource=resource)
         built = build_proxy_gate(gate, policy or [], build_sinks(events, kafka, topic, spool_dir, confirm_group))
         code = asyncio.run(
             run_proxy(
@@ -789,6 +815,7 @@ def mcp_proxy(
                 principal=principal,
                 tokens=table,
                 startup_timeout_s=startup_timeout,
+                oauth=oauth,
             )
         )
     except ProxyConfigError as exc:
