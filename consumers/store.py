@@ -131,6 +131,11 @@ _POOL_USAGE: Final = """
 SELECT sum(memory_usage_bytes) FILTER (WHERE tag = 'BASE_TABLE'), sum(memory_usage_bytes) FROM duckdb_memory()
 """
 
+# The oldest storage format that compresses text with zstd (migration 11): duckdb 1.5 writes new files
+# in the 0.10 format by default, where `USING COMPRESSION zstd` on a text column silently stays
+# uncompressed. An older file is upgraded on its first writable open (DuckDB 1.2 and later read it).
+STORAGE_VERSION: Final = "v1.2.0"
+
 # Every timestamp is UTC; without this, TIMESTAMPTZ buckets and results follow the host's zone.
 _SESSION_SETUP: Final = "SET TimeZone = 'UTC'"
 
@@ -184,7 +189,10 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.
             # of an in-memory database went to `.tmp` in whatever directory the process ran in).
             con = duckdb.connect(":memory:", config={**_DUCKDB_CONFIG, "temp_directory": f"{name}.tmp"})
             try:
-                attach = f"ATTACH {_quoted_text(name)} AS {_alias(name)} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
+                attach = (
+                    f"ATTACH {_quoted_text(name)} AS {_alias(name)} "
+                    f"(ROW_GROUP_SIZE {ROW_GROUP_ROWS}, STORAGE_VERSION '{STORAGE_VERSION}')"
+                )
                 con.execute(attach).fetchall()
                 con.execute(f"USE {_alias(name)}").fetchall()
             except BaseException:
@@ -203,7 +211,7 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.
         raise StoreError(
             f"CALLGATE_DUCKDB_MEMORY_LIMIT={value!r} is not a memory size DuckDB reads (such as 256MB or 1GB)"
         ) from exc
-    except (duckdb.ConnectionException, duckdb.ResourceInUseException) as exc:
+    except (duckdb.ConnectionException, duckdb.BinderException) as exc:
         # Within one process a file is open once: DuckDB refuses a second open with other options
         # (read-only beside a writer), or any open beside a writer's attached file, as another
         # process would be refused.
