@@ -54,7 +54,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import pyarrow as pa
 
 from consumers import shards
-from consumers.store import ROW_GROUP_ROWS, AuditStore, IngestResult, StagedBatch
+from consumers.lake import Lake
+from consumers.store import ROW_GROUP_ROWS, AuditStore, IngestResult, StagedBatch, StoreFencedError
 
 if TYPE_CHECKING:
     from consumers.api import HealthStatus
@@ -202,6 +203,8 @@ class _State:
     log_lost: bool = False
     """The topic vanished (or the cluster changed) since the last assignment: every stored offset
     points into a log that is gone."""
+    fenced: int = 0
+    """Batches the lake refused because another materializer had stored their partitions first."""
 
 
 class Materializer:
@@ -240,7 +243,7 @@ class Materializer:
         self,
         bootstrap: str,
         topic: str,
-        db_path: str,
+        db_path: str | Lake,
         *,
         group: str = "callgate-materializer",
         assignment: Assignment = "all",
@@ -281,8 +284,10 @@ class Materializer:
         self.commit_timeout_s = commit_timeout_s
         self.consumer_options = consumer_options
         self.store = AuditStore(db_path, trusted_keys=trusted_keys, require_signed=require_signed)
-        self.store_id = self.store.transaction(shards.store_id)
-        """This store's id in the handoff log (group mode: `consumers.shards`)."""
+        # A lake is one store every materializer of the group writes: no handoff log, no tenures; the
+        # lake's offsets are the truth and its conflict check fences a late writer (`StoreFencedError`).
+        self.store_id = "lake" if self.store.lake is not None else self.store.transaction(shards.store_id)
+        """This store's id in the handoff log (group mode, a file: `consumers.shards`)."""
         self._handoffs: _HandoffLog | None = None
         self._kill_after_batch = _fault_kill_between_commits()
         self._stop = asyncio.Event()
@@ -426,7 +431,7 @@ class Materializer:
         consumer = self._consumer()
         store = self.store
         loop = asyncio.get_running_loop()
-        if self.assignment == "group":
+        if self.assignment == "group" and self.store.lake is None:
             self._handoffs = _HandoffLog(self.bootstrap, self.topic)
             await self._handoffs.start()
             consumer.subscribe([self.topic], listener=_listener(self, consumer))
@@ -594,7 +599,11 @@ class Materializer:
         group and count it."""
         if writing is None:
             return
-        result = await writing.done
+        try:
+            result = await writing.done
+        except StoreFencedError as exc:
+            await self._fenced(consumer, exc)
+            return
         if self._kill_after_batch == summary.batches + 1:
             _kill_between_commits()
         # The store committed first: a failed Kafka commit only costs a replay.
@@ -606,6 +615,20 @@ class Materializer:
         summary.dead_letters += result.dead_letters
         summary.chain_breaks += result.chain_breaks
         self._record_metrics(writing.records, result, time.perf_counter() - writing.started)
+
+    async def _fenced(self, consumer: Any, exc: StoreFencedError) -> None:
+        """Another materializer of the lake stored the batch's partitions first (this one lost them and
+        commits late): nothing of the batch was stored. Each partition still assigned seeks to what the
+        lake holds; one no longer assigned is left to its new owner."""
+        from aiokafka import TopicPartition
+
+        log.warning("%s", exc)
+        self._state.fenced += 1
+        moved = [TopicPartition(topic, partition) for topic, partition in exc.moved]
+        self._positioned.difference_update(moved)
+        assigned = [tp for tp in moved if tp in consumer.assignment()]
+        if assigned:
+            await seek_to_store(self, consumer, assigned, known=[tp.partition for tp in assigned], log_lost=False)
 
     async def _commit(self, consumer: Any, offsets: Mapping[tuple[str, int], int], fetched_from: Any) -> None:
         """Commit what the store holds to the group (what the sink's `confirm_group` reads), unless the
@@ -891,7 +914,7 @@ class Materializer:
             )
 
     async def _release(self, partitions: Iterable[Any]) -> None:
-        if self._state.log_lost:
+        if self._handoffs is None or self._state.log_lost:
             return  # the log the offsets point into is gone: there is nothing to release
         stored = self.store.offsets(self.topic)
         for tp in partitions:
@@ -1083,7 +1106,8 @@ class _SeekToStore:
         if lost and self.materializer._handoffs is not None:
             await self.materializer._store_call(functools.partial(shards.retire_tenures, topic=self.materializer.topic))
             await self.materializer._handoffs.recreate()
-        await seek_to_store(self.materializer, self.consumer, assigned, log_lost=lost, handoff=True)
+        handoff = self.materializer._handoffs is not None
+        await seek_to_store(self.materializer, self.consumer, assigned, log_lost=lost, handoff=handoff)
         state.log_lost = False
         state.cluster_id = cluster_id or state.cluster_id
 

@@ -214,7 +214,7 @@ def retire_tenures(con: duckdb.DuckDBPyConnection, topic: str) -> None:
         "confirmed_by = coalesce(confirmed_by, 'log lost') WHERE topic = $topic",
         {"topic": topic},
     )
-    con.execute("UPDATE handoff_notices SET notice_offset = NULL WHERE notice->>'topic' = $topic", {"topic": topic})
+    con.execute("UPDATE handoff_notices SET notice_offset = NULL WHERE (notice->>'topic') = $topic", {"topic": topic})
 
 
 def learn_notices(con: duckdb.DuckDBPyConnection, notices: Iterable[tuple[int, Notice]]) -> int:
@@ -278,9 +278,9 @@ def confirm_takes(con: duckdb.DuckDBPyConnection, owner: str) -> int:
             by = "own store"
         else:
             released = con.execute(
-                "SELECT 1 FROM handoff_notices WHERE kind = 'release' AND notice->>'owner' = $owner "
-                "AND notice->>'topic' = $topic AND (notice->>'partition')::INTEGER = $partition "
-                "AND (notice->>'next_offset')::BIGINT <= $start AND notice_offset > $after AND notice_offset < $at",
+                "SELECT 1 FROM handoff_notices WHERE kind = 'release' AND (notice->>'owner') = $owner "
+                "AND (notice->>'topic') = $topic AND ((notice->>'partition'))::INTEGER = $partition "
+                "AND ((notice->>'next_offset'))::BIGINT <= $start AND notice_offset > $after AND notice_offset < $at",
                 {
                     "owner": previous_owner,
                     "topic": topic,
@@ -291,8 +291,8 @@ def confirm_takes(con: duckdb.DuckDBPyConnection, owner: str) -> int:
                 },
             ).fetchone()
             resolved = con.execute(
-                "SELECT 1 FROM handoff_notices WHERE kind = 'resolved' AND notice->>'resolves' = $id "
-                "AND notice->>'owner' = $owner",
+                "SELECT 1 FROM handoff_notices WHERE kind = 'resolved' AND (notice->>'resolves') = $id "
+                "AND (notice->>'owner') = $owner",
                 {"id": tenure_id, "owner": previous_owner},
             ).fetchone()
             if released is not None:
@@ -324,8 +324,8 @@ FROM partition_tenures x
 WHERE NOT x.own AND x.notice_offset IS NOT NULL AND x.topic = $topic
   AND EXISTS (SELECT 1 FROM partition_tenures o WHERE o.own AND o.topic = x.topic AND o.partition = x.partition
               AND o.notice_offset < x.notice_offset)
-  AND NOT EXISTS (SELECT 1 FROM handoff_notices n WHERE n.kind = 'resolved' AND n.notice->>'resolves' = x.tenure_id
-                  AND n.notice->>'owner' = $owner)
+  AND NOT EXISTS (SELECT 1 FROM handoff_notices n WHERE n.kind = 'resolved' AND (n.notice->>'resolves') = x.tenure_id
+                  AND (n.notice->>'owner') = $owner)
 ORDER BY x.notice_offset
 """
 

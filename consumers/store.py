@@ -837,11 +837,22 @@ def _create_lake_schema(con: duckdb.DuckDBPyConnection) -> None:
         return
     for statement in lake_schema():
         con.execute(statement)
+    con.execute(_CREATE_LAKE_COMMITS)
+    con.execute("INSERT INTO lake_commits VALUES (0)")
     for migration in MIGRATIONS:
         con.execute(
             "INSERT INTO schema_migrations VALUES ($version, $name, now())",
             {"version": migration.version, "name": migration.name},
         )
+
+
+# A lake's one-row table that every write transaction updates (`AuditStore._in_transaction`). DuckLake
+# finds a conflict only between transactions that change one table and at least one of which deletes
+# or updates (inserts alone never conflict: two writers inserting the first offsets row of a partition,
+# or the same gap, both committed, measured). Updating this row makes every two concurrent writes of
+# the lake conflict, so the later one runs again on a fresh snapshot and sees what the first stored.
+_CREATE_LAKE_COMMITS = "CREATE TABLE lake_commits (commits BIGINT NOT NULL)"
+_COUNT_LAKE_COMMIT = "UPDATE lake_commits SET commits = commits + 1"
 
 
 def _identifier(name: str) -> str:
@@ -1296,6 +1307,7 @@ class AuditStore:
         """Lake commits refused for a conflict with another writer's and run again (`_in_transaction`)."""
         # Per topic, the offsets this store last read (`offsets`) or wrote: what the fence expects.
         self._known_offsets: dict[str, dict[int, int]] = {}
+        self._lake_ready = False
         self.max_value_bytes = max_value_bytes
         if table_cache_bytes is not None and table_cache_bytes < 0:
             raise ValueError(f"table_cache_bytes must not be negative, got {table_cache_bytes}")
@@ -1369,6 +1381,7 @@ class AuditStore:
         if self.lake is not None:
             with self._write_lock:
                 self._in_transaction(_create_lake_schema)
+            self._lake_ready = True
         else:
             self._con.execute(_CREATE_MIGRATIONS)
         # By version applied, not by the newest: a file migrated by a build that had step 9 but not yet
@@ -1576,6 +1589,8 @@ class AuditStore:
             con = self._con
             con.begin()
             try:
+                if self.lake is not None and self._lake_ready:
+                    con.execute(_COUNT_LAKE_COMMIT)
                 result = work(con)
                 con.commit()
                 return result
@@ -1699,7 +1714,7 @@ class AuditStore:
             with contextlib.suppress(ValueError):
                 if (report := parse_loss_report(value)) is not None:
                     row = con.execute(
-                        "SELECT 1 FROM chain_breaks WHERE evidence->>'report_id' = $id", {"id": report.report_id}
+                        "SELECT 1 FROM chain_breaks WHERE (evidence->>'report_id') = $id", {"id": report.report_id}
                     ).fetchone()
                     return row is not None
             row = con.execute(

@@ -1,0 +1,237 @@
+"""The lake home with many writers: every batch and its offsets in one lake transaction, a writer
+whose partitions another stored first refused (by the fence and by DuckLake's own conflict check),
+real processes writing one lake at once, and the lake's options checked."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumers import AuditStore, RawRecord
+from consumers.lake import LakeError, lake_from_options
+from consumers.store import StoreFencedError
+
+from .conftest import NewLake
+from .test_store import TOPIC, breaks, gate_events, records
+
+# A writer process: opens the lake, reads the topic's offsets, says "ready", and for each line it
+# reads then ingests the records of the file that line names; it answers "stored N" or "fenced".
+_WRITER = """
+import base64, json, sys
+from consumers import AuditStore, RawRecord
+from consumers.lake import Lake
+from consumers.store import StoreFencedError
+
+lake = Lake(sys.argv[1], sys.argv[2])
+store = AuditStore(lake)
+store.offsets(sys.argv[3])
+print("ready", flush=True)
+for line in sys.stdin:
+    batches = json.loads(open(line.strip()).read())
+    stored = 0
+    try:
+        for batch in batches:
+            recs = [RawRecord(r["topic"], r["partition"], r["offset"], r["key"].encode(),
+                              base64.b64decode(r["value"])) for r in batch]
+            offsets = {}
+            for r in recs:
+                offsets[(r.topic, r.partition)] = max(offsets.get((r.topic, r.partition), 0), r.offset + 1)
+            stored += store.ingest(recs, offsets).stored
+    except StoreFencedError as exc:
+        print("fenced", json.dumps(sorted(f"{t}/{p}" for t, p in exc.moved)), flush=True)
+        continue
+    print("stored", stored, store.commit_conflicts, flush=True)
+store.close()
+"""
+
+
+def _batches_file(path: Path, batches: list[list[RawRecord]]) -> Path:
+    path.write_text(
+        json.dumps(
+            [
+                [
+                    {
+                        "topic": r.topic,
+                        "partition": r.partition,
+                        "offset": r.offset,
+                        "key": (r.key or b"").decode(),
+                        "value": base64.b64encode(r.value or b"").decode(),
+                    }
+                    for r in batch
+                ]
+                for batch in batches
+            ]
+        )
+    )
+    return path
+
+
+class _Writer:
+    """A writer process of `_WRITER` on one lake."""
+
+    def __init__(self, lake: Any) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, lake.catalog, lake.data, TOPIC],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.answer() == "ready"
+
+    def send(self, path: Path) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{path}\n")
+        self.process.stdin.flush()
+
+    def answer(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def close(self) -> int:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.close()
+        code = self.process.wait(timeout=60)
+        self.process.stdout.close()
+        return code
+
+
+def _in_batches(recs: list[RawRecord], size: int) -> list[list[RawRecord]]:
+    return [recs[i : i + size] for i in range(0, len(recs), size)]
+
+
+class TestOneWriterAtATime:
+    def test_a_writer_whose_partition_another_stored_since_it_read_is_refused(self, new_lake: NewLake) -> None:
+        """A reads the offsets, B stores partition 0 past them, A's batch for partition 0 raises
+        StoreFencedError naming it: nothing of A's batch is stored, B's events are there once."""
+        lake = new_lake()
+        events = gate_events(5)
+        batch = records(events)
+        with AuditStore(lake) as a, AuditStore(lake) as b:
+            assert a.offsets(TOPIC) == b.offsets(TOPIC) == {}
+            assert b.ingest(batch[:3], {(TOPIC, 0): 3}).stored == 3
+            with pytest.raises(StoreFencedError, match=f"{TOPIC}/0") as refused:
+                a.ingest(batch, {(TOPIC, 0): len(batch)})
+            assert refused.value.moved == {(TOPIC, 0): (None, 3)}
+            assert a.counts().total_events == 3
+            # Sought again to what the lake holds, A goes on from there.
+            assert a.offsets(TOPIC) == {0: 3}
+            assert a.ingest(batch[3:], {(TOPIC, 0): len(batch)}).stored == len(batch) - 3
+            assert b.offsets(TOPIC) == {0: len(batch)}
+            assert breaks(b) == []
+
+    def test_a_commit_after_another_writers_is_refused_by_the_lakes_conflict_check(
+        self, new_lake: NewLake, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A's transaction has read the offsets when B commits partition 0: A's commit conflicts in the lake,
+        its retry on a fresh snapshot finds the offsets moved and raises StoreFencedError; B's rows stay once."""
+        lake = new_lake()
+        batch = records(gate_events(5))
+        with AuditStore(lake) as a, AuditStore(lake) as b:
+            a.offsets(TOPIC)
+            b.offsets(TOPIC)
+            fence = a._fence
+            interleaved: list[int] = []
+
+            def b_commits_in_the_middle(con: Any, offsets: Any) -> None:
+                fence(con, offsets)  # passes: A's snapshot predates B's commit
+                if not interleaved:
+                    interleaved.append(b.ingest(batch[:3], {(TOPIC, 0): 3}).stored)
+
+            monkeypatch.setattr(a, "_fence", b_commits_in_the_middle)
+            with pytest.raises(StoreFencedError):
+                a.ingest(batch, {(TOPIC, 0): len(batch)})
+            assert interleaved == [3]
+            assert a.commit_conflicts == 1
+            ids = b.cursor().execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchall()
+            assert ids == [(3, 3)]
+
+    def test_a_producer_whose_partition_moved_keeps_one_chain(self, new_lake: NewLake) -> None:
+        """The chain fold reads each producer's head from the lake: seqs 1..3 stored by one writer and the
+        rest by another leave no break and no gap."""
+        lake = new_lake()
+        batch = records(gate_events(6))
+        with AuditStore(lake) as a, AuditStore(lake) as b:
+            a.ingest(batch[:3], {(TOPIC, 0): 3})
+            b.offsets(TOPIC)
+            b.ingest(batch[3:], {(TOPIC, 0): len(batch)})
+            assert b.close_open_gaps() == 0
+            assert breaks(a) == []
+
+
+class TestWriterProcesses:
+    def test_three_processes_write_one_lake_each_event_once(self, new_lake: NewLake, tmp_path: Path) -> None:
+        """Three writer processes, a partition each, store their batches at once: every event once, every
+        partition's offset at its end, no chain break (commits that conflicted were run again)."""
+        lake = new_lake()
+        writers = [_Writer(lake) for _ in range(3)]
+        expected: set[str] = set()
+        try:
+            for n, writer in enumerate(writers):
+                events = gate_events(40, name=f"gate-{n}")
+                expected.update(e.event_id for e in events)
+                writer.send(_batches_file(tmp_path / f"w{n}.json", _in_batches(records(events, partition=n), 5)))
+            answers = [writer.answer().split() for writer in writers]
+        finally:
+            codes = [writer.close() for writer in writers]
+        assert codes == [0, 0, 0]
+        assert [a[:2] for a in answers] == [["stored", "41"]] * 3
+        with AuditStore(lake, read_only=True) as reader:
+            rows = reader.cursor().execute("SELECT event_id FROM events").fetchall()
+            assert sorted(i for (i,) in rows) == sorted(expected)
+            assert reader.offsets(TOPIC) == {0: 41, 1: 41, 2: 41}
+            assert breaks(reader) == []
+
+    def test_a_late_process_is_refused_and_stores_nothing(self, new_lake: NewLake, tmp_path: Path) -> None:
+        """Two processes read the same offsets; the one that writes partition 0 second is refused: its
+        whole batch is left out, and the lake holds the first one's events once."""
+        lake = new_lake()
+        events = gate_events(9)
+        first, late = _Writer(lake), _Writer(lake)
+        try:
+            first.send(_batches_file(tmp_path / "first.json", [records(events[:5])]))
+            assert first.answer().split()[:2] == ["stored", "5"]
+            late.send(_batches_file(tmp_path / "late.json", [records(events)]))
+            assert late.answer() == f'fenced ["{TOPIC}/0"]'
+        finally:
+            assert (first.close(), late.close()) == (0, 0)
+        with AuditStore(lake, read_only=True) as reader:
+            assert reader.cursor().execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchall() == [
+                (5, 5)
+            ]
+            assert reader.offsets(TOPIC) == {0: 5}
+
+
+class TestLakeOptions:
+    @pytest.mark.parametrize(
+        ("catalog", "data", "culprit"),
+        [
+            ("mysql:host=db", "/tmp/x", "--lake must be postgres:"),
+            ("postgres:", "/tmp/x", "--lake must be postgres:"),
+            ("postgres:host=db password=secret", "gs://bucket/x", "--data must be a directory or s3://"),
+            ("postgres:host=db", "s3://", "names no bucket"),
+            ("postgres:host=db\nport=1", "/tmp/x", "one line of text"),
+        ],
+    )
+    def test_a_catalog_or_data_path_of_another_kind_is_refused_by_name(
+        self, catalog: str, data: str, culprit: str
+    ) -> None:
+        """An unknown catalog kind, a data path that is neither a directory nor s3://, text over several
+        lines: LakeError naming the option; never the password."""
+        with pytest.raises(LakeError, match=culprit) as refused:
+            lake_from_options(catalog, data)
+        assert "secret" not in str(refused.value)
+
+    def test_a_description_never_shows_the_password(self, tmp_path: Path) -> None:
+        """str(lake) (messages, logs) hides a libpq password and a URI's."""
+        lake = lake_from_options("postgres:host=db password='s e' user=u", str(tmp_path))
+        assert "s e" not in str(lake)
+        assert "password=***" in str(lake)
+        uri = lake_from_options("postgres:postgresql://u:hunter2@db/lake", str(tmp_path))
+        assert "hunter2" not in str(uri)
