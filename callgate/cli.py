@@ -230,6 +230,39 @@ def broker(
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
+LakeOption = Annotated[
+    str | None,
+    typer.Option(
+        help="The store as a DuckLake instead of a file: its catalog, postgres:<connection string> or "
+        "sqlite:<file> (with --data)."
+    ),
+]
+DataOption = Annotated[
+    str | None,
+    typer.Option(help="With --lake: where the lake's Parquet files are, a directory or s3://BUCKET/PREFIX/."),
+]
+
+
+def _store_home(db: Path | None, lake: str | None, data: str | None, *, exit_code: int = 2) -> Any:
+    """The store a command reads or writes: the --db file, the --lake/--data lake, or None (neither);
+    a bad combination or lake prints one line and exits with `exit_code`."""
+    from consumers.lake import LakeError, lake_from_options
+
+    if lake is None and data is None:
+        return db
+    if lake is None or data is None:
+        typer.echo("error: --lake CATALOG and --data PATH go together", err=True)
+        raise typer.Exit(exit_code)
+    if db is not None:
+        typer.echo("error: give --db FILE or --lake/--data, not both", err=True)
+        raise typer.Exit(exit_code)
+    try:
+        return lake_from_options(lake, data)
+    except LakeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exit_code) from None
+
+
 TokenOption = Annotated[
     str | None,
     typer.Option(
@@ -274,7 +307,9 @@ def _host_port(spec: str) -> tuple[str, int]:
 @app.command()
 def materialize(
     bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers, HOST:PORT.")],
-    db: Annotated[Path, typer.Option(help="The DuckDB audit store (created if missing).")],
+    db: Annotated[Path | None, typer.Option(help="The DuckDB audit store (created if missing).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
     topic: Annotated[str, typer.Option(help="The events topic.")] = "callgate.events",
     group: Annotated[str, typer.Option(help="The consumer group.")] = "callgate-materializer",
     api: Annotated[
@@ -339,12 +374,19 @@ def materialize(
     """Consume decision events into the DuckDB audit store (until Ctrl-C / SIGTERM, or --drain)."""
     import signal
 
+    import duckdb
+
     from callgate.dashboard import is_loopback
+    from consumers.lake import LakeError
     from consumers.materializer import Materializer
     from consumers.store import StoreError
 
     if assignment not in ("all", "group"):
         typer.echo(f"error: --assignment must be 'all' or 'group', got {assignment!r}", err=True)
+        raise typer.Exit(2)
+    store_home = _store_home(db, lake, data)
+    if store_home is None:
+        typer.echo("error: give --db FILE or --lake CATALOG --data PATH", err=True)
         raise typer.Exit(2)
     keys = None
     if require_signed and trusted_keys is None:
@@ -401,7 +443,7 @@ def materialize(
         materializer = Materializer(
             bootstrap,
             topic,
-            str(db),
+            store_home if not isinstance(store_home, Path) else str(store_home),
             group=group,
             assignment="group" if assignment == "group" else "all",
             instance_id=instance_id,
@@ -415,7 +457,7 @@ def materialize(
             trusted_keys=keys,
             require_signed=require_signed,
         )
-    except StoreError as exc:  # StoreLockedError among them
+    except (StoreError, LakeError, duckdb.Error) as exc:  # StoreLockedError among them; a lake out of reach
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
@@ -584,6 +626,8 @@ def serve(
 @app.command()
 def coverage(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     require_exercised: Annotated[
         bool, typer.Option(help="Also fail when a registered tool was never called through the gate.")
@@ -610,7 +654,7 @@ def coverage(
         raise typer.Exit(EXIT_CANNOT_CHECK) from None
     code = run_coverage(
         api=api,
-        db=db,
+        db=_store_home(db, lake, data, exit_code=EXIT_CANNOT_CHECK),
         token=token,
         require_exercised=require_exercised,
         require_signed=require_signed,
@@ -626,6 +670,8 @@ def coverage(
 @app.command()
 def verify(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     event: Annotated[str | None, typer.Option(help="The event to prove (its event_id), with --db or --api.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the proof here instead of printing it.")] = None,
@@ -640,6 +686,7 @@ def verify(
     def err(line: str) -> None:
         typer.echo(line, err=True)
 
+    db = _store_home(db, lake, data, exit_code=EXIT_CANNOT_READ)
     if proof is not None and key is not None and db is None and api is None and event is None and out is None:
         raise typer.Exit(run_check(proof=proof, key=key, echo=typer.echo, err=err))
     if event is not None and proof is None and key is None:
@@ -655,6 +702,8 @@ def replay(
         str | None, typer.Option(help="The candidate Python interceptor: MODULE:ATTR (or a factory of one).")
     ] = None,
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     since: Annotated[str, typer.Option(help="From this time: ISO 8601, a duration back (24h, 7d), or all.")] = "7d",
     until: Annotated[str | None, typer.Option(help="Before this time: ISO 8601 or a duration back.")] = None,
@@ -677,8 +726,9 @@ def replay(
     cannot check."""
     from callgate.replay import run_replay
 
+    home = _store_home(db, lake, data)
     code = run_replay(
-        policy=policy, interceptor=interceptor, db=db, api=api, since=since, until=until, gate=gate,
+        policy=policy, interceptor=interceptor, db=home, api=api, since=since, until=until, gate=gate,
         workflow=workflow, agent=agent, tool=tool, tenant=tenant, max_new_blocks=max_new_blocks,
         fail_on_new_allows=fail_on_new_allows, json_path=json_report, junit=junit, console=console,
         err=Console(stderr=True), token=token,
@@ -770,6 +820,8 @@ def mcp_proxy(
 def dashboard(
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (held read-only).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to serve on.")] = 8501,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless --allow-remote).")] = "127.0.0.1",
     allow_remote: Annotated[
@@ -808,7 +860,7 @@ def dashboard(
     try:
         code = run_dashboard(
             api=api,
-            db=db,
+            db=_store_home(db, lake, data),
             host=host,
             port=port,
             allow_remote=allow_remote,

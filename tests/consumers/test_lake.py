@@ -235,3 +235,47 @@ class TestLakeOptions:
         assert "password=***" in str(lake)
         uri = lake_from_options("postgres:postgresql://u:hunter2@db/lake", str(tmp_path))
         assert "hunter2" not in str(uri)
+
+
+class TestReadersOfALake:
+    def test_coverage_replay_and_queries_read_the_lake_while_a_writer_holds_it(
+        self, new_lake: NewLake, tmp_path: Path
+    ) -> None:
+        """With a materializer's store open for writing, `callgate coverage` and `callgate replay` read the
+        lake directly (--lake/--data) and see its events; a file held this way would refuse them."""
+        lake = new_lake()
+        with AuditStore(lake) as writer:
+            writer.ingest(batch := records(gate_events(6)), {(TOPIC, 0): len(batch)})
+            where = ["--lake", lake.catalog, "--data", lake.data]
+            coverage = subprocess.run(
+                [sys.executable, "-m", "callgate.cli", "coverage", *where, "--json", str(tmp_path / "c.json")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert coverage.returncode == 0, coverage.stderr
+            report = json.loads((tmp_path / "c.json").read_text())
+            assert report["ok"] is True
+            policy = tmp_path / "allow.policy.yaml"
+            policy.write_text("version: 1\nname: allow\ndefault: allow\nrules: []\n")
+            report_file = ["--since", "all", "--json", str(tmp_path / "r.json")]
+            replay = subprocess.run(
+                [sys.executable, "-m", "callgate.cli", "replay", "--policy", str(policy), *where, *report_file],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert replay.returncode == 0, replay.stderr
+            assert json.loads((tmp_path / "r.json").read_text())["checked"] == 6
+            writer.ingest(more := records(gate_events(8))[len(batch) :], {(TOPIC, 0): len(batch) + len(more)})
+
+    def test_a_lake_option_without_its_data_path_exits_2_naming_both(self, tmp_path: Path) -> None:
+        """--lake without --data is refused at once, in one line."""
+        done = subprocess.run(
+            [sys.executable, "-m", "callgate.cli", "coverage", "--lake", f"sqlite:{tmp_path / 'c.sqlite'}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        assert done.stderr.strip() == "error: --lake CATALOG and --data PATH go together"
