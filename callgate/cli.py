@@ -756,6 +756,43 @@ def archive(
     )
 
 
+@app.command()
+def migrate(
+    source: Annotated[
+        list[Path], typer.Option("--from", help="A DuckDB store file nobody is writing (repeatable: several files).")
+    ],
+    lake: LakeOption = None,
+    data: DataOption = None,
+) -> None:
+    """Copy DuckDB store files into a lake (--lake/--data; created when new) in one transaction, then verify
+    every chain there against the files: exit 0 verified, 1 the lake's chains differ, 2 cannot copy."""
+    import duckdb
+
+    from consumers.migrate import copy_into_lake
+    from consumers.store import StoreError
+
+    home = _store_home(None, lake, data)
+    if home is None:
+        typer.echo("error: give the lake to copy into: --lake CATALOG --data PATH", err=True)
+        raise typer.Exit(2)
+    try:
+        report = copy_into_lake(source, home)
+    except (OSError, StoreError, duckdb.Error) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for table, rows in report.copied.items():
+        typer.echo(f"{table}: {rows} rows copied")
+    for name, check in (("files", report.files), ("lake", report.lake)):
+        typer.echo(
+            f"{name}: {check.producers} producers, {check.events} events, {check.broken_links} broken links, "
+            f"{check.tampered} tampered, {check.missing} missing seqs"
+        )
+    if not report.verified:
+        typer.echo("error: the lake's chains differ from the files'; the lake holds the copy, compare them", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"verified: {home} holds every event once and its chains verify as the files' do")
+
+
 @app.command(
     name="mcp-proxy",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
