@@ -272,7 +272,7 @@ TokenOption = Annotated[
     ),
 ]
 
-# The read API's authentication and TLS options, the same on `materialize` and `serve`.
+# The read API's authentication and TLS options, of `materialize`.
 AuthFileOption = Annotated[
     Path | None,
     typer.Option(help="The read API's token file (callgate token new): bearer tokens, stored as SHA-256 hashes."),
@@ -342,7 +342,7 @@ def materialize(
         str,
         typer.Option(
             help="all: read every partition the broker lists (one materializer; restarts read again at once); "
-            "group: read what the consumer group assigns (several materializers, one store each)."
+            "group: read what the consumer group assigns (several materializers writing one lake: --lake/--data)."
         ),
     ] = "all",
     instance_id: Annotated[
@@ -371,7 +371,7 @@ def materialize(
         ),
     ] = False,
 ) -> None:
-    """Consume decision events into the DuckDB audit store (until Ctrl-C / SIGTERM, or --drain)."""
+    """Consume decision events into the audit store, a DuckDB file or a lake (until Ctrl-C / SIGTERM, or --drain)."""
     import signal
 
     import duckdb
@@ -544,83 +544,6 @@ def _api_tls(api: str | None, cert: Path | None, key: Path | None) -> tuple[str,
         typer.echo(f"error: --tls-cert {cert} / --tls-key {key}: cannot load them ({exc})", err=True)
         raise typer.Exit(2) from None
     return str(cert), str(key)
-
-
-@app.command()
-def serve(
-    shard: Annotated[
-        list[str] | None,
-        typer.Option(help="A shard: a materializer's read API, http(s)://HOST:PORT (repeat for each shard)."),
-    ] = None,
-    api: Annotated[
-        str,
-        typer.Option(
-            help="Serve the read API on HOST:PORT (off loopback only with --auth, --jwt-* or --insecure-no-auth)."
-        ),
-    ] = "127.0.0.1:8765",
-    shard_token: Annotated[
-        str | None,
-        typer.Option(
-            envvar="CALLGATE_SHARD_TOKEN",
-            show_envvar=True,
-            help="The bearer token serve reads every shard with (an admin token of theirs).",
-        ),
-    ] = None,
-    shard_token_file: Annotated[
-        Path | None, typer.Option(help="A file whose first line is the shard token (instead of --shard-token).")
-    ] = None,
-    shard_ca: Annotated[
-        Path | None, typer.Option(help="CA bundle (PEM) to verify https shards with (default: the system's).")
-    ] = None,
-    shard_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Seconds a shard has to answer before the query fails with 503.")
-    ] = 30.0,
-    auth: AuthFileOption = None,
-    jwt_jwks: JwksOption = None,
-    jwt_audience: JwtAudienceOption = None,
-    jwt_issuer: JwtIssuerOption = None,
-    jwt_roles_claim: JwtRolesClaimOption = "roles",
-    tls_cert: TlsCertOption = None,
-    tls_key: TlsKeyOption = None,
-    insecure_no_auth: InsecureNoAuthOption = False,
-    metrics_open: MetricsOpenOption = False,
-    access_log: Annotated[
-        Path | None, typer.Option(help="Append who asked serve which query to this file (JSON lines, fsynced).")
-    ] = None,
-) -> None:
-    """Serve the read API over several materializers' stores: counts add, lists merge, chains stitch
-    per producer across shards (until Ctrl-C / SIGTERM)."""
-    from callgate.dashboard import is_loopback
-    from callgate.serve import ServeError, read_shard_token, run_serve
-
-    def fail(message: str) -> typer.Exit:
-        typer.echo(f"error: {message}", err=True)
-        return typer.Exit(2)
-
-    try:
-        host, port = _host_port(api)
-    except typer.BadParameter as exc:
-        raise fail(f"--api: {exc}") from None
-    authenticator = _api_authenticator(
-        api=api, auth=auth, jwt_jwks=jwt_jwks, jwt_audience=jwt_audience, jwt_issuer=jwt_issuer,
-        jwt_roles_claim=jwt_roles_claim, insecure_no_auth=insecure_no_auth, metrics_open=metrics_open,
-    )  # fmt: skip
-    tls = _api_tls(api, tls_cert, tls_key)
-    if not is_loopback(host) and authenticator is None and not insecure_no_auth:
-        raise fail(
-            f"--api {api} binds {host}, which is not a loopback address: give --auth FILE or "
-            "--jwt-jwks/--jwt-audience/--jwt-issuer, or --insecure-no-auth to serve it without authentication"
-        )
-    try:
-        token = read_shard_token(shard_token, shard_token_file)
-        code = run_serve(
-            shards=shard or [], shard_token=token, host=host, port=port, auth=authenticator, tls=tls,
-            metrics_open=metrics_open, access_log=access_log, shard_ca=shard_ca, timeout_s=shard_timeout,
-            echo=typer.echo,
-        )  # fmt: skip
-    except ServeError as exc:
-        raise fail(str(exc)) from None
-    raise typer.Exit(code)
 
 
 @app.command()

@@ -46,7 +46,6 @@ from consumers.archive import CREATE_ARCHIVE_TABLES, ArchivedDay, archive_days, 
 from consumers.checkpoints import CheckpointVerifier
 from consumers.lake import LAKE_ALIAS, Lake, attach_lake
 from consumers.proofs import fold, fold_all
-from consumers.shards import CREATE_SHARD_TABLES, DROP_GAPS_HELD_ELSEWHERE
 from events import EventBase, EventParseError
 from events.codec import ReadEvent, read_event
 from events.fast_read import WireRead, read_wire
@@ -767,6 +766,60 @@ _EVENT_JSON_ZSTD = (
     "ALTER TABLE events_v11 RENAME TO events",
 )
 
+# Shard tenures and handoffs between the stores of a sharded group, as released (retired by step 12:
+# several materializers now write one lake). Plain text: a released step must never change.
+_SHARD_TABLES = (
+    # Who this store is in the handoff log: an id of its own, whatever instance id or host runs it.
+    "CREATE TABLE shard_identity (store_id VARCHAR NOT NULL)",
+    "INSERT INTO shard_identity SELECT 'store-' || replace(gen_random_uuid()::VARCHAR, '-', '')",
+    """
+    CREATE TABLE partition_tenures (
+        tenure_id VARCHAR PRIMARY KEY,
+        topic VARCHAR NOT NULL,
+        partition INTEGER NOT NULL,
+        owner VARCHAR NOT NULL,  -- the materializer's group instance id
+        own BOOLEAN NOT NULL,  -- this store's tenure, or a peer's learnt from the handoff log
+        start_offset BIGINT NOT NULL,  -- the first offset read in the tenure
+        stored_before BIGINT,  -- own tenures: this store's next offset when it took the partition (NULL: none)
+        group_offset BIGINT,  -- the group's committed offset when it began: the previous tenure stored up to there
+        notice_offset BIGINT,  -- the take's position in the handoff log (orders tenures); NULL: not announced yet
+        started_at TIMESTAMPTZ NOT NULL,
+        confirmed_at TIMESTAMPTZ,  -- own tenures: when the previous owner was known to keep no copy of what it reads
+        confirmed_by VARCHAR  -- 'first owner', 'own store', 'release' or 'resolved' and the previous owner
+    )
+    """,
+    """
+    CREATE TABLE offsets_elsewhere (
+        topic VARCHAR NOT NULL,
+        partition INTEGER NOT NULL,
+        from_offset BIGINT NOT NULL,
+        to_offset BIGINT NOT NULL,  -- exclusive
+        reason VARCHAR NOT NULL CHECK (reason IN ('handoff', 'ceded')),
+        tenure_id VARCHAR NOT NULL,  -- handoff: this store's tenure; ceded: the later tenure that holds them
+        removed BIGINT NOT NULL,  -- ceded: events and dead letters deleted from this store
+        recorded_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (tenure_id, reason)
+    )
+    """,
+    """
+    CREATE TABLE handoff_notices (
+        notice_id VARCHAR PRIMARY KEY,
+        notice_offset BIGINT,  -- position in the handoff log; NULL once the log was lost (retired)
+        kind VARCHAR NOT NULL,
+        notice JSON NOT NULL,
+        seen_at TIMESTAMPTZ NOT NULL
+    )
+    """,
+)
+
+# Several materializers write one lake (consumers.lake): no store keeps tenures or handoffs any more.
+_RETIRE_SHARD_TABLES = (
+    "DROP TABLE shard_identity",
+    "DROP TABLE partition_tenures",
+    "DROP TABLE offsets_elsewhere",
+    "DROP TABLE handoff_notices",
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
@@ -775,10 +828,11 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(5, "signed checkpoints", _ADD_CHECKPOINTS),
     Migration(6, "Merkle tree index", _ADD_TREE_INDEX, after=fold_all),
     Migration(7, "read access log", _ADD_ACCESS_LOG),
-    Migration(8, "shard tenures and handoffs", CREATE_SHARD_TABLES),
+    Migration(8, "shard tenures and handoffs", _SHARD_TABLES),
     Migration(9, "archive", CREATE_ARCHIVE_TABLES),
     Migration(10, "event ids without an in-memory index", _EVENT_IDS_WITHOUT_INDEX),
     Migration(11, "event JSON compressed with zstd", _EVENT_JSON_ZSTD),
+    Migration(12, "shard tables retired", _RETIRE_SHARD_TABLES),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
@@ -1735,9 +1789,7 @@ class AuditStore:
 
     def close_open_gaps(self, *, older_than: datetime | None = None) -> int:
         """Record as 'gap' chain breaks the seqs still missing per producer between 1 and its highest
-        stored seq; returns how many rows were newly recorded. In a sharded store (`consumers.shards`)
-        a hole whose neighbours straddle offsets another shard holds is no gap (recorded ones are
-        removed): it separates two of the producer's chain segments.
+        stored seq; returns how many rows were newly recorded.
 
         Call it at the end of a drain (`older_than=None`: every hole), or periodically with a grace
         time: then only holes whose neighbouring events were stored (`ingested_at`, the store's own
@@ -1747,17 +1799,8 @@ class AuditStore:
         """
         self._require_writable("close_open_gaps")
 
-        def record(con: duckdb.DuckDBPyConnection) -> int:
-            recorded = _count(con.execute(_RECORD_GAPS, {"older_than": older_than}))
-            if self.lake is not None:
-                return recorded
-            # A hole across offsets another shard holds is a boundary of chain segments, no gap here.
-            dropped = _count(con.execute(DROP_GAPS_HELD_ELSEWHERE))
-            return max(0, recorded - dropped)
-
         with self._write_lock:
-            # One transaction: readers never see the gaps recorded here that the next statement drops.
-            return self._in_transaction(record)
+            return self._in_transaction(lambda con: _count(con.execute(_RECORD_GAPS, {"older_than": older_than})))
 
     def archive(
         self,
