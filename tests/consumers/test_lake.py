@@ -349,7 +349,7 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()  # noqa: S310 (our loopback URL)
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
