@@ -262,15 +262,26 @@ def connect(path: str | os.PathLike[str] | Lake, *, read_only: bool = False) -> 
 
 
 def _connect_lake(lake: Lake, *, read_only: bool) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(":memory:", config=_DUCKDB_CONFIG)
-    try:
-        attach_lake(con, lake, read_only=read_only)
-        con.execute(f"USE {LAKE_ALIAS}").fetchall()
-        con.execute(_SESSION_SETUP).fetchall()
-    except BaseException:
-        con.close()
-        raise
-    return con
+    for attempt in itertools.count(1):
+        con = duckdb.connect(":memory:", config=_DUCKDB_CONFIG)
+        try:
+            attach_lake(con, lake, read_only=read_only)
+            con.execute(f"USE {LAKE_ALIAS}").fetchall()
+            con.execute(_SESSION_SETUP).fetchall()
+        except duckdb.Error as exc:
+            con.close()
+            # Several processes attaching a new lake at once race to create its catalog tables (measured:
+            # three materializers started together on an empty PostgreSQL catalog); one wins, the others
+            # find its tables on the next attach.
+            if "Failed to initialize DuckLake" not in str(exc) or attempt >= MAX_COMMIT_ATTEMPTS:
+                raise
+            time.sleep(random.uniform(0, min(0.5, 0.01 * 2**attempt)))
+            continue
+        except BaseException:
+            con.close()
+            raise
+        return con
+    raise AssertionError("unreachable")  # itertools.count never ends
 
 
 def session_setup(con: duckdb.DuckDBPyConnection) -> str:
