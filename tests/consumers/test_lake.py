@@ -4,22 +4,27 @@ real processes writing one lake at once, and the lake's options checked."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from callgate.broker import EmbeddedBroker
 from consumers import AuditStore, RawRecord
 from consumers.lake import LakeError, lake_from_options
 from consumers.store import StoreFencedError
+from events import encode_event
 
 from .conftest import NewLake
 from .test_store import TOPIC, breaks, gate_events, records
@@ -28,9 +33,11 @@ from .test_store import TOPIC, breaks, gate_events, records
 # reads then ingests the records of the file that line names; it answers "stored N" or "fenced".
 _WRITER = """
 import base64, json, sys
+from callgate.broker import EmbeddedBroker
 from consumers import AuditStore, RawRecord
 from consumers.lake import Lake
 from consumers.store import StoreFencedError
+from events import encode_event
 
 lake = Lake(sys.argv[1], sys.argv[2])
 store = AuditStore(lake)
@@ -383,3 +390,55 @@ class TestS3DataPath:
         assert any(key.startswith("lake/") and key.endswith(".parquet") for key in keys), keys
         with AuditStore(lake, read_only=True) as reader:
             assert reader.counts().total_events == len(events)
+
+
+class TestMaterializersOnALake:
+    async def test_two_materializers_of_one_group_store_every_event_once(
+        self, new_lake: NewLake, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """Two `callgate materialize --assignment group --lake` processes share a topic of three partitions
+        and three producers: the lake ends with every event once, each producer's chain unbroken and the
+        partitions' offsets at their ends."""
+        from aiokafka import AIOKafkaProducer
+
+        from events.kafka import ensure_topic
+
+        from .test_materializer import sealed_events
+
+        lake = new_lake()
+        AuditStore(lake).close()  # the schema, before either starts
+        await ensure_topic(kafka_broker.bootstrap, topic, 3)
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        command = [sys.executable, "-c", "from callgate.cli import main; main()", "materialize"]
+        command += ["--bootstrap", kafka_broker.bootstrap, "--topic", topic, "--group", group]
+        command += ["--assignment", "group", "--lake", lake.catalog, "--data", lake.data]
+        logs = [(tmp_path / f"m{n}.log").open("w") for n in range(2)]
+        members = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) for log in logs]
+        events = [e for _ in range(3) for e in sealed_events(40)]
+        try:
+            producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all", enable_idempotence=False)
+            await producer.start()
+            try:
+                for event in events:
+                    await producer.send_and_wait(topic, value=encode_event(event), key=event.producer_id.encode())
+            finally:
+                await producer.stop()
+            with AuditStore(lake, read_only=True) as reader:
+                deadline = time.monotonic() + 120
+                while reader.counts().total_events < len(events):
+                    assert time.monotonic() < deadline, "the lake did not get every event within 120 s"
+                    assert all(m.poll() is None for m in members), "a materializer died"
+                    await asyncio.sleep(0.2)
+                con = reader.cursor()
+                assert con.execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchall() == [
+                    (len(events), len(events))
+                ]
+                assert breaks(reader) == []
+                assert sum(reader.offsets(topic).values()) == len(events)
+        finally:
+            for member in members:
+                member.send_signal(signal.SIGTERM)
+            codes = [member.wait(timeout=60) for member in members]
+            for log in logs:
+                log.close()
+        assert codes == [0, 0], [(tmp_path / f"m{n}.log").read_text()[-2000:] for n in range(2)]
