@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -243,11 +244,23 @@ DataOption = Annotated[
 ]
 
 
-def _store_home(db: Path | None, lake: str | None, data: str | None, *, exit_code: int = 2) -> Any:
-    """The store a command reads or writes: the --db file, the --lake/--data lake, or None (neither);
-    a bad combination or lake prints one line and exits with `exit_code`."""
+def _store_home(
+    db: Path | None, lake: str | None, data: str | None, *, exit_code: int = 2, as_of: str | None = None
+) -> Any:
+    """The store a command reads or writes: the --db file, the --lake/--data lake (at --as-of, a past
+    snapshot), or None (neither); a bad combination or lake prints one line and exits with `exit_code`."""
     from consumers.lake import LakeError, lake_from_options
 
+    when = None
+    if as_of is not None:
+        try:
+            when = datetime.fromisoformat(as_of.replace("Z", "+00:00"))
+        except ValueError:
+            typer.echo(f"error: --as-of {as_of!r} is not an ISO 8601 time (2026-12-01T00:00:00Z)", err=True)
+            raise typer.Exit(exit_code) from None
+        if lake is None:
+            typer.echo("error: --as-of reads a lake's past snapshot: give --lake and --data", err=True)
+            raise typer.Exit(exit_code)
     if lake is None and data is None:
         return db
     if lake is None or data is None:
@@ -257,7 +270,7 @@ def _store_home(db: Path | None, lake: str | None, data: str | None, *, exit_cod
         typer.echo("error: give --db FILE or --lake/--data, not both", err=True)
         raise typer.Exit(exit_code)
     try:
-        return lake_from_options(lake, data)
+        return lake_from_options(lake, data, as_of=when)
     except LakeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exit_code) from None
@@ -551,6 +564,10 @@ def coverage(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
     lake: LakeOption = None,
     data: DataOption = None,
+    as_of: Annotated[
+        str | None,
+        typer.Option(help="With --lake: check the lake as it was at this time (ISO 8601 with a zone): time travel."),
+    ] = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     require_exercised: Annotated[
         bool, typer.Option(help="Also fail when a registered tool was never called through the gate.")
@@ -577,7 +594,7 @@ def coverage(
         raise typer.Exit(EXIT_CANNOT_CHECK) from None
     code = run_coverage(
         api=api,
-        db=_store_home(db, lake, data, exit_code=EXIT_CANNOT_CHECK),
+        db=_store_home(db, lake, data, exit_code=EXIT_CANNOT_CHECK, as_of=as_of),
         token=token,
         require_exercised=require_exercised,
         require_signed=require_signed,

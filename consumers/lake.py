@@ -24,6 +24,7 @@ import os
 import re
 import urllib.parse
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Final
 
@@ -58,6 +59,9 @@ class Lake:
 
     catalog: str
     data: str
+    as_of: datetime | None = None
+    """Time travel: the lake as its last snapshot committed at or before this time (read-only); None:
+    the lake as it is."""
 
     @property
     def kind(self) -> str:
@@ -66,12 +70,16 @@ class Lake:
 
     def __str__(self) -> str:
         # Never a password from the connection string.
-        return f"the lake {_without_password(self.catalog)} (data {self.data})"
+        when = f" as of {self.as_of.isoformat()}" if self.as_of is not None else ""
+        return f"the lake {_without_password(self.catalog)} (data {self.data}){when}"
 
 
-def lake_from_options(catalog: str, data: str) -> Lake:
-    """The `Lake` of `--lake CATALOG --data PATH`; a local data directory is made absolute and
-    created when missing. Raises `LakeError` naming what is wrong."""
+def lake_from_options(catalog: str, data: str, *, as_of: datetime | None = None) -> Lake:
+    """The `Lake` of `--lake CATALOG --data PATH [--as-of TIME]`; a local data directory is made
+    absolute and created when missing. Raises `LakeError` naming what is wrong (a time without its
+    zone among it: a snapshot time is an instant)."""
+    if as_of is not None and as_of.tzinfo is None:
+        raise LakeError(f"--as-of {as_of.isoformat()} has no time zone; give one (2026-12-01T00:00:00Z)")
     for name, text in (("--lake", catalog), ("--data", data)):
         if any(c in text for c in "\x00\r\n"):
             raise LakeError(f"{name} must be one line of text without NUL bytes, got {text!r}")
@@ -97,7 +105,7 @@ def lake_from_options(catalog: str, data: str) -> Lake:
         except OSError as exc:
             raise LakeError(f"--data {data!r}: cannot create the directory ({exc.strerror})") from exc
         location = str(directory) + "/"
-    return Lake(f"{kind}:{rest}", location)
+    return Lake(f"{kind}:{rest}", location, as_of)
 
 
 def extension_file(name: str) -> Path | None:
@@ -135,7 +143,9 @@ def attach_lake(con: duckdb.DuckDBPyConnection, lake: Lake, *, read_only: bool =
         _load(con, "httpfs")
         con.execute(_s3_secret()).fetchall()
     options = [f"DATA_PATH {_text(lake.data)}"]
-    if read_only:
+    if lake.as_of is not None:
+        options.append(f"SNAPSHOT_TIME {_text(lake.as_of.isoformat())}")
+    if read_only or lake.as_of is not None:
         options.append("READ_ONLY")
     con.execute(f"ATTACH {_text('ducklake:' + lake.catalog)} AS {LAKE_ALIAS} ({', '.join(options)})").fetchall()
 

@@ -1363,6 +1363,8 @@ class AuditStore:
             CheckpointVerifier(trusted_keys, require_signed=require_signed) if trusted_keys else None
         )
         """Verifies the stored checkpoints after each ingest (None without `trusted_keys`)."""
+        if isinstance(path, Lake) and path.as_of is not None and not read_only:
+            raise StoreError(f"{path} is a past snapshot: open it read-only")
         self.lake = path if isinstance(path, Lake) else None
         """The lake this store lives in (`consumers.lake`), or None for a DuckDB file."""
         self.path = str(path) if isinstance(path, Lake) else str(Path(path))

@@ -23,7 +23,7 @@ import pytest
 from callgate.broker import EmbeddedBroker
 from consumers import AuditStore, RawRecord
 from consumers.lake import LakeError, lake_from_options
-from consumers.store import StoreFencedError
+from consumers.store import StoreError, StoreFencedError
 from events import encode_event
 
 from .conftest import NewLake
@@ -36,7 +36,7 @@ import base64, json, sys
 from callgate.broker import EmbeddedBroker
 from consumers import AuditStore, RawRecord
 from consumers.lake import Lake
-from consumers.store import StoreFencedError
+from consumers.store import StoreError, StoreFencedError
 from events import encode_event
 
 lake = Lake(sys.argv[1], sys.argv[2])
@@ -442,3 +442,38 @@ class TestMaterializersOnALake:
             for log in logs:
                 log.close()
         assert codes == [0, 0], [(tmp_path / f"m{n}.log").read_text()[-2000:] for n in range(2)]
+
+
+class TestTimeTravel:
+    def test_a_lake_as_of_a_time_holds_what_was_committed_then(self, new_lake: NewLake) -> None:
+        """A store opened on the lake as of a time between two batches sees the first alone; such a
+        store is read-only, and a writable open of it is refused."""
+        lake = new_lake()
+        batch = records(gate_events(6))
+        with AuditStore(lake) as store:
+            store.ingest(batch[:3], {(TOPIC, 0): 3})
+            ((between,),) = store.cursor().execute("SELECT now()").fetchall()
+            store.ingest(batch[3:], {(TOPIC, 0): len(batch)})
+            past = lake_from_options(lake.catalog, lake.data, as_of=between)
+            with AuditStore(past, read_only=True) as then:
+                assert then.counts().total_events == 3
+                assert then.offsets(TOPIC) == {0: 3}
+            assert store.counts().total_events == len(batch)
+            with pytest.raises(StoreError, match="read-only"):
+                AuditStore(past)
+
+    def test_coverage_as_of_needs_a_lake_and_a_zone(self, tmp_path: Path) -> None:
+        """`callgate coverage --as-of` without a lake, or with a time that has no zone, exits 2 in one line."""
+        base = [sys.executable, "-m", "callgate.cli", "coverage"]
+        alone = subprocess.run([*base, "--db", str(tmp_path / "a.duckdb"), "--as-of", "2026-12-01T00:00:00Z"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert (alone.returncode, alone.stderr.strip()) == (
+            2,
+            "error: --as-of reads a lake's past snapshot: give --lake and --data",
+        )
+        lake = ["--lake", f"sqlite:{tmp_path / 'c.sqlite'}", "--data", str(tmp_path / "d")]
+        naive = subprocess.run(
+            [*base, *lake, "--as-of", "2026-12-01T00:00:00"], capture_output=True, text=True, timeout=60
+        )
+        assert naive.returncode == 2
+        assert "has no time zone" in naive.stderr
