@@ -1185,8 +1185,7 @@ LIMIT $limit OFFSET $offset
 # (an agent used as a tool shares its caller's run; one started anew inside a tool does not): each
 # nested event names its enclosing call as parent_call_id. The depth bounds a cycle forged events
 # could make.
-# With `$call_ids` (callgate serve, which follows the nesting over every shard: consumers.federation) the
-# calls are those given instead.
+# With `$call_ids` the calls are those given instead.
 _RUN_CALLS = """
 WITH RECURSIVE run_calls(call_id, depth) AS (
     SELECT * FROM (
@@ -1741,7 +1740,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "call_ids": Param(
                     "ids",
                     "The calls nested events are picked under (default: this store's own calls of the run and "
-                    "of what is nested under them): how callgate serve follows the nesting over every shard.",
+                    "of what is nested under them).",
                 ),
                 "tenant": TENANT,
                 **PAGE,
@@ -1762,8 +1761,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "run_id": Param("str", "Only runs whose id starts with this text."),
                 "run_ids": Param(
                     "ids",
-                    'Only these runs: a JSON list of run ids (["r-1", "r-2"]); how callgate serve counts the runs '
-                    "of a page on every shard.",
+                    'Only these runs: a JSON list of run ids (["r-1", "r-2"]).',
                 ),
                 "principal": _BLOCKED_PARAMS["principal"],
                 "thread_id": Param("str", "Only runs of this conversation thread."),
