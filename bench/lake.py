@@ -15,6 +15,10 @@ DuckDB file, and the named queries on the lake against the file.
 2. Queries: every named query that needs no parameter, on the lake the 3-writer run filled and on
    the file, each timed as the median of three runs; the figure is the median over the queries of
    each query's lake/file ratio, and the slowest query on the lake is named.
+3. Lag (`--lag`, with `--lag-seconds S`, default 10): three `callgate materialize --assignment group
+   --lake` processes on the embedded broker, events sealed as they are emitted through a KafkaSink at
+   2,000 and then 10,000 events/s; the lag of an event is from its decision (`time`) to its commit in
+   the lake (`ingested_at`): p50 and p99, and how many were stored once all were in.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -183,11 +188,111 @@ def query_times(store: Any) -> dict[str, float]:
     return times
 
 
+async def lake_lag(dsn: str, tmp: Path, rate: int, seconds: float) -> tuple[float, float, int]:
+    """p50 and p99 (s) of decision-to-commit at `rate` events/s into a lake three materializers write."""
+    import asyncio
+
+    from callgate.broker import EmbeddedBroker
+    from consumers.lake import lake_from_options
+    from consumers.store import AuditStore
+    from events import Producer
+    from events.chain import new_event_id
+    from events.kafka import KafkaSink, ensure_topic
+
+    topic = f"lag-{uuid.uuid4().hex[:8]}"
+    lake = lake_from_options(new_database(dsn), str(tmp / topic))
+    AuditStore(lake).close()
+    with EmbeddedBroker() as broker:
+        await ensure_topic(broker.bootstrap, topic, 3)
+        command = [sys.executable, "-c", "from callgate.cli import main; main()", "materialize"]
+        command += ["--bootstrap", broker.bootstrap, "--topic", topic, "--group", f"g-{topic}"]
+        command += ["--assignment", "group", "--lake", lake.catalog, "--data", lake.data]
+        members = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(3)]
+        sink = KafkaSink(broker.bootstrap, topic, tmp / f"{topic}-spool", partitions=3)
+        producers = [Producer() for _ in range(6)]
+        template = _sealed_fields()
+        total = int(rate * seconds)
+        try:
+            with AuditStore(lake, read_only=True) as reader:
+                # Before the clock, the group settles (the embedded broker's joins and rebalances take
+                # seconds to tens of seconds): rounds of one event per producer, every partition, until
+                # a round is stored within a second.
+                warm = 0
+                deadline = time.monotonic() + 180
+                while True:
+                    for producer in producers:
+                        fields = {**template, "event_id": new_event_id(), "time": datetime.now(UTC)}
+                        sink.emit(producer.seal_fields("ToolUse", fields))
+                    warm += len(producers)
+                    await sink.flush(timeout=60)
+                    sent = time.monotonic()
+                    while reader.counts().total_events < warm:
+                        if time.monotonic() > deadline:
+                            raise SystemExit("the lake materializers did not settle within 180 s")
+                        await asyncio.sleep(0.05)
+                    if time.monotonic() - sent < 1.0:
+                        break
+                group = max(1, rate // 1000)
+                start = time.perf_counter()
+                for i in range(0, total, group):
+                    for j in range(min(group, total - i)):
+                        fields = {**template, "event_id": new_event_id(), "time": datetime.now(UTC)}
+                        sink.emit(producers[(i + j) % len(producers)].seal_fields("ToolUse", fields))
+                    ahead = start + (i + group) / rate - time.perf_counter()
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
+                await sink.flush(timeout=300)
+                deadline = time.monotonic() + 600
+                while reader.counts().total_events < total + warm:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the lake did not get every event within 600 s")
+                    await asyncio.sleep(0.5)
+                lags = [
+                    float(row[0])
+                    for row in reader.cursor()
+                    .execute(f"SELECT epoch(ingested_at) - epoch(time) FROM events ORDER BY time OFFSET {warm}")
+                    .fetchall()
+                ]
+        finally:
+            await sink.close()
+            for member in members:
+                member.send_signal(signal.SIGTERM)
+            for member in members:
+                member.wait(timeout=60)
+    return statistics.median(lags), statistics.quantiles(lags, n=100)[98], len(lags)
+
+
+def _sealed_fields() -> dict[str, Any]:
+    from events import Producer, ToolUseEvent
+    from events.chain import new_event_id
+
+    fields = {
+        "gate": "bench",
+        "workflow": "support",
+        "agent": "desk",
+        "tool": "get_order",
+        "tenant": "acme",
+        "principal": "u-1",
+        "decisions": [{"interceptor": n, "scope": "application", "kind": "allow", "duration_ms": 0.01} for n in "abc"],
+        "args": {"order_id": "ACME-1", "include_items": False},
+        "outcome": "ok",
+        "duration_ms": 0.05,
+        "output_digest": "d" * 64,
+    }
+    event = Producer().seal(ToolUseEvent, {**fields, "event_id": new_event_id(), "time": datetime.now(UTC)})
+    dumped = event.model_dump(mode="json", exclude={"hash", "producer_id", "seq", "prev_hash", "schema_version"})
+    del dumped["type"]
+    return dumped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=30_000)
     parser.add_argument("--batch", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lag", action="store_true", help="Also measure lag into a lake of three materializers.")
+    parser.add_argument("--lag-seconds", type=float, default=10.0)
+    parser.add_argument("--only-lag", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--writer", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--producers", help=argparse.SUPPRESS)
@@ -198,6 +303,18 @@ def main() -> None:
 
     from consumers.lake import lake_from_options
     from consumers.store import AuditStore
+
+    if args.only_lag or args.lag:
+        import asyncio
+
+        with postgres() as dsn, tempfile.TemporaryDirectory(prefix="callgate-bench-lag-") as scratch:
+            for rate in (2_000, 10_000):
+                p50, p99, count = asyncio.run(lake_lag(dsn, Path(scratch), rate, args.lag_seconds))
+                where = f"lag at {rate:,} events/s into a lake of 3 materializers"
+                print(f"{where}: p50 {p50:.2f} s, p99 {p99:.2f} s ({count:,} events)")
+                report(f"lake lag p99 at {rate} events/s, 3 materializers", p99, "s")
+        if args.only_lag:
+            return
 
     n = args.events - args.events % 3
     rates: dict[str, list[float]] = {"file": [], "lake-1": [], "lake-2": [], "lake-3": []}
