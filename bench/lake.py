@@ -250,7 +250,7 @@ async def lake_lag(dsn: str, tmp: Path, rate: int, seconds: float) -> tuple[floa
                 lags = [
                     float(row[0])
                     for row in reader.cursor()
-                    .execute(f"SELECT epoch(ingested_at) - epoch(time) FROM events ORDER BY time OFFSET {warm}")
+                    .execute("SELECT epoch(ingested_at) - epoch(time) FROM events ORDER BY time OFFSET $n", {"n": warm})
                     .fetchall()
                 ]
         finally:
