@@ -744,7 +744,7 @@ class Materializer:
                 ends = await asyncio.wait_for(consumer.end_offsets(others), 5.0)
             except Exception as exc:
                 log.debug("no end offsets for %s: %s", others, exc)
-        stored = self.store.offsets(self.topic) if others else {}
+        stored = self.store.offsets(self.topic, expect=()) if others else {}
         for number in sorted(listed):
             part = state.partitions.setdefault(number, _Partition())
             before = part.read_up_to
@@ -871,7 +871,12 @@ async def seek_to_store(
 
     Each partition sought joins `materializer._positioned`: the loop uses only records fetched for
     those (a fetch made before the seek started from the group's committed offsets)."""
-    stored: Mapping[int, int] = materializer.store.offsets(materializer.topic)
+    assigned = list(assigned)
+    # What the fence expects, for the partitions sought here alone: a batch staged for one this
+    # materializer lost is still refused.
+    stored: Mapping[int, int] = materializer.store.offsets(
+        materializer.topic, expect=[tp.partition for tp in assigned if tp.topic == materializer.topic]
+    )
     kept = set(known)
     for tp in list(assigned):
         offset = stored.get(tp.partition)
@@ -924,8 +929,11 @@ class _SeekToStore:
         self.consumer = consumer
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        # Until the next assignment's seek, what is fetched for them is not the store's to use.
+        # Until the next assignment's seek, what is fetched for them is not the store's to use, and a
+        # batch already staged for them is refused by the store if another materializer wrote them.
         self.materializer._positioned.difference_update(revoked)
+        topic = self.materializer.topic
+        self.materializer.store.forget_partitions(topic, [tp.partition for tp in revoked if tp.topic == topic])
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         state = self.materializer._state

@@ -1744,14 +1744,35 @@ class AuditStore:
                 _add_dead(dead, record, "error", f"{type(exc).__name__}: {exc}")
         return _events_table(rows), pa.Table.from_pydict(dead, schema=_STAGED_DEAD_SCHEMA), losses
 
-    def offsets(self, topic: str) -> dict[int, int]:
+    def offsets(self, topic: str, *, expect: Iterable[int] | None = None) -> dict[int, int]:
         """Partition -> the next offset to read, as last committed by `ingest` (empty for a topic
-        never ingested). Safe from any thread; blocks briefly while an ingest commits."""
+        never ingested). Safe from any thread; blocks briefly while an ingest commits.
+
+        What is read becomes what the offsets fence expects (`StoreFencedError`): for every partition
+        of the topic (`expect=None`: this store writes whatever it reads next from there), or for the
+        partitions in `expect` alone (those just sought; `expect=()`: a look that changes nothing)."""
         with self._write_lock:
             # Autocommit: a fresh snapshot, in a lake what every writer has committed so far.
             held = {int(p): int(o) for p, o in self._con.execute(_OFFSETS, {"topic": topic}).fetchall()}
-            self._known_offsets[topic] = dict(held)
+            if expect is None:
+                self._known_offsets[topic] = dict(held)
+            else:
+                known = self._known_offsets.setdefault(topic, {})
+                for partition in expect:
+                    if partition in held:
+                        known[partition] = held[partition]
+                    else:
+                        known.pop(partition, None)
             return held
+
+    def forget_partitions(self, topic: str, partitions: Iterable[int]) -> None:
+        """Partitions this store no longer owns: until `offsets` reads them again, a write for them is
+        refused when another writer has stored them (the fence expects no row). Blocks while an ingest
+        commits."""
+        with self._write_lock:
+            known = self._known_offsets.setdefault(topic, {})
+            for partition in partitions:
+                known.pop(partition, None)
 
     def holds(self, topic: str, partition: int, offset: int, value: bytes | None) -> bool:
         """True when the store already holds the record the broker now has at this position: the

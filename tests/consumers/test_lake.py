@@ -163,6 +163,27 @@ class TestOneWriterAtATime:
             ids = b.cursor().execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchall()
             assert ids == [(3, 3)]
 
+    def test_a_look_at_the_offsets_does_not_move_the_fence_and_a_lost_partition_is_refused(
+        self, new_lake: NewLake
+    ) -> None:
+        """`offsets(expect=())` (a health look) leaves what the fence expects; a partition forgotten on
+        revocation is refused once another writer stored it, though this store wrote it before."""
+        lake = new_lake()
+        batch = records(gate_events(8))
+        with AuditStore(lake) as a, AuditStore(lake) as b:
+            a.ingest(batch[:3], {(TOPIC, 0): 3})
+            b.offsets(TOPIC)
+            b.ingest(batch[3:6], {(TOPIC, 0): 6})
+            assert a.offsets(TOPIC, expect=()) == {0: 6}
+            with pytest.raises(StoreFencedError):
+                a.ingest(batch[3:6], {(TOPIC, 0): 6})
+            a.offsets(TOPIC, expect=[0])
+            a.forget_partitions(TOPIC, [0])
+            b.ingest(batch[6:], {(TOPIC, 0): len(batch)})
+            with pytest.raises(StoreFencedError):
+                a.ingest(batch[6:], {(TOPIC, 0): len(batch)})
+            assert a.counts().total_events == len(batch)
+
     def test_a_producer_whose_partition_moved_keeps_one_chain(self, new_lake: NewLake) -> None:
         """The chain fold reads each producer's head from the lake: seqs 1..3 stored by one writer and the
         rest by another leave no break and no gap."""
