@@ -14,7 +14,8 @@ DuckDB file, and the named queries on the lake against the file.
    of K rounds (default 3).
 2. Queries: every named query that needs no parameter, on the lake the 3-writer run filled and on
    the file, each timed as the median of three runs; the figure is the median over the queries of
-   each query's lake/file ratio, and the slowest query on the lake is named.
+   each query's lake/file ratio, and the slowest query on the lake is named. Then the Parquet files
+   the 3-writer lake wrote, and the events table's live files after `ducklake_merge_adjacent_files`.
 3. Lag (`--lag`, with `--lag-seconds S`, default 10): three `callgate materialize --assignment group
    --lake` processes on the embedded broker, events sealed as they are emitted through a KafkaSink at
    2,000 and then 10,000 events/s; the lag of an event is from its decision (`time`) to its commit in
@@ -321,6 +322,7 @@ def main() -> None:
     ratios: dict[str, list[float]] = {"lake-1": [], "lake-2": [], "lake-3": []}
     conflicts: dict[str, list[float]] = {"lake-1": [], "lake-2": [], "lake-3": []}
     query_ratios: list[float] = []
+    files = (0, 0)
     slowest: tuple[str, float] = ("", 0.0)
     with postgres() as dsn, tempfile.TemporaryDirectory(prefix="callgate-bench-lake-") as scratch:
         tmp = Path(scratch)
@@ -341,6 +343,15 @@ def main() -> None:
                     file_times = query_times(on_file)
                 with AuditStore(lake_from_options(*lake3), read_only=True) as on_lake:
                     lake_times = query_times(on_lake)
+                files_before = len(list(Path(lake3[1]).rglob("*.parquet")))
+                with AuditStore(lake_from_options(*lake3)) as compacting:
+                    compacting.cursor().execute("CALL ducklake_merge_adjacent_files('lake')").fetchall()
+                    live = (
+                        compacting.cursor()
+                        .execute("SELECT count(*) FROM ducklake_list_files('lake', 'events')")
+                        .fetchall()[0][0]
+                    )
+                files = (files_before, int(live))
                 query_ratios = [lake_times[q] / file_times[q] for q in file_times if file_times[q] > 0]
                 name = max(lake_times, key=lambda q: lake_times[q])
                 slowest = (name, lake_times[name])
@@ -354,6 +365,12 @@ def main() -> None:
         f"named queries, lake/file: median ratio {statistics.median(query_ratios):.2f} over {len(query_ratios)} "
         f"queries at {n} events; slowest on the lake {slowest[0]} {slowest[1] * 1000:.0f} ms"
     )
+    print(
+        f"data files of the 3-writer lake: {files[0]} Parquet files written; the events table's live files "
+        f"after ducklake_merge_adjacent_files: {files[1]}"
+    )
+    report("lake data files before compaction (3 writers)", files[0], "files")
+    report("lake events files after compaction", files[1], "files")
     file_rate = statistics.median(rates["file"])
     for writers in (1, 2, 3):
         home = f"lake-{writers}"
