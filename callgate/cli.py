@@ -317,6 +317,37 @@ def _host_port(spec: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _check_api_exposure(
+    api: str | None, api_address: Any, authenticator: Any, tls: Any, insecure_no_auth: bool
+) -> None:
+    """Refuse (exit 2) a read API off loopback without authentication unless --insecure-no-auth; warn
+    when it goes without authentication or without TLS there."""
+    from callgate.dashboard import is_loopback
+
+    if api_address is not None and not is_loopback(api_address[0]):
+        host = api_address[0]
+        if authenticator is None and not insecure_no_auth:
+            typer.echo(
+                f"error: --api {api} binds {host}, which is not a loopback address: give --auth FILE or "
+                "--jwt-jwks/--jwt-audience/--jwt-issuer, or --insecure-no-auth to serve it without "
+                "authentication (docs/security.md)",
+                err=True,
+            )
+            raise typer.Exit(2)
+        if authenticator is None:
+            typer.echo(
+                f"warning: serving the read API on {host}, reachable from other machines, without "
+                "authentication (--insecure-no-auth): anyone who reaches it reads every tenant's events",
+                err=True,
+            )
+        elif tls is None:
+            typer.echo(
+                f"warning: serving the read API on {host} without TLS: bearer tokens cross the network in "
+                "clear; give --tls-cert/--tls-key or terminate TLS in front of it",
+                err=True,
+            )
+
+
 @app.command()
 def materialize(
     bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers, HOST:PORT.")],
@@ -389,7 +420,6 @@ def materialize(
 
     import duckdb
 
-    from callgate.dashboard import is_loopback
     from consumers.lake import LakeError
     from consumers.materializer import Materializer
     from consumers.store import StoreError
@@ -429,28 +459,7 @@ def materialize(
         metrics_open=metrics_open,
     )
     tls = _api_tls(api, tls_cert, tls_key)
-    if api_address is not None and not is_loopback(api_address[0]):
-        host = api_address[0]
-        if authenticator is None and not insecure_no_auth:
-            typer.echo(
-                f"error: --api {api} binds {host}, which is not a loopback address: give --auth FILE or "
-                "--jwt-jwks/--jwt-audience/--jwt-issuer, or --insecure-no-auth to serve it without "
-                "authentication (docs/security.md)",
-                err=True,
-            )
-            raise typer.Exit(2)
-        if authenticator is None:
-            typer.echo(
-                f"warning: serving the read API on {host}, reachable from other machines, without "
-                "authentication (--insecure-no-auth): anyone who reaches it reads every tenant's events",
-                err=True,
-            )
-        elif tls is None:
-            typer.echo(
-                f"warning: serving the read API on {host} without TLS: bearer tokens cross the network in "
-                "clear; give --tls-cert/--tls-key or terminate TLS in front of it",
-                err=True,
-            )
+    _check_api_exposure(api, api_address, authenticator, tls, insecure_no_auth)
 
     try:
         materializer = Materializer(
@@ -694,6 +703,86 @@ def archive(
             db=db, before=before, to=to, dry_run=dry_run, echo=typer.echo, err=lambda line: typer.echo(line, err=True)
         )
     )
+
+
+@app.command(name="api")
+def read_api(
+    lake: LakeOption = None,
+    data: DataOption = None,
+    api: Annotated[
+        str,
+        typer.Option(
+            help="Serve the read API on HOST:PORT (off loopback only with --auth, --jwt-* or --insecure-no-auth)."
+        ),
+    ] = "127.0.0.1:8765",
+    auth: AuthFileOption = None,
+    jwt_jwks: JwksOption = None,
+    jwt_audience: JwtAudienceOption = None,
+    jwt_issuer: JwtIssuerOption = None,
+    jwt_roles_claim: JwtRolesClaimOption = "roles",
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    insecure_no_auth: InsecureNoAuthOption = False,
+    metrics_open: MetricsOpenOption = False,
+) -> None:
+    """Serve the read API over a lake, read directly beside the materializers (one of any number of replicas),
+    until Ctrl-C / SIGTERM: the same routes, authentication, tenant scoping and access log."""
+    import signal
+    import threading
+
+    import duckdb
+
+    from consumers.access_log import StoreAccessLog
+    from consumers.api import ApiServer, HealthStatus, build_app
+    from consumers.lake import LakeError
+    from consumers.metrics import MaterializerMetrics
+    from consumers.runner import StoreQueryRunner
+    from consumers.store import AuditStore, StoreError
+
+    home = _store_home(None, lake, data)
+    if home is None:
+        typer.echo("error: give the lake to read: --lake CATALOG --data PATH", err=True)
+        raise typer.Exit(2)
+    api_address = _host_port(api)
+    authenticator = _api_authenticator(
+        api=api, auth=auth, jwt_jwks=jwt_jwks, jwt_audience=jwt_audience, jwt_issuer=jwt_issuer,
+        jwt_roles_claim=jwt_roles_claim, insecure_no_auth=insecure_no_auth, metrics_open=metrics_open,
+    )  # fmt: skip
+    tls = _api_tls(api, tls_cert, tls_key)
+    _check_api_exposure(api, api_address, authenticator, tls, insecure_no_auth)
+    try:
+        # Writable: the access log is appended to the lake (inserts only, which never conflict).
+        store = AuditStore(home)
+    except (StoreError, LakeError, duckdb.Error) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    def health() -> HealthStatus:
+        con = store.cursor()
+        try:
+            con.execute("SELECT count(*) FROM kafka_offsets").fetchall()
+        except duckdb.Error as exc:
+            return HealthStatus(ok=False, detail=f"cannot read {home}: {exc}")
+        finally:
+            con.close()
+        return HealthStatus(ok=True, detail=f"reading {home}")
+
+    app_ = build_app(
+        StoreQueryRunner(store), MaterializerMetrics(), health, auth=authenticator,
+        access_log=StoreAccessLog(store), metrics_open=metrics_open,
+    )  # fmt: skip
+    cert, key = tls or (None, None)
+    server = ApiServer(app_, host=api_address[0], port=api_address[1], ssl_certfile=cert, ssl_keyfile=key)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server.start()
+        typer.echo(f"read API at {server.url}")
+        stop.wait()
+    finally:
+        server.stop()
+        store.close()
 
 
 @app.command()

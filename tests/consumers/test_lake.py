@@ -498,3 +498,43 @@ class TestTimeTravel:
         )
         assert naive.returncode == 2
         assert "has no time zone" in naive.stderr
+
+
+class TestReadApiReplica:
+    def test_callgate_api_serves_the_lake_while_a_writer_writes(self, new_lake: NewLake, tmp_path: Path) -> None:
+        """`callgate api --lake --data` answers the named queries from the lake a writer holds open and sees
+        the writer's next batch at once."""
+        import httpx
+
+        from callgate.broker import free_port
+
+        lake = new_lake()
+        batch = records(gate_events(6))
+        with AuditStore(lake) as writer:
+            writer.ingest(batch[:4], {(TOPIC, 0): 4})
+            port = free_port("127.0.0.1")
+            log = (tmp_path / "api.log").open("w")
+            command = [sys.executable, "-m", "callgate.cli", "api", "--lake", lake.catalog, "--data", lake.data]
+            server = subprocess.Popen([*command, "--api", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    assert server.poll() is None, (tmp_path / "api.log").read_text()
+                    assert time.monotonic() < deadline, "callgate api did not answer within 60 s"
+                    time.sleep(0.1)
+                first = httpx.get(f"{url}/v1/queries/event_counts", timeout=30)
+                writer.ingest(batch[4:], {(TOPIC, 0): len(batch)})
+                second = httpx.get(f"{url}/v1/queries/event_counts", timeout=30)
+                assert first.status_code == second.status_code == 200, first.text
+                assert first.json() != second.json()
+            finally:
+                server.send_signal(signal.SIGTERM)
+                code = server.wait(timeout=60)
+                log.close()
+            assert code == 0, (tmp_path / "api.log").read_text()
