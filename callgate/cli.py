@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -209,6 +210,51 @@ def broker(
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
+LakeOption = Annotated[
+    str | None,
+    typer.Option(
+        help="The store as a DuckLake instead of a file: its catalog, postgres:<connection string> or "
+        "sqlite:<file> (with --data)."
+    ),
+]
+DataOption = Annotated[
+    str | None,
+    typer.Option(help="With --lake: where the lake's Parquet files are, a directory or s3://BUCKET/PREFIX/."),
+]
+
+
+def _store_home(
+    db: Path | None, lake: str | None, data: str | None, *, exit_code: int = 2, as_of: str | None = None
+) -> Any:
+    """The store a command reads or writes: the --db file, the --lake/--data lake (at --as-of, a past
+    snapshot), or None (neither); a bad combination or lake prints one line and exits with `exit_code`."""
+    from consumers.lake import LakeError, lake_from_options
+
+    when = None
+    if as_of is not None:
+        try:
+            when = datetime.fromisoformat(as_of.replace("Z", "+00:00"))
+        except ValueError:
+            typer.echo(f"error: --as-of {as_of!r} is not an ISO 8601 time (2026-12-01T00:00:00Z)", err=True)
+            raise typer.Exit(exit_code) from None
+        if lake is None:
+            typer.echo("error: --as-of reads a lake's past snapshot: give --lake and --data", err=True)
+            raise typer.Exit(exit_code)
+    if lake is None and data is None:
+        return db
+    if lake is None or data is None:
+        typer.echo("error: --lake CATALOG and --data PATH go together", err=True)
+        raise typer.Exit(exit_code)
+    if db is not None:
+        typer.echo("error: give --db FILE or --lake/--data, not both", err=True)
+        raise typer.Exit(exit_code)
+    try:
+        return lake_from_options(lake, data, as_of=when)
+    except LakeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exit_code) from None
+
+
 TokenOption = Annotated[
     str | None,
     typer.Option(
@@ -218,7 +264,7 @@ TokenOption = Annotated[
     ),
 ]
 
-# The read API's authentication and TLS options, the same on `materialize` and `serve`.
+# The read API's authentication and TLS options, of `materialize`.
 AuthFileOption = Annotated[
     Path | None,
     typer.Option(help="The read API's token file (callgate token new): bearer tokens, stored as SHA-256 hashes."),
@@ -250,10 +296,43 @@ def _host_port(spec: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _check_api_exposure(
+    api: str | None, api_address: Any, authenticator: Any, tls: Any, insecure_no_auth: bool
+) -> None:
+    """Refuse (exit 2) a read API off loopback without authentication unless --insecure-no-auth; warn
+    when it goes without authentication or without TLS there."""
+    from callgate.dashboard import is_loopback
+
+    if api_address is not None and not is_loopback(api_address[0]):
+        host = api_address[0]
+        if authenticator is None and not insecure_no_auth:
+            typer.echo(
+                f"error: --api {api} binds {host}, which is not a loopback address: give --auth FILE or "
+                "--jwt-jwks/--jwt-audience/--jwt-issuer, or --insecure-no-auth to serve it without "
+                "authentication (docs/security.md)",
+                err=True,
+            )
+            raise typer.Exit(2)
+        if authenticator is None:
+            typer.echo(
+                f"warning: serving the read API on {host}, reachable from other machines, without "
+                "authentication (--insecure-no-auth): anyone who reaches it reads every tenant's events",
+                err=True,
+            )
+        elif tls is None:
+            typer.echo(
+                f"warning: serving the read API on {host} without TLS: bearer tokens cross the network in "
+                "clear; give --tls-cert/--tls-key or terminate TLS in front of it",
+                err=True,
+            )
+
+
 @app.command()
 def materialize(
     bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers, HOST:PORT.")],
-    db: Annotated[Path, typer.Option(help="The DuckDB audit store (created if missing).")],
+    db: Annotated[Path | None, typer.Option(help="The DuckDB audit store (created if missing).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
     topic: Annotated[str, typer.Option(help="The events topic.")] = "callgate.events",
     group: Annotated[str, typer.Option(help="The consumer group.")] = "callgate-materializer",
     api: Annotated[
@@ -303,7 +382,7 @@ def materialize(
         str,
         typer.Option(
             help="all: read every partition the broker lists (one materializer; restarts read again at once); "
-            "group: read what the consumer group assigns (several materializers, one store each)."
+            "group: read what the consumer group assigns (several materializers writing one lake: --lake/--data)."
         ),
     ] = "all",
     instance_id: Annotated[
@@ -332,15 +411,21 @@ def materialize(
         ),
     ] = False,
 ) -> None:
-    """Consume decision events into the DuckDB audit store (until Ctrl-C / SIGTERM, or --drain)."""
+    """Consume decision events into the audit store, a DuckDB file or a lake (until Ctrl-C / SIGTERM, or --drain)."""
     import signal
 
-    from callgate.dashboard import is_loopback
+    import duckdb
+
+    from consumers.lake import LakeError
     from consumers.materializer import Materializer
     from consumers.store import StoreError
 
     if assignment not in ("all", "group"):
         typer.echo(f"error: --assignment must be 'all' or 'group', got {assignment!r}", err=True)
+        raise typer.Exit(2)
+    store_home = _store_home(db, lake, data)
+    if store_home is None:
+        typer.echo("error: give --db FILE or --lake CATALOG --data PATH", err=True)
         raise typer.Exit(2)
     keys = None
     if require_signed and trusted_keys is None:
@@ -370,28 +455,7 @@ def materialize(
         metrics_open=metrics_open,
     )
     tls = _api_tls(api, tls_cert, tls_key)
-    if api_address is not None and not is_loopback(api_address[0]):
-        host = api_address[0]
-        if authenticator is None and not insecure_no_auth:
-            typer.echo(
-                f"error: --api {api} binds {host}, which is not a loopback address: give --auth FILE or "
-                "--jwt-jwks/--jwt-audience/--jwt-issuer, or --insecure-no-auth to serve it without "
-                "authentication (docs/security.md)",
-                err=True,
-            )
-            raise typer.Exit(2)
-        if authenticator is None:
-            typer.echo(
-                f"warning: serving the read API on {host}, reachable from other machines, without "
-                "authentication (--insecure-no-auth): anyone who reaches it reads every tenant's events",
-                err=True,
-            )
-        elif tls is None:
-            typer.echo(
-                f"warning: serving the read API on {host} without TLS: bearer tokens cross the network in "
-                "clear; give --tls-cert/--tls-key or terminate TLS in front of it",
-                err=True,
-            )
+    _check_api_exposure(api, api_address, authenticator, tls, insecure_no_auth)
 
     hooks = None
     if webhooks is not None:
@@ -407,7 +471,7 @@ def materialize(
         materializer = Materializer(
             bootstrap,
             topic,
-            str(db),
+            store_home if not isinstance(store_home, Path) else str(store_home),
             group=group,
             assignment="group" if assignment == "group" else "all",
             instance_id=instance_id,
@@ -422,7 +486,7 @@ def materialize(
             trusted_keys=keys,
             require_signed=require_signed,
         )
-    except StoreError as exc:  # StoreLockedError among them
+    except (StoreError, LakeError, duckdb.Error) as exc:  # StoreLockedError among them; a lake out of reach
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
@@ -536,85 +600,14 @@ def _api_tls(api: str | None, cert: Path | None, key: Path | None) -> tuple[str,
 
 
 @app.command()
-def serve(
-    shard: Annotated[
-        list[str] | None,
-        typer.Option(help="A shard: a materializer's read API, http(s)://HOST:PORT (repeat for each shard)."),
-    ] = None,
-    api: Annotated[
-        str,
-        typer.Option(
-            help="Serve the read API on HOST:PORT (off loopback only with --auth, --jwt-* or --insecure-no-auth)."
-        ),
-    ] = "127.0.0.1:8765",
-    shard_token: Annotated[
-        str | None,
-        typer.Option(
-            envvar="CALLGATE_SHARD_TOKEN",
-            show_envvar=True,
-            help="The bearer token serve reads every shard with (an admin token of theirs).",
-        ),
-    ] = None,
-    shard_token_file: Annotated[
-        Path | None, typer.Option(help="A file whose first line is the shard token (instead of --shard-token).")
-    ] = None,
-    shard_ca: Annotated[
-        Path | None, typer.Option(help="CA bundle (PEM) to verify https shards with (default: the system's).")
-    ] = None,
-    shard_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Seconds a shard has to answer before the query fails with 503.")
-    ] = 30.0,
-    auth: AuthFileOption = None,
-    jwt_jwks: JwksOption = None,
-    jwt_audience: JwtAudienceOption = None,
-    jwt_issuer: JwtIssuerOption = None,
-    jwt_roles_claim: JwtRolesClaimOption = "roles",
-    tls_cert: TlsCertOption = None,
-    tls_key: TlsKeyOption = None,
-    insecure_no_auth: InsecureNoAuthOption = False,
-    metrics_open: MetricsOpenOption = False,
-    access_log: Annotated[
-        Path | None, typer.Option(help="Append who asked serve which query to this file (JSON lines, fsynced).")
-    ] = None,
-) -> None:
-    """Serve the read API over several materializers' stores: counts add, lists merge, chains stitch
-    per producer across shards (until Ctrl-C / SIGTERM)."""
-    from callgate.dashboard import is_loopback
-    from callgate.serve import ServeError, read_shard_token, run_serve
-
-    def fail(message: str) -> typer.Exit:
-        typer.echo(f"error: {message}", err=True)
-        return typer.Exit(2)
-
-    try:
-        host, port = _host_port(api)
-    except typer.BadParameter as exc:
-        raise fail(f"--api: {exc}") from None
-    authenticator = _api_authenticator(
-        api=api, auth=auth, jwt_jwks=jwt_jwks, jwt_audience=jwt_audience, jwt_issuer=jwt_issuer,
-        jwt_roles_claim=jwt_roles_claim, insecure_no_auth=insecure_no_auth, metrics_open=metrics_open,
-    )  # fmt: skip
-    tls = _api_tls(api, tls_cert, tls_key)
-    if not is_loopback(host) and authenticator is None and not insecure_no_auth:
-        raise fail(
-            f"--api {api} binds {host}, which is not a loopback address: give --auth FILE or "
-            "--jwt-jwks/--jwt-audience/--jwt-issuer, or --insecure-no-auth to serve it without authentication"
-        )
-    try:
-        token = read_shard_token(shard_token, shard_token_file)
-        code = run_serve(
-            shards=shard or [], shard_token=token, host=host, port=port, auth=authenticator, tls=tls,
-            metrics_open=metrics_open, access_log=access_log, shard_ca=shard_ca, timeout_s=shard_timeout,
-            echo=typer.echo,
-        )  # fmt: skip
-    except ServeError as exc:
-        raise fail(str(exc)) from None
-    raise typer.Exit(code)
-
-
-@app.command()
 def coverage(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
+    as_of: Annotated[
+        str | None,
+        typer.Option(help="With --lake: check the lake as it was at this time (ISO 8601 with a zone): time travel."),
+    ] = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     require_exercised: Annotated[
         bool, typer.Option(help="Also fail when a registered tool was never called through the gate.")
@@ -641,7 +634,7 @@ def coverage(
         raise typer.Exit(EXIT_CANNOT_CHECK) from None
     code = run_coverage(
         api=api,
-        db=db,
+        db=_store_home(db, lake, data, exit_code=EXIT_CANNOT_CHECK, as_of=as_of),
         token=token,
         require_exercised=require_exercised,
         require_signed=require_signed,
@@ -657,6 +650,8 @@ def coverage(
 @app.command()
 def verify(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     event: Annotated[str | None, typer.Option(help="The event to prove (its event_id), with --db or --api.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the proof here instead of printing it.")] = None,
@@ -671,6 +666,7 @@ def verify(
     def err(line: str) -> None:
         typer.echo(line, err=True)
 
+    db = _store_home(db, lake, data, exit_code=EXIT_CANNOT_READ)
     if proof is not None and key is not None and db is None and api is None and event is None and out is None:
         raise typer.Exit(run_check(proof=proof, key=key, echo=typer.echo, err=err))
     if event is not None and proof is None and key is None:
@@ -686,6 +682,8 @@ def replay(
         str | None, typer.Option(help="The candidate Python interceptor: MODULE:ATTR (or a factory of one).")
     ] = None,
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     since: Annotated[str, typer.Option(help="From this time: ISO 8601, a duration back (24h, 7d), or all.")] = "7d",
     until: Annotated[str | None, typer.Option(help="Before this time: ISO 8601 or a duration back.")] = None,
@@ -708,8 +706,9 @@ def replay(
     cannot check."""
     from callgate.replay import run_replay
 
+    home = _store_home(db, lake, data)
     code = run_replay(
-        policy=policy, interceptor=interceptor, db=db, api=api, since=since, until=until, gate=gate,
+        policy=policy, interceptor=interceptor, db=home, api=api, since=since, until=until, gate=gate,
         workflow=workflow, agent=agent, tool=tool, tenant=tenant, max_new_blocks=max_new_blocks,
         fail_on_new_allows=fail_on_new_allows, json_path=json_report, junit=junit, console=console,
         err=Console(stderr=True), token=token,
@@ -735,6 +734,123 @@ def archive(
             db=db, before=before, to=to, dry_run=dry_run, echo=typer.echo, err=lambda line: typer.echo(line, err=True)
         )
     )
+
+
+@app.command(name="api")
+def read_api(
+    lake: LakeOption = None,
+    data: DataOption = None,
+    api: Annotated[
+        str,
+        typer.Option(
+            help="Serve the read API on HOST:PORT (off loopback only with --auth, --jwt-* or --insecure-no-auth)."
+        ),
+    ] = "127.0.0.1:8765",
+    auth: AuthFileOption = None,
+    jwt_jwks: JwksOption = None,
+    jwt_audience: JwtAudienceOption = None,
+    jwt_issuer: JwtIssuerOption = None,
+    jwt_roles_claim: JwtRolesClaimOption = "roles",
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    insecure_no_auth: InsecureNoAuthOption = False,
+    metrics_open: MetricsOpenOption = False,
+) -> None:
+    """Serve the read API over a lake, read directly beside the materializers (one of any number of replicas),
+    until Ctrl-C / SIGTERM: the same routes, authentication, tenant scoping and access log."""
+    import signal
+    import threading
+
+    import duckdb
+
+    from consumers.access_log import StoreAccessLog
+    from consumers.api import ApiServer, HealthStatus, build_app
+    from consumers.lake import LakeError
+    from consumers.metrics import MaterializerMetrics
+    from consumers.runner import StoreQueryRunner
+    from consumers.store import AuditStore, StoreError
+
+    home = _store_home(None, lake, data)
+    if home is None:
+        typer.echo("error: give the lake to read: --lake CATALOG --data PATH", err=True)
+        raise typer.Exit(2)
+    api_address = _host_port(api)
+    authenticator = _api_authenticator(
+        api=api, auth=auth, jwt_jwks=jwt_jwks, jwt_audience=jwt_audience, jwt_issuer=jwt_issuer,
+        jwt_roles_claim=jwt_roles_claim, insecure_no_auth=insecure_no_auth, metrics_open=metrics_open,
+    )  # fmt: skip
+    tls = _api_tls(api, tls_cert, tls_key)
+    _check_api_exposure(api, api_address, authenticator, tls, insecure_no_auth)
+    try:
+        # Writable: the access log is appended to the lake (inserts only, which never conflict).
+        store = AuditStore(home)
+    except (StoreError, LakeError, duckdb.Error) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    def health() -> HealthStatus:
+        con = store.cursor()
+        try:
+            con.execute("SELECT count(*) FROM kafka_offsets").fetchall()
+        except duckdb.Error as exc:
+            return HealthStatus(ok=False, detail=f"cannot read {home}: {exc}")
+        finally:
+            con.close()
+        return HealthStatus(ok=True, detail=f"reading {home}")
+
+    app_ = build_app(
+        StoreQueryRunner(store), MaterializerMetrics(), health, auth=authenticator,
+        access_log=StoreAccessLog(store), metrics_open=metrics_open,
+    )  # fmt: skip
+    cert, key = tls or (None, None)
+    server = ApiServer(app_, host=api_address[0], port=api_address[1], ssl_certfile=cert, ssl_keyfile=key)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server.start()
+        typer.echo(f"read API at {server.url}")
+        stop.wait()
+    finally:
+        server.stop()
+        store.close()
+
+
+@app.command()
+def migrate(
+    source: Annotated[
+        list[Path], typer.Option("--from", help="A DuckDB store file nobody is writing (repeatable: several files).")
+    ],
+    lake: LakeOption = None,
+    data: DataOption = None,
+) -> None:
+    """Copy DuckDB store files into a lake (--lake/--data; created when new) in one transaction, then verify
+    every chain there against the files: exit 0 verified, 1 the lake's chains differ, 2 cannot copy."""
+    import duckdb
+
+    from consumers.migrate import copy_into_lake
+    from consumers.store import StoreError
+
+    home = _store_home(None, lake, data)
+    if home is None:
+        typer.echo("error: give the lake to copy into: --lake CATALOG --data PATH", err=True)
+        raise typer.Exit(2)
+    try:
+        report = copy_into_lake(source, home)
+    except (OSError, StoreError, duckdb.Error) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for table, rows in report.copied.items():
+        typer.echo(f"{table}: {rows} rows copied")
+    for name, check in (("files", report.files), ("lake", report.lake)):
+        typer.echo(
+            f"{name}: {check.producers} producers, {check.events} events, {check.broken_links} broken links, "
+            f"{check.tampered} tampered, {check.missing} missing seqs"
+        )
+    if not report.verified:
+        typer.echo("error: the lake's chains differ from the files'; the lake holds the copy, compare them", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"verified: {home} holds every event once and its chains verify as the files' do")
 
 
 @app.command(
@@ -828,6 +944,8 @@ def mcp_proxy(
 def dashboard(
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (held read-only).")] = None,
+    lake: LakeOption = None,
+    data: DataOption = None,
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to serve on.")] = 8501,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless --allow-remote).")] = "127.0.0.1",
     allow_remote: Annotated[
@@ -866,7 +984,7 @@ def dashboard(
     try:
         code = run_dashboard(
             api=api,
-            db=db,
+            db=_store_home(db, lake, data),
             host=host,
             port=port,
             allow_remote=allow_remote,

@@ -18,10 +18,13 @@ from typing import Final
 
 import dashboard
 from callgate.processes import wait_until_serving
+from consumers.lake import Lake
 from dashboard.config import (
     ENV_API,
     ENV_AUTH,
+    ENV_DATA,
     ENV_DB,
+    ENV_LAKE,
     ENV_LOGIN,
     ENV_OIDC_ROLES,
     ENV_REFRESH,
@@ -80,7 +83,7 @@ def streamlit_command(host: str, port: int) -> list[str]:
 def run_dashboard(
     *,
     api: str | None,
-    db: Path | None,
+    db: Path | Lake | None,
     host: str = "127.0.0.1",
     port: int = 8501,
     allow_remote: bool = False,
@@ -110,9 +113,12 @@ def run_dashboard(
     without `allow_remote`, trusted keys that cannot be read or hold no key) and when Streamlit
     exits or does not answer within a minute.
     """
-    if db is not None:
-        db = db.resolve()
-    env = {ENV_API: api or "", ENV_DB: str(db) if db is not None else ""}
+    if isinstance(db, Lake):
+        # A lake is read directly, while materializers write it.
+        env = {ENV_API: api or "", ENV_DB: "", ENV_LAKE: db.catalog, ENV_DATA: db.data}
+    else:
+        db = db.resolve() if db is not None else None
+        env = {ENV_API: api or "", ENV_DB: str(db) if db is not None else ""}
     if refresh_s is not None:
         env[ENV_REFRESH] = str(refresh_s)
     if trace_url is not None:

@@ -80,6 +80,7 @@ from typing import Any, Final, Literal, NamedTuple, Protocol, TypeAlias, assert_
 import duckdb
 from pydantic_core import from_json
 
+from consumers.lake import Lake, LakeError
 from consumers.queries import MAX_LIMIT, QueryError, UnknownQueryError, run_query
 from consumers.reader import ApiReader, SourceUnavailableError
 from consumers.store import AuditStore, StoreError, StoreLockedError
@@ -385,17 +386,17 @@ class FileCalls:
     materializer: the message says to use the read API), or not an audit store this code reads.
     """
 
-    def __init__(self, path: str | Path, window: Window = Window(), *, batch_rows: int = 20_000) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path | Lake, window: Window = Window(), *, batch_rows: int = 20_000) -> None:
+        self.path: Path | Lake = path if isinstance(path, Lake) else Path(path)
         self.window = window
         self.batch_rows = batch_rows
-        if not self.path.is_file():
+        if isinstance(self.path, Path) and not self.path.is_file():
             raise SourceUnavailableError(str(self.path), f"no audit store at {self.path}: the file does not exist")
         try:
             self._store: AuditStore | None = AuditStore(self.path, read_only=True)
         except StoreLockedError as exc:
             raise SourceUnavailableError(str(self.path), str(exc)) from exc
-        except (StoreError, duckdb.Error) as exc:
+        except (StoreError, LakeError, duckdb.Error) as exc:
             raise SourceUnavailableError(str(self.path), f"cannot read {self.path} as an audit store: {exc}") from exc
 
     @property
@@ -576,7 +577,7 @@ def _chains(query: Callable[[dict[str, Any]], list[dict[str, Any]]]) -> dict[Cha
 
 
 def open_source(
-    *, api: str | None = None, db: str | Path | None = None, window: Window = Window(), token: str | None = None
+    *, api: str | None = None, db: str | Path | Lake | None = None, window: Window = Window(), token: str | None = None
 ) -> CallSource:
     """The source for exactly one of `api` (a read API URL, read with the bearer `token` if given) or
     `db` (a store file). `ValueError` for both or neither (or a URL that is not http(s));

@@ -18,11 +18,12 @@ never stop a partition.
 Partitions: by default (`assignment="all"`) the materializer reads every partition the broker lists
 for the topic, assigning them itself (no group join, so a restart reads again at once), and still
 commits its offsets under `group` so that `KafkaSink(confirm_group=...)` sees what is stored. With
-`assignment="group"` it joins the group and reads what the group assigns it (several materializers,
-one store each: a sharded store) with a short session; there a partition starts at the group's
-committed offset when that is further than the store's (the previous owner's progress), and each
-start is recorded as a tenure, so that chains spanning shards and records two shards read are
-settled (`consumers.shards`). Either way its consumers never create a
+`assignment="group"` it joins the group and reads what the group assigns it with a short session:
+several materializers of one group write one lake (`consumers.lake`), each batch and its offsets in
+one lake transaction, every partition sought to the lake's offsets when it is assigned, and a
+materializer that commits late for a partition it lost is refused by the lake (`StoreFencedError`).
+Several materializers over one DuckDB file each would split the store: use a lake. Either way its
+consumers never create a
 topic by asking for it; a continuous run creates the topic with the known partition count when it is
 missing at the start, and waits for it when it vanishes later.
 
@@ -45,7 +46,6 @@ import signal
 import socket
 import sys
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import pyarrow as pa
 
-from consumers import shards
-from consumers.store import ROW_GROUP_ROWS, AuditStore, IngestResult, StagedBatch
+from consumers.lake import Lake
+from consumers.store import ROW_GROUP_ROWS, AuditStore, IngestResult, StagedBatch, StoreFencedError
 
 if TYPE_CHECKING:
     from consumers.api import HealthStatus
@@ -197,11 +197,12 @@ class _State:
     partitions: dict[int, _Partition] = field(default_factory=dict)
     cluster_id: str | None = None
     """The cluster id the current assignment was made against."""
-    unconfirmed: list[tuple[int, int, str | None, float]] = field(default_factory=list)
     """Own takes not confirmed by the previous owner: (partition, start offset, previous owner, age s)."""
     log_lost: bool = False
     """The topic vanished (or the cluster changed) since the last assignment: every stored offset
     points into a log that is gone."""
+    fenced: int = 0
+    """Batches the lake refused because another materializer had stored their partitions first."""
 
 
 class Materializer:
@@ -243,7 +244,7 @@ class Materializer:
         self,
         bootstrap: str,
         topic: str,
-        db_path: str,
+        db_path: str | Lake,
         *,
         group: str = "callgate-materializer",
         assignment: Assignment = "all",
@@ -285,9 +286,6 @@ class Materializer:
         self.commit_timeout_s = commit_timeout_s
         self.consumer_options = consumer_options
         self.store = AuditStore(db_path, trusted_keys=trusted_keys, require_signed=require_signed)
-        self.store_id = self.store.transaction(shards.store_id)
-        """This store's id in the handoff log (group mode: `consumers.shards`)."""
-        self._handoffs: _HandoffLog | None = None
         self._kill_after_batch = _fault_kill_between_commits()
         self._stop = asyncio.Event()
         self._state = _State()
@@ -349,13 +347,6 @@ class Materializer:
                 problems.append(
                     f"partition {number} of {self.topic}: reading has not moved for {stalled_s:.0f} s "
                     f"with {lag} records waiting"
-                )
-        for number, start, previous, age in state.unconfirmed:
-            if age > grace:
-                problems.append(
-                    f"partition {number} of {self.topic} was taken at offset {start} from {previous}, which has not "
-                    f"resolved its copies of the records read again for {age:.0f} s: until it runs again "
-                    "(restart it with its --db) they may be stored twice"
                 )
         if state.error is not None:
             problems.insert(0, f"the consumer loop died: {state.error}")
@@ -434,12 +425,8 @@ class Materializer:
         store = self.store
         loop = asyncio.get_running_loop()
         if self.assignment == "group":
-            self._handoffs = _HandoffLog(self.bootstrap, self.topic)
-            await self._handoffs.start()
             consumer.subscribe([self.topic], listener=_listener(self, consumer))
         await consumer.start()
-        # Beside the loop, so a slow handoff log never holds up reading.
-        syncing = asyncio.create_task(self._sync_loop(consumer)) if self._handoffs is not None else None
         # One batch at a time is written (DuckDB releases the GIL), while the loop fetches and stages
         # the next: at most two batches are held, the one being written and the one being staged.
         writing: _Write | None = None
@@ -527,9 +514,8 @@ class Materializer:
                     writing = None
                     writing = self._write(staged, offsets, fetched_from)
                     if self.assignment == "group":
-                        # A partition the group moves is read next from the group's committed offset
-                        # (consumers.shards): every stored batch is committed before the next fetch,
-                        # during which a rebalance may take its partitions away.
+                        # Every stored batch is committed before the next fetch, during which a
+                        # rebalance may take its partitions away (the next owner seeks to the store's).
                         await self._settle(consumer, writing, summary)
                         writing = None
                 else:
@@ -556,13 +542,8 @@ class Materializer:
             await self._settle(consumer, writing, summary)
             writing = None
             if drain:
-                if self._handoffs is not None:
-                    await self._sync_shards(consumer)
                 summary.gaps_recorded += store.close_open_gaps()
                 summary.checkpoint_breaks += sum(store.close_checkpoints().values())
-            if self._handoffs is not None:
-                # A clean leave: what this store holds of its partitions is committed, nobody reads it again.
-                await self._release(consumer.assignment())
             if first_batch_at is not None:
                 summary.ingest_seconds = time.perf_counter() - first_batch_at
                 summary.ingest_cpu_seconds = time.process_time() - first_batch_cpu
@@ -575,19 +556,12 @@ class Materializer:
                 # or rolled back) is the store's, and the next run reads from the store's offsets.
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await writing.done
-            if syncing is not None:
-                syncing.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await syncing
             sys.setswitchinterval(switch_interval)
             pa.set_memory_pool(memory_pool)
             if gc_enabled:
                 gc.enable()
             gc.unfreeze()
             await _stop_consumer(consumer, "the consumer")
-            if self._handoffs is not None:
-                await self._handoffs.stop()
-                self._handoffs = None
         return summary
 
     def _write(self, staged: StagedBatch, offsets: dict[tuple[str, int], int], fetched_from: Any) -> _Write:
@@ -601,7 +575,11 @@ class Materializer:
         group and count it."""
         if writing is None:
             return
-        result = await writing.done
+        try:
+            result = await writing.done
+        except StoreFencedError as exc:
+            await self._fenced(consumer, exc)
+            return
         if self._kill_after_batch == summary.batches + 1:
             _kill_between_commits()
         # The store committed first: a failed Kafka commit only costs a replay.
@@ -613,6 +591,20 @@ class Materializer:
         summary.dead_letters += result.dead_letters
         summary.chain_breaks += result.chain_breaks
         self._record_metrics(writing.records, result, time.perf_counter() - writing.started)
+
+    async def _fenced(self, consumer: Any, exc: StoreFencedError) -> None:
+        """Another materializer of the lake stored the batch's partitions first (this one lost them and
+        commits late): nothing of the batch was stored. Each partition still assigned seeks to what the
+        lake holds; one no longer assigned is left to its new owner."""
+        from aiokafka import TopicPartition
+
+        log.warning("%s", exc)
+        self._state.fenced += 1
+        moved = [TopicPartition(topic, partition) for topic, partition in exc.moved]
+        self._positioned.difference_update(moved)
+        assigned = [tp for tp in moved if tp in consumer.assignment()]
+        if assigned:
+            await seek_to_store(self, consumer, assigned, known=[tp.partition for tp in assigned], log_lost=False)
 
     async def _commit(self, consumer: Any, offsets: Mapping[tuple[str, int], int], fetched_from: Any) -> None:
         """Commit what the store holds to the group (what the sink's `confirm_group` reads), unless the
@@ -759,7 +751,7 @@ class Materializer:
                 ends = await asyncio.wait_for(consumer.end_offsets(others), 5.0)
             except Exception as exc:
                 log.debug("no end offsets for %s: %s", others, exc)
-        stored = self.store.offsets(self.topic) if others else {}
+        stored = self.store.offsets(self.topic, expect=()) if others else {}
         for number in sorted(listed):
             part = state.partitions.setdefault(number, _Partition())
             before = part.read_up_to
@@ -855,112 +847,6 @@ class Materializer:
             if self.metrics is not None:
                 self.metrics.set_lag(tp.topic, tp.partition, high - position)
 
-    # -- a sharded store (group mode; consumers.shards) --------------------------------------------
-
-    async def _take(
-        self, consumer: Any, tp: Any, start: int, stored_before: int | None, group_offset: int | None
-    ) -> None:
-        """Record the tenure starting at `start` and announce it on the handoff log."""
-        tenure_id = uuid.uuid4().hex
-        await self._store_call(
-            functools.partial(
-                shards.record_own_tenure,
-                tenure_id=tenure_id,
-                topic=tp.topic,
-                partition=tp.partition,
-                owner=self.store_id,
-                start_offset=start,
-                stored_before=stored_before,
-                group_offset=group_offset,
-            )
-        )
-        log.info("took %s at offset %d (this store had %s)", tp, start, stored_before)
-        await self._announce(
-            shards.Notice(
-                "take",
-                tp.topic,
-                tp.partition,
-                self.store_id,
-                tenure_id=tenure_id,
-                start_offset=start,
-                group_offset=group_offset,
-            )
-        )
-
-    async def _announce(self, notice: shards.Notice) -> None:
-        log_ = self._handoffs
-        if log_ is None:
-            return
-        position = await log_.announce(notice)
-        if position is not None and notice.kind == "take" and notice.tenure_id is not None:
-            await self._store_call(
-                functools.partial(shards.set_notice_offset, tenure_id=notice.tenure_id, position=position)
-            )
-
-    async def _release(self, partitions: Iterable[Any]) -> None:
-        if self._state.log_lost:
-            return  # the log the offsets point into is gone: there is nothing to release
-        stored = self.store.offsets(self.topic)
-        for tp in partitions:
-            if tp.topic == self.topic and tp.partition in stored:
-                notice = shards.Notice(
-                    "release", tp.topic, tp.partition, self.store_id, next_offset=stored[tp.partition]
-                )
-                await self._announce(notice)
-
-    async def _sync_loop(self, consumer: Any) -> None:
-        while True:
-            await asyncio.sleep(self.metadata_interval_s)
-            await self._sync_shards(consumer)
-
-    async def _sync_shards(self, consumer: Any) -> None:
-        """Learn the handoff log's new notices; confirm own takes; give up the copies later tenures of
-        peers hold (announcing each take resolved); keep what health reports of takes not confirmed."""
-        from aiokafka import TopicPartition
-
-        log_ = self._handoffs
-        if log_ is None:
-            return
-        try:
-            notices = await log_.read_new()
-            if notices:
-                await self._store_call(functools.partial(shards.learn_notices, notices=notices))
-            await self._store_call(functools.partial(shards.confirm_takes, owner=self.store_id))
-            pending = await self._store_call(
-                functools.partial(shards.partitions_to_resolve, topic=self.topic, owner=self.store_id)
-            )
-            committed: dict[int, int] = {}
-            for number in pending:
-                # Nothing committed: nobody stored anything there, so no copy of this store's is given up.
-                offset = await asyncio.wait_for(consumer.committed(TopicPartition(self.topic, number)), 5.0)
-                committed[number] = int(offset or 0)
-            if committed:
-                resolved = await self._store_call(
-                    functools.partial(
-                        shards.resolve_overlaps, topic=self.topic, owner=self.store_id, committed=committed
-                    )
-                )
-                for done in resolved:
-                    log.info(
-                        "gave up %d copies on partition %d to tenure %s", done.removed, done.partition, done.tenure_id
-                    )
-                    await self._announce(
-                        shards.Notice(
-                            "resolved",
-                            self.topic,
-                            done.partition,
-                            self.store_id,
-                            resolves=done.tenure_id,
-                            removed=done.removed,
-                        )
-                    )
-            self._state.unconfirmed = await self._store_call(shards.unconfirmed_takes)
-        except Exception as exc:  # the next refresh tries again; reading goes on meanwhile
-            log.warning("handoff log sync failed: %r", exc)
-
-    async def _store_call(self, work: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, self.store.transaction, work)
-
     def _desk(self) -> Any:
         """The reviewers' desk over this store, publishing to the decisions topic (None without one)."""
         if self.decisions_topic is None:
@@ -998,7 +884,6 @@ async def seek_to_store(
     *,
     known: Iterable[int] = (),
     log_lost: bool,
-    handoff: bool = False,
 ) -> None:
     """Seek each assigned partition to the offset the store holds for it (the truth), or to the
     beginning when the store has none, whatever the group committed.
@@ -1009,43 +894,22 @@ async def seek_to_store(
     an offset, are checked first (`_same_log`), since the broker may have lost its log while no
     materializer was watching; a check that fails reads the partition from the start.
 
-    `handoff` (group mode, a sharded store: `consumers.shards`): a partition starts at the group's
-    committed offset when that is further than the store's (the previous owner stored up to there;
-    reading from the store's offset would store again what it stored), and each start is recorded and
-    announced as a tenure.
+    In group mode the store is the truth for every member: a lake (`consumers.lake`) holds what every
+    materializer of the group stored, so a partition the group moves is read on from where its
+    previous owner stored it, and a late commit of that owner is refused by the lake.
 
     Each partition sought joins `materializer._positioned`: the loop uses only records fetched for
     those (a fetch made before the seek started from the group's committed offsets)."""
-    stored: Mapping[int, int] = materializer.store.offsets(materializer.topic)
-    kept = set(known)
     assigned = list(assigned)
-    committed: Mapping[Any, Any] = {}
-    if handoff and assigned:
-        try:
-            # One request for all; what aiokafka itself would have started each partition from.
-            committed = await asyncio.wait_for(consumer._coordinator.fetch_committed_offsets(set(assigned)), 10.0)
-        except Exception as exc:
-            # From the store's own offsets instead: what the previous owner stored is read again, and
-            # the overlap resolves like any other (consumers.shards).
-            log.warning("no committed offsets for %s (%r); reading from this store's own", assigned, exc)
-    for tp in assigned:
+    # What the fence expects, for the partitions sought here alone: a batch staged for one this
+    # materializer lost is still refused.
+    stored: Mapping[int, int] = materializer.store.offsets(
+        materializer.topic, expect=[tp.partition for tp in assigned if tp.topic == materializer.topic]
+    )
+    kept = set(known)
+    for tp in list(assigned):
         offset = stored.get(tp.partition)
-        found = committed.get(tp)
-        group_at = int(found.offset) if found is not None and found.offset >= 0 else None
-        if handoff and not log_lost and offset is not None and group_at is not None and group_at >= offset:
-            # The group (whose offsets live with the log) went as far: no need to probe the log, whose
-            # record before `offset` this store may have ceded to a later owner (consumers.shards).
-            own, start = offset, group_at
-        else:
-            start = await _start_offset(materializer, tp, offset, tp.partition in kept, log_lost)
-            own = start
-            if handoff:
-                start = max(start, group_at or 0)
-        if handoff:
-            try:
-                await materializer._take(consumer, tp, start, own if own > 0 else None, group_at)
-            except Exception as exc:  # never leave the partition unread for its bookkeeping
-                log.warning("could not record the tenure of %s at %d: %r", tp, start, exc)
+        start = await _start_offset(materializer, tp, offset, tp.partition in kept, log_lost)
         # No await between the seek and joining _positioned: the loop may fetch meanwhile, and a record
         # fetched from the seek position but dropped as unpositioned would be skipped.
         consumer.seek(tp, start)
@@ -1085,22 +949,20 @@ def _listener(materializer: Materializer, consumer: Any) -> Any:
 
 
 class _SeekToStore:
-    """Group mode: on assignment, each partition seeks to the offset the store committed (the truth),
-    or to the group's committed offset when that is further (another shard read up to there), and
-    starts a tenure (`consumers.shards`); on revocation, the store's offsets are announced."""
+    """Group mode: on assignment, each partition seeks to the offset the store committed (the truth;
+    in a lake, what every materializer of the group stored); on revocation, what is fetched for the
+    revoked partitions is dropped until they are sought again."""
 
     def __init__(self, materializer: Materializer, consumer: Any) -> None:
         self.materializer = materializer
         self.consumer = consumer
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        # Until the next assignment's seek, what is fetched for them is not the store's to use.
+        # Until the next assignment's seek, what is fetched for them is not the store's to use, and a
+        # batch already staged for them is refused by the store if another materializer wrote them.
         self.materializer._positioned.difference_update(revoked)
-        # The next owner reads from the group's committed offset: say how far this store holds them.
-        try:
-            await self.materializer._release(revoked)
-        except Exception as exc:  # a take not confirmed by a release stays visible until resolved
-            log.warning("could not announce the release of %s: %r", revoked, exc)
+        topic = self.materializer.topic
+        self.materializer.store.forget_partitions(topic, [tp.partition for tp in revoked if tp.topic == topic])
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         state = self.materializer._state
@@ -1109,10 +971,7 @@ class _SeekToStore:
         lost = state.log_lost or (
             state.cluster_id is not None and cluster_id is not None and cluster_id != state.cluster_id
         )
-        if lost and self.materializer._handoffs is not None:
-            await self.materializer._store_call(functools.partial(shards.retire_tenures, topic=self.materializer.topic))
-            await self.materializer._handoffs.recreate()
-        await seek_to_store(self.materializer, self.consumer, assigned, log_lost=lost, handoff=True)
+        await seek_to_store(self.materializer, self.consumer, assigned, log_lost=lost)
         state.log_lost = False
         state.cluster_id = cluster_id or state.cluster_id
 
@@ -1201,90 +1060,6 @@ async def _reached(consumer: Any, ends: Mapping[Any, int]) -> bool:
         if position < end or highwater is None or position < highwater:
             return False
     return True
-
-
-class _HandoffLog:
-    """The topic's handoff log (`consumers.shards`): announces this store's notices and reads everyone's.
-    Its own producer (acks from all replicas; the embedded broker has no idempotent producer) and a
-    reader assigned its one partition outside any group."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap = bootstrap
-        self.topic = shards.handoff_log_topic(topic)
-        self._producer: Any = None
-        self._reader: Any = None
-        self._tp: Any = None
-        self._missing = False
-
-    async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
-        from events.kafka import ensure_topic, forbid_topic_creation
-
-        await ensure_topic(self.bootstrap, self.topic, 1)
-        self._tp = TopicPartition(self.topic, 0)
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False)
-        forbid_topic_creation(self._producer.client)
-        await self._producer.start()
-        self._reader = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
-        )
-        forbid_topic_creation(self._reader._client)
-        await self._reader.start()
-        self._reader.assign([self._tp])
-        self._reader.seek(self._tp, 0)
-
-    async def recreate(self) -> None:
-        """The broker's logs are new: make the handoff log again (no producer creates it by asking) and
-        read it from its start."""
-        from events.kafka import ensure_topic
-
-        try:
-            await asyncio.wait_for(ensure_topic(self.bootstrap, self.topic, 1), 5.0)
-            self._missing = False
-        except Exception as exc:
-            self._missing = True
-            log.warning("could not create the handoff log %s: %r", self.topic, exc)
-        self._reader.seek(self._tp, 0)
-
-    async def announce(self, notice: shards.Notice) -> int | None:
-        """Send one notice; its position in the log, or None when it could not be sent (logged)."""
-        if self._missing:
-            await self.recreate()
-            if self._missing:
-                return None
-        try:
-            sent = await asyncio.wait_for(
-                self._producer.send_and_wait(self.topic, notice.encode(), key=notice.topic.encode(), partition=0),
-                5.0,
-            )
-        except Exception as exc:
-            # The broker may have restarted empty: the next announcement makes the log again first.
-            self._missing = True
-            log.warning(
-                "could not announce %s of partition %d on %s: %r", notice.kind, notice.partition, self.topic, exc
-            )
-            return None
-        return int(sent.offset)
-
-    async def read_new(self) -> list[tuple[int, shards.Notice]]:
-        """The notices published since the last call (a fetch that finds none waits 50 ms)."""
-        found: list[tuple[int, shards.Notice]] = []
-        while True:
-            batch = await self._reader.getmany(self._tp, timeout_ms=50, max_records=1000)
-            records = batch.get(self._tp, [])
-            for record in records:
-                notice = shards.Notice.decode(record.value)
-                if notice is not None:
-                    found.append((int(record.offset), notice))
-            if not records:
-                return found
-
-    async def stop(self) -> None:
-        for client in (self._producer, self._reader):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    await client.stop()
 
 
 FAULT_KILL_BETWEEN_COMMITS: Final = "CALLGATE_FAULT_KILL_BETWEEN_COMMITS"

@@ -40,12 +40,19 @@ _BLOCK: Final = 1 << INDEX_LEVEL
 
 _STATE = "SELECT leaves, frontier FROM checkpoint_state WHERE producer_id = $producer_id"
 
-_SAVE_STATE = """
-INSERT INTO checkpoint_state (producer_id, leaves, frontier, updated_at)
-VALUES ($producer_id, $leaves, $frontier, now())
-ON CONFLICT (producer_id) DO UPDATE SET leaves = excluded.leaves, frontier = excluded.frontier,
-    updated_at = excluded.updated_at
-"""
+# An update, then an insert for a producer without a row: SQL both homes of the store run (a lake
+# has no keys for ON CONFLICT).
+_SAVE_STATE = (
+    """
+    UPDATE checkpoint_state SET leaves = $leaves, frontier = CAST($frontier AS VARCHAR[]), updated_at = now()
+    WHERE producer_id = $producer_id
+    """,
+    """
+    INSERT INTO checkpoint_state (producer_id, leaves, frontier, updated_at)
+    SELECT $producer_id, $leaves, CAST($frontier AS VARCHAR[]), now()
+    WHERE NOT EXISTS (SELECT 1 FROM checkpoint_state WHERE producer_id = $producer_id)
+    """,
+)
 
 _NEW_HASHES = """
 SELECT seq, hash FROM events WHERE producer_id = $producer_id AND seq > $leaves ORDER BY seq
@@ -64,8 +71,13 @@ ORDER BY block
 _NODE = "SELECT hash FROM merkle_nodes WHERE producer_id = $producer_id AND level = $level AND idx = $idx"
 
 _SAVE_NODES = """
-INSERT OR IGNORE INTO merkle_nodes
-SELECT $producer_id, unnest($levels), unnest($idxs), unnest($hashes)
+INSERT INTO merkle_nodes
+SELECT * FROM (
+    SELECT $producer_id AS producer_id, unnest($levels) AS level, unnest($idxs) AS idx, unnest($hashes) AS hash
+) n
+WHERE NOT EXISTS (
+    SELECT 1 FROM merkle_nodes m WHERE m.producer_id = n.producer_id AND m.level = n.level AND m.idx = n.idx
+)
 """
 
 # Producers to index after a migration that added the index: every one with a checkpoint.
@@ -102,6 +114,11 @@ def fold(con: duckdb.DuckDBPyConnection, producer_ids: Iterable[str]) -> None:
             _fold_blocks(con, producer_id)
 
 
+def _save_state(con: duckdb.DuckDBPyConnection, params: dict[str, object]) -> None:
+    for statement in _SAVE_STATE:
+        con.execute(statement, params)
+
+
 def _fold_one(con: duckdb.DuckDBPyConnection, producer_id: str) -> bool:
     """Extend the producer's fold; whether stored events lie past a hole after it."""
     row = con.execute(_STATE, {"producer_id": producer_id}).fetchone()
@@ -112,7 +129,7 @@ def _fold_one(con: duckdb.DuckDBPyConnection, producer_id: str) -> bool:
         # A hole right after the fold (a shard holding a later segment of the chain has one at seq 1):
         # nothing to extend, and no reason to read what lies past it into Python.
         if row is None:
-            con.execute(_SAVE_STATE, {"producer_id": producer_id, "leaves": 0, "frontier": []})
+            _save_state(con, {"producer_id": producer_id, "leaves": 0, "frontier": []})
         return first is not None
     rows = [first, *result.fetchall()]
     levels: list[int] = []
@@ -139,7 +156,7 @@ def _fold_one(con: duckdb.DuckDBPyConnection, producer_id: str) -> bool:
         return past
     if levels:
         con.execute(_SAVE_NODES, {"producer_id": producer_id, "levels": levels, "idxs": idxs, "hashes": hashes})
-    con.execute(_SAVE_STATE, {"producer_id": producer_id, "leaves": size, "frontier": [h.hex() for h in frontier]})
+    _save_state(con, {"producer_id": producer_id, "leaves": size, "frontier": [h.hex() for h in frontier]})
     return past
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -25,17 +25,13 @@ from uuid import UUID
 import duckdb
 
 from consumers.archive import ARCHIVE_PARAM, with_archive
-from consumers.shards import CHAIN_SEGMENTS_SQL
 from events.models import EVENT_TYPES, OUTCOME_TYPES
 
 __all__ = [
     "MAX_LIMIT",
     "MAX_REPLAY_LIMIT",
-    "MERGE_KINDS",
     "QUERIES",
     "QUERY_SCOPES",
-    "Merge",
-    "MergeKind",
     "NamedQuery",
     "Param",
     "ParamValue",
@@ -43,13 +39,7 @@ __all__ = [
     "QueryResult",
     "QueryScope",
     "UnknownQueryError",
-    "cursor",
-    "custom",
     "describe_queries",
-    "groups",
-    "lookup",
-    "not_federatable",
-    "page",
     "run_query",
 ]
 
@@ -131,127 +121,13 @@ QueryScope = Literal["tenant", "global", "admin"]
 
 QUERY_SCOPES: Final[tuple[QueryScope, ...]] = ("tenant", "global", "admin")
 
-MergeKind = Literal["page", "cursor", "groups", "lookup", "custom", "not_federatable"]
-"""How `callgate serve` (consumers.federation) merges one query's answers from several shards:
-
-- "page": rows concatenated and sorted by `order` (the query's own ORDER BY), then `offset` and `limit`
-  applied again; each shard is asked for its first offset + limit rows.
-- "cursor": the same for a query paged by a cursor (`replay_calls`): each shard answers the same cursor.
-- "groups": rows of the same `keys` combined column by column (`columns`: sum, min, max, any, union of
-  lists, or, arg_max:COL / arg_min:COL: the value of the row with the largest / smallest COL,
-  rank:A,B,...: the first of these values any row has), the `derive` columns computed again from the
-  combined row (a ratio from its summed parts, never averaged), then sorted by `order` (none: the
-  shards' own order, for queries listing a fixed set of keys) and paged. When `order` names only
-  keys, each shard's first offset + limit groups suffice; otherwise every group is fetched. With
-  `pin_until`, serve fixes a missing `until` to its own clock, so every shard counts the same window.
-- "lookup": the rows of the one shard that has them (a single event's material).
-- "custom": merged by a function of consumers.federation named after the query (chains stitched per
-  producer across shards, distinct counts recounted, ...); `note` says how.
-- "not_federatable": refused by serve (501) with `note` as the reason.
-"""
-
-MERGE_KINDS: Final[tuple[MergeKind, ...]] = ("page", "cursor", "groups", "lookup", "custom", "not_federatable")
-
-_AGGREGATES: Final = frozenset({"sum", "min", "max", "any", "union", "or", "derived"})
-
-
-@dataclass(frozen=True, slots=True)
-class Merge:
-    """How a named query's answers from several shards make one answer (`MergeKind`).
-
-    Build one with `page`, `cursor`, `groups`, `lookup`, `custom` or `not_federatable`. `order` terms are
-    column names, "-name" for descending; NULLs sort last either way (DuckDB's default).
-    """
-
-    kind: MergeKind
-    order: tuple[str, ...] = ()
-    keys: tuple[str, ...] = ()
-    columns: Mapping[str, str] = field(default_factory=dict)
-    derive: Mapping[str, Callable[[Mapping[str, Any]], Any]] = field(default_factory=dict)
-    note: str = ""
-    pin_until: bool = False
-    prefix: bool = False
-    """groups ordered by an aggregate: each shard's first offset + limit groups suffice anyway (`note` says why)."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in MERGE_KINDS:
-            raise ValueError(f"merge kind must be one of {', '.join(MERGE_KINDS)}, got {self.kind!r}")
-        if self.kind in ("page", "cursor") and not self.order:
-            raise ValueError(f"a {self.kind!r} merge needs the order its rows are sorted by")
-        for column, how in self.columns.items():
-            base, _, by = how.partition(":")
-            if not (how in _AGGREGATES or (base in ("arg_max", "arg_min", "rank") and by)):
-                raise ValueError(f"column {column!r}: unknown aggregate {how!r}")
-            if how == "derived" and column not in self.derive:
-                raise ValueError(f"column {column!r} is derived but has no derive function")
-        if self.kind in ("custom", "not_federatable") and not self.note:
-            raise ValueError(f"a {self.kind!r} merge needs a note saying how (or why not)")
-
-    def describe(self) -> dict[str, Any]:
-        """The declaration as JSON-safe data (the read API's listing)."""
-        spec: dict[str, Any] = {"kind": self.kind}
-        if self.order:
-            spec["order"] = list(self.order)
-        if self.keys:
-            spec["keys"] = list(self.keys)
-        if self.note:
-            spec["note"] = self.note
-        return spec
-
-
-def page(*order: str) -> Merge:
-    """Rows merge-sorted by `order`, offset and limit applied again."""
-    return Merge("page", order=order)
-
-
-def cursor(*order: str) -> Merge:
-    """Rows merge-sorted by `order`, cut to `limit`; every shard answers the same cursor."""
-    return Merge("cursor", order=order)
-
-
-def groups(
-    keys: tuple[str, ...],
-    columns: Mapping[str, str],
-    order: tuple[str, ...],
-    derive: Mapping[str, Callable[[Mapping[str, Any]], Any]] | None = None,
-    *,
-    pin_until: bool = False,
-    prefix: str = "",
-) -> Merge:
-    """Rows of equal `keys` combined per column, `derive` computed again, sorted by `order` and paged;
-    `prefix` (why) declares that each shard's first offset + limit groups suffice though the order is on
-    an aggregate."""
-    derive = dict(derive or {})
-    columns = {**columns, **dict.fromkeys(derive, "derived")}
-    return Merge(
-        "groups", order=order, keys=keys, columns=columns, derive=derive, pin_until=pin_until,
-        prefix=bool(prefix), note=prefix,
-    )  # fmt: skip
-
-
-def lookup() -> Merge:
-    """The rows of the shard that has them."""
-    return Merge("lookup")
-
-
-def custom(note: str) -> Merge:
-    """Merged by the function consumers.federation keeps for this query; `note` says how."""
-    return Merge("custom", note=note)
-
-
-def not_federatable(reason: str) -> Merge:
-    """Refused by `callgate serve` with `reason`."""
-    return Merge("not_federatable", note=reason)
-
 
 @dataclass(frozen=True, slots=True)
 class NamedQuery:
     """A query readers may run: fixed SQL whose `$name` parameters are exactly `params`.
 
     `scope` has no default on purpose: a query cannot be added without saying who may read it
-    (`QueryScope`); a "tenant" query without a `tenant` parameter raises `ValueError` here. Nor has
-    `merge`: a query cannot be added without saying how `callgate serve` merges its answers from
-    several shards (`Merge`).
+    (`QueryScope`); a "tenant" query without a `tenant` parameter raises `ValueError` here.
     """
 
     name: str
@@ -259,17 +135,12 @@ class NamedQuery:
     sql: str
     params: Mapping[str, Param] = field(default_factory=dict)
     scope: QueryScope = field(kw_only=True)
-    merge: Merge = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if self.scope not in QUERY_SCOPES:
             raise ValueError(f"query {self.name!r}: scope must be one of {', '.join(QUERY_SCOPES)}, got {self.scope!r}")
         if self.scope == "tenant" and ("tenant" not in self.params or "$tenant" not in self.sql):
             raise ValueError(f"query {self.name!r} is tenant-scoped but has no $tenant parameter filtering its rows")
-        if not isinstance(self.merge, Merge):
-            raise ValueError(f"query {self.name!r}: merge must be a Merge (page, groups, custom, ...)")
-        if self.merge.kind == "page" and "offset" not in self.params:
-            raise ValueError(f"query {self.name!r}: a page merge needs limit and offset parameters")
 
     def bind(self, given: Mapping[str, ParamValue] | None) -> dict[str, Any]:
         """Every parameter's value: the given one checked and converted, or its default. Raises
@@ -312,7 +183,6 @@ class NamedQuery:
                 INCLUDE_ARCHIVE.describe(ARCHIVE_PARAM),
             ],
             "scope": self.scope,
-            "merge": self.merge.describe(),
         }
 
 
@@ -836,31 +706,6 @@ LIMIT $limit OFFSET $offset
 """
 
 
-# Which tenants met each reason (before $until): what serve needs to count new_denial_reasons'
-# `tenants` over several shards, a distinct count no shard's own answer can be summed into.
-_DENIAL_REASON_TENANTS = """
-SELECT regexp_replace(regexp_replace(message, '[0-9a-fA-F]{8,}(-[0-9a-fA-F]{4,})*', '<id>', 'g'),
-                      '[0-9]+', 'N', 'g') AS reason,
-       decided_by, tenant, min(time) AS first_seen
-FROM blocked_attempts
-WHERE time < coalesce($until::TIMESTAMPTZ, now()) AND ($decided_by IS NULL OR decided_by = $decided_by)
-  AND ($tenant IS NULL OR tenant = $tenant)
-GROUP BY ALL
-ORDER BY reason, decided_by, tenant
-LIMIT $limit OFFSET $offset
-"""
-
-# The distinct schemas each scope registered a tool with: what serve needs to count registered_tools'
-# `schema_versions` over several shards.
-_TOOL_SCHEMAS = f"""
-WITH registrations AS ({_REGISTRATIONS})
-SELECT DISTINCT gate, workflow, agent, name AS tool, input_schema_sha256
-FROM registrations
-WHERE ($gate IS NULL OR gate = $gate) AND ($agent IS NULL OR agent = $agent)
-ORDER BY gate, workflow NULLS FIRST, agent NULLS FIRST, tool, input_schema_sha256
-LIMIT $limit OFFSET $offset
-"""  # noqa: S608 (composed of module constants only; values are bound parameters)
-
 # -- coverage: what `callgate coverage` checks ---------------------------------------------------
 
 # Every registration with its producer, so a call is matched to the chains its own gate announced.
@@ -1269,8 +1114,7 @@ ORDER BY o, level, idx, seq
 
 # The compact range of leaves [lo, hi) of one producer's tree, as far as this store holds it: the
 # indexed subtrees (level 8 and above, consumers.proofs) inside the range whose parent is not, and the
-# leaves of the range's edge blocks, whose smaller subtrees are hashed from them. `callgate serve`
-# joins such ranges of several shards into the root a checkpoint signed (consumers.federation).
+# leaves of the range's edge blocks, whose smaller subtrees are hashed from them.
 _MERKLE_MATERIAL = """
 SELECT kind, level, idx, seq, hash FROM (
     SELECT 'node' AS kind, m.level, m.idx, NULL::BIGINT AS seq, m.hash
@@ -1343,8 +1187,7 @@ LIMIT $limit OFFSET $offset
 # (an agent used as a tool shares its caller's run; one started anew inside a tool does not): each
 # nested event names its enclosing call as parent_call_id. The depth bounds a cycle forged events
 # could make.
-# With `$call_ids` (callgate serve, which follows the nesting over every shard: consumers.federation) the
-# calls are those given instead.
+# With `$call_ids` the calls are those given instead.
 _RUN_CALLS = """
 WITH RECURSIVE run_calls(call_id, depth) AS (
     SELECT * FROM (
@@ -1361,17 +1204,6 @@ WITH RECURSIVE run_calls(call_id, depth) AS (
 )
 """
 
-# One level of a run's calls: with no `$parent_call_ids`, the calls of the run itself; with them, the calls
-# of events nested under those under another run id (as _RUN_CALLS recurses).
-_RUN_CALL_IDS = """
-SELECT DISTINCT call_id FROM events
-WHERE call_id IS NOT NULL AND $run_id IS NOT NULL AND ($tenant IS NULL OR tenant = $tenant)
-  AND CASE WHEN $parent_call_ids IS NULL THEN run_id = $run_id
-           ELSE run_id IS DISTINCT FROM $run_id
-                AND parent_call_id IN (SELECT unnest(from_json($parent_call_ids, '["VARCHAR"]'))) END
-ORDER BY call_id
-LIMIT $limit OFFSET $offset
-"""
 
 # The run's events, then those of the nested runs (by their parent call): two narrow scans whose
 # union bounds the time range, so that the JSON is read from the picked rows' row groups only (one
@@ -1407,30 +1239,6 @@ WHERE e.event_id IN (SELECT event_id FROM picked)
 ORDER BY e.time, e.producer_id, e.seq
 LIMIT $limit OFFSET $offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
-
-RUN_GROUPS: Final = groups(
-    ("run_id",),
-    {
-        "tenant": "arg_min:started_at",
-        "principal": "arg_min:started_at",
-        "thread_id": "arg_min:started_at",
-        "gate": "arg_min:started_at",
-        "agents": "union",
-        "started_at": "min",
-        "last_time": "max",
-        "events": "sum",
-        "turns": "sum",
-        "calls": "sum",
-        "allowed": "sum",
-        "denied": "sum",
-        "substituted": "sum",
-        "blocked": "sum",
-        "approvals_asked": "sum",
-        "outcome": "rank:blocked,turn_denied,turn_substituted,had_denials,clean",
-    },
-    ("-last_time", "run_id"),
-)
-"""How `callgate serve` combines one run's rows of `runs` from several shards (consumers.federation)."""
 
 # The page of runs first (on the narrow columns, newest last event first), then only their events
 # are read for the counts.
@@ -1498,70 +1306,11 @@ FROM counted LEFT JOIN stopped USING (run_id)
 ORDER BY last_time DESC, run_id
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
-# -- what callgate serve judges the tool uses of a producer split across shards with ---------------
-
-# Texts rather than lists, so that serve sorts them as DuckDB does (a list that is a prefix of another).
-_TRAIL_TEXT = "CAST(to_json(coalesce(trail, [])) AS VARCHAR)"
-
-_ONE_PRODUCER = "($producer_id IS NULL OR producer_id = $producer_id)"
-
-
-def _for_one_producer(sql: str) -> str:
-    """`_TOOL_USE_PROBLEMS` with every scan kept to `$producer_id` when given: serve asks about one split
-    producer at a time, and the whole judgement over a million events costs half a second a shard."""
-    edits = (
-        (
-            f"FROM ({_PRODUCER_REGISTRATIONS})\n    GROUP BY ALL",
-            f"FROM ({_PRODUCER_REGISTRATIONS})\n    WHERE {_ONE_PRODUCER}\n    GROUP BY ALL",
-        ),
-        ("'silent', 'unknown_key')\n", f"'silent', 'unknown_key') AND {_ONE_PRODUCER}\n"),
-        ("FROM events GROUP BY producer_id HAVING", f"FROM events WHERE {_ONE_PRODUCER} GROUP BY producer_id HAVING"),
-        (
-            "WHERE e.type = 'ToolUse' AND",
-            "WHERE e.type = 'ToolUse' AND ($producer_id IS NULL OR e.producer_id = $producer_id) AND",
-        ),
-    )
-    for old, new in edits:
-        if sql.count(old) != 1:
-            raise RuntimeError(f"_TOOL_USE_PROBLEMS changed: {old!r} is not in it once")
-        sql = sql.replace(old, new)
-    return sql
-
-
-_TOOL_USE_JUDGEMENTS = f"""
-{_for_one_producer(_TOOL_USE_PROBLEMS)}
-SELECT producer_id, gate, workflow, agent, tool, {_TRAIL_TEXT} AS trail, problem, count(*) AS tool_uses
-FROM judged
-GROUP BY ALL
-ORDER BY producer_id, gate, workflow NULLS FIRST, agent NULLS FIRST, tool, trail, problem NULLS FIRST
-LIMIT $limit OFFSET $offset
-"""  # noqa: S608 (composed of module constants only; values are bound parameters)
-
-_PRODUCER_TOOL_CHAINS = f"""
-SELECT DISTINCT producer_id, gate, workflow, agent, name AS tool, CAST(to_json(interceptors) AS VARCHAR) AS chain
-FROM ({_PRODUCER_REGISTRATIONS})
-WHERE $producer_id IS NULL OR producer_id = $producer_id
-ORDER BY producer_id, gate, workflow, agent, tool, chain
-LIMIT $limit OFFSET $offset
-"""  # noqa: S608 (composed of module constants only; values are bound parameters)
-
-_TOOL_USE_ROWS = f"""
-SELECT time, gate, workflow, agent, tool, call_id, run_id, tenant, principal, coalesce(trail, []) AS trail,
-       producer_id, seq, event_id
-FROM events
-WHERE type = 'ToolUse' AND producer_id = $producer_id AND {_WINDOW}
-  AND gate IS NOT DISTINCT FROM $gate AND tool IS NOT DISTINCT FROM $tool AND {_TRAIL_TEXT} = $trail
-  -- As the coverage join: no workflow or agent and '' are one scope (a '' parameter reads as none).
-  AND coalesce(workflow, '') = coalesce($workflow, '') AND coalesce(agent, '') = coalesce($agent, '')
-ORDER BY time DESC, event_id
-LIMIT $limit OFFSET $offset
-"""  # noqa: S608 (composed of module constants only; values are bound parameters)
-
 
 def _query(
-    name: str, description: str, sql: str, params: Mapping[str, Param], *, scope: QueryScope, merge: Merge
+    name: str, description: str, sql: str, params: Mapping[str, Param], *, scope: QueryScope
 ) -> tuple[str, NamedQuery]:
-    return name, NamedQuery(name, description, sql, dict(params), scope=scope, merge=merge)
+    return name, NamedQuery(name, description, sql, dict(params), scope=scope)
 
 
 QUERIES: Final[dict[str, NamedQuery]] = dict(
@@ -1572,7 +1321,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _BLOCKED_ATTEMPTS,
             {**_BLOCKED_PARAMS, **PAGE},
             scope="tenant",
-            merge=page("-time", "event_id"),
         ),
         _query(
             "blocked_attempts_count",
@@ -1580,9 +1328,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _BLOCKED_ATTEMPTS_COUNT,
             _BLOCKED_PARAMS,
             scope="tenant",
-            merge=groups(
-                (), {"attempts": "sum", "denied": "sum", "blocked": "sum", "first_time": "min", "last_time": "max"}, ()
-            ),
         ),
         _query(
             "decision_trends",
@@ -1597,7 +1342,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
-            merge=groups(("bucket", "type"), {"events": "sum"}, ("-bucket", "type")),
         ),
         _query(
             "denial_rate",
@@ -1616,11 +1360,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
-            merge=custom(
-                "by tool: calls and denied summed per bucket and tool; by interceptor: denied summed per bucket"
-                " and interceptor, calls the bucket's outcome events over every shard (decision_trends); rate "
-                "recomputed from the sums"
-            ),
         ),
         _query(
             "top_denied",
@@ -1642,18 +1381,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "offset": OFFSET,
             },
             scope="tenant",
-            merge=groups(
-                ("key",),
-                {
-                    "attempts": "sum",
-                    "denied": "sum",
-                    "blocked": "sum",
-                    "first_seen": "min",
-                    "last_seen": "max",
-                    "last_message": "arg_max:last_seen",
-                },
-                ("-attempts", "key"),
-            ),
         ),
         _query(
             "call_detail",
@@ -1663,7 +1390,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _CALL_DETAIL,
             {"call_id": Param("str", "The call's id.", required=True), "tenant": TENANT, **PAGE},
             scope="tenant",
-            merge=page("relation", "time", "producer_id", "seq"),
         ),
         _query(
             "unmediated",
@@ -1677,7 +1403,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
-            merge=page("-time", "event_id"),
         ),
         _query(
             "unmediated_count",
@@ -1690,10 +1415,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "tool": Param("str", "Only clients bound to this tool."),
             },
             scope="tenant",
-            merge=custom(
-                "accesses summed, first and last time the earliest and latest; resources recounted: the "
-                "distinct resources of every shard's matching unmediated rows"
-            ),
         ),
         _query(
             "registered_tools",
@@ -1702,23 +1423,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _REGISTERED_TOOLS,
             {"gate": Param("str", "Only this gate."), "agent": Param("str", "Only this agent scope."), **PAGE},
             scope="global",
-            merge=custom(
-                "per scope and tool: registrations summed, the latest registration's description, schema and "
-                "chain; schema_versions the distinct schemas of every shard (tool_schemas)"
-            ),
-        ),
-        _query(
-            "tool_schemas",
-            "Per scope and tool registered: each distinct input schema hash it was registered with; what "
-            "callgate serve counts registered_tools' schema_versions over several shards with.",
-            _TOOL_SCHEMAS,
-            {"gate": Param("str", "Only this gate."), "agent": Param("str", "Only this agent scope."), **PAGE},
-            scope="global",
-            merge=groups(
-                ("gate", "workflow", "agent", "tool", "input_schema_sha256"),
-                {},
-                ("gate", "workflow nulls first", "agent nulls first", "tool", "input_schema_sha256"),
-            ),
         ),
         _query(
             "exercised_tools",
@@ -1727,10 +1431,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _EXERCISED_TOOLS,
             {"since": SINCE, "until": UNTIL, "gate": Param("str", "Only this gate."), "tenant": TENANT, **PAGE},
             scope="tenant",
-            merge=custom(
-                "per scope and tool: calls and outcomes summed, first and last seen; registered when any shard "
-                "holds a registration of the tool by that scope (registered_tools)"
-            ),
         ),
         _query(
             "chain_breaks",
@@ -1759,10 +1459,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
-            merge=custom(
-                "every shard's breaks, newest first; a gap recorded by one shard at a seq another shard holds "
-                "is no gap and is dropped (the producer's chain stitched across shards)"
-            ),
         ),
         _query(
             "chain_status",
@@ -1777,11 +1473,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
-            merge=custom(
-                "per producer across shards: events summed (distinct seqs, with chain_segments), highest seq, "
-                "missing recomputed, gaps that another shard fills dropped, links between shards checked "
-                "(chain_segments)"
-            ),
         ),
         _query(
             "dead_letters",
@@ -1794,18 +1485,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
-            merge=groups(
-                ("reason",),
-                {
-                    "messages": "sum",
-                    "first_received": "min",
-                    "last_received": "max",
-                    "sample_error": "arg_max:last_received",
-                    "sample_preview": "arg_max:last_received",
-                    "sample_position": "arg_max:last_received",
-                },
-                ("-messages", "reason"),
-            ),
         ),
         _query(
             "dead_letter_records",
@@ -1835,7 +1514,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
-            merge=page("-received_at", "topic", "partition", "offset"),
         ),
         _query(
             "event_counts",
@@ -1844,13 +1522,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _EVENT_COUNTS,
             {"since": SINCE, "until": UNTIL, "tenant": TENANT},
             scope="tenant",
-            merge=groups(
-                ("type",),
-                {"events": "sum", "previous_events": "sum", "since": "any", "until": "any", "previous_since": "any"},
-                (),
-                {"change": lambda row: row["events"] - row["previous_events"]},
-                pin_until=True,
-            ),
         ),
         _query(
             "pipeline_health",
@@ -1863,10 +1534,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 )
             },
             scope="global",
-            merge=custom(
-                "one row per Kafka partition of every shard, each carrying the store-wide figures summed over "
-                "the shards (times the latest, chain breaks without the gaps another shard fills)"
-            ),
         ),
         _query(
             "new_denial_reasons",
@@ -1881,21 +1548,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
-            merge=custom(
-                "every reason first seen before until in each shard, combined (first seen the earliest, "
-                "occurrences summed, samples the earliest), tenants recounted over every shard "
-                "(denial_reason_tenants), then only those first seen inside the window"
-            ),
-        ),
-        _query(
-            "denial_reason_tenants",
-            "Per denial and block reason (masked as in new_denial_reasons) and deciding interceptor: each tenant "
-            "that met it before `until` (default: now), and when first; what callgate serve counts "
-            "new_denial_reasons' tenants over several shards with.",
-            _DENIAL_REASON_TENANTS,
-            {"until": UNTIL, "decided_by": _BLOCKED_PARAMS["decided_by"], "tenant": TENANT, **PAGE},
-            scope="tenant",
-            merge=groups(("reason", "decided_by", "tenant"), {"first_seen": "min"}, ("reason", "decided_by", "tenant")),
         ),
         # -- coverage
         _query(
@@ -1905,10 +1557,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _COVERAGE_SUMMARY,
             {"since": SINCE, "until": UNTIL},
             scope="global",
-            merge=custom(
-                "events, unmediated, tool uses and dead letters summed; producers, broken producers, missing "
-                "seqs, gaps, tampering and conflicts counted per producer over its chain stitched across shards"
-            ),
         ),
         _query(
             "tool_use_verification",
@@ -1917,10 +1565,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _TOOL_USE_VERIFICATION,
             {"since": SINCE, "until": UNTIL},
             scope="global",
-            merge=custom(
-                "counts summed; the tool uses of a producer split across shards judged again over all of them "
-                "(tool_use_judgements: its chain stitched, its registrations of every shard)"
-            ),
         ),
         _query(
             "unverified_tool_uses",
@@ -1937,11 +1581,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
-            merge=custom(
-                "each shard's first offset + limit rows of the producers it holds whole, merge-sorted newest first; "
-                "those of a producer split across shards judged again over all of them (tool_use_judgements) and "
-                "listed from tool_use_rows"
-            ),
         ),
         _query(
             "tool_exercise",
@@ -1956,10 +1595,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
-            merge=custom(
-                "per gate and tool registered in any shard: the scopes of every shard, calls and runs of every "
-                "shard (exercised_tools, so calls stored apart from the registration count)"
-            ),
         ),
         # -- dashboard
         _query(
@@ -1970,12 +1605,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _OVERVIEW_COUNTS,
             {"since": SINCE, "until": UNTIL, "tenant": TENANT},
             scope="tenant",
-            merge=Merge(
-                "custom",
-                note="per metric value and previous summed, change recomputed; chain breaks without the gaps one "
-                "shard recorded where another holds the events (the producer's chain stitched across shards)",
-                pin_until=True,
-            ),
         ),
         _query(
             "ingest_lag",
@@ -1988,17 +1617,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 )
             },
             scope="global",
-            merge=groups(
-                ("topic", "partition"),
-                # A partition read by two shards (a handoff): each stored its own events of it.
-                {
-                    c: "arg_max:next_offset"
-                    for c in ("offset_updated_at", "seconds_since_commit", "median_delay_s", "p95_delay_s")
-                }
-                | {"next_offset": "max", "recent_events": "sum", "max_delay_s": "max"}
-                | {"last_event_time": "max", "last_ingested_at": "max"},
-                ("topic", "partition"),
-            ),
         ),
         # -- shadow mode and replay
         _query(
@@ -2011,20 +1629,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _SHADOW_IMPACT,
             {**_SHADOW_PARAMS, **PAGE},
             scope="tenant",
-            merge=groups(
-                ("shadow_decided_by", "shadow_rule", "tool", "tenant"),
-                {
-                    "calls": "sum",
-                    "would_deny": "sum",
-                    "would_block": "sum",
-                    "would_substitute": "sum",
-                    "would_ask": "sum",
-                    "divergent": "sum",
-                    "first_time": "min",
-                    "last_time": "max",
-                },
-                ("-divergent", "-calls", "shadow_decided_by", "shadow_rule", "tool", "tenant"),
-            ),
         ),
         _query(
             "shadow_divergence",
@@ -2038,11 +1642,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
-            merge=groups(
-                ("bucket", "shadow_decided_by", "shadow_rule"),
-                {"calls": "sum", "divergent": "sum"},
-                ("-bucket", "-divergent", "shadow_decided_by", "shadow_rule"),
-            ),
         ),
         _query(
             "shadow_calls",
@@ -2061,7 +1660,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
-            merge=page("-time", "event_id"),
         ),
         _query(
             "replay_calls",
@@ -2087,7 +1685,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "limit": Param("int", "How many rows at most.", default=MAX_LIMIT, minimum=1, maximum=MAX_REPLAY_LIMIT),
             },
             scope="tenant",
-            merge=cursor("time", "event_id"),
         ),
         _query(
             "inclusion_material",
@@ -2098,7 +1695,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             _INCLUSION_MATERIAL,
             {"event_id": Param("str", "The event's id (no rows without it).")},
             scope="global",
-            merge=lookup(),
         ),
         _query(
             "producer_signatures",
@@ -2115,10 +1711,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
-            merge=custom(
-                "per producer: events summed, the valid checkpoint of the largest signed tree, the breaks of "
-                "every shard, ok recomputed; failing producers first"
-            ),
         ),
         # -- the read API's access log
         _query(
@@ -2136,7 +1728,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="admin",
-            merge=page("-time", "subject", "query"),
         ),
         # -- runs (the dashboard's Run page)
         _query(
@@ -2152,32 +1743,12 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "call_ids": Param(
                     "ids",
                     "The calls nested events are picked under (default: this store's own calls of the run and "
-                    "of what is nested under them): how callgate serve follows the nesting over every shard.",
+                    "of what is nested under them).",
                 ),
                 "tenant": TENANT,
                 **PAGE,
             },
             scope="tenant",
-            merge=custom(
-                "the run's calls and those nested under them followed over every shard (run_call_ids, level by "
-                "level); each shard's events of the run and under those calls (call_ids), merge-sorted by time, "
-                "producer_id and seq, cut to the page"
-            ),
-        ),
-        _query(
-            "run_call_ids",
-            "The call ids of one agent run (without parent_call_ids), or of the events nested under the given "
-            "calls that run under another run id (with them): one level of what run_events follows. What "
-            "callgate serve follows a run's nesting over every shard with.",
-            _RUN_CALL_IDS,
-            {
-                "run_id": Param("str", "The run's id (no rows without it)."),
-                "parent_call_ids": Param("ids", "The calls whose nested calls are wanted (a JSON list)."),
-                "tenant": TENANT,
-                **PAGE,
-            },
-            scope="tenant",
-            merge=page("call_id"),
         ),
         _query(
             "runs",
@@ -2193,8 +1764,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "run_id": Param("str", "Only runs whose id starts with this text."),
                 "run_ids": Param(
                     "ids",
-                    'Only these runs: a JSON list of run ids (["r-1", "r-2"]); how callgate serve counts the runs '
-                    "of a page on every shard.",
+                    'Only these runs: a JSON list of run ids (["r-1", "r-2"]).',
                 ),
                 "principal": _BLOCKED_PARAMS["principal"],
                 "thread_id": Param("str", "Only runs of this conversation thread."),
@@ -2202,89 +1772,13 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="tenant",
-            merge=custom(
-                "as groups of run_id (counts add, the earliest start's tenant, principal and gate, the latest "
-                "event), ordered by the latest event, which each shard's own first offset + limit runs hold; the "
-                "page's runs are then counted again by their ids (run_ids) on every shard that did not list them, "
-                "so a run whose events several shards hold (its producer's partition moved) counts them all"
-            ),
-        ),
-        # -- what callgate serve judges the tool uses of a producer split across shards with
-        _query(
-            "tool_use_judgements",
-            "ToolUse events in the window per producer, scope, tool, decision trail (JSON text) and problem "
-            "(as in unverified_tool_uses; null: verified): how many. What callgate serve judges the tool uses of "
-            "a producer split across shards with (tool_use_verification, unverified_tool_uses).",
-            _TOOL_USE_JUDGEMENTS,
-            {
-                "since": SINCE,
-                "until": UNTIL,
-                "producer_id": Param("str", "Only this producer (gate instance)."),
-                **PAGE,
-            },
-            scope="global",
-            merge=custom(
-                "tool uses summed per producer, scope, tool and trail; a producer split across shards judged again "
-                "over all of them: its chain stitched (chain_status), its registrations of every shard "
-                "(producer_tool_chains)"
-            ),
-        ),
-        _query(
-            "producer_tool_chains",
-            "Per producer, scope (workflow and agent '' when none) and tool registered: each distinct interceptor "
-            "chain (JSON text) its ToolsRegistered events gave it; what callgate serve judges the tool uses of a "
-            "producer split across shards against.",
-            _PRODUCER_TOOL_CHAINS,
-            {"producer_id": Param("str", "Only this producer (gate instance)."), **PAGE},
-            scope="global",
-            merge=groups(
-                ("producer_id", "gate", "workflow", "agent", "tool", "chain"),
-                {},
-                ("producer_id", "gate", "workflow", "agent", "tool", "chain"),
-            ),
-        ),
-        _query(
-            "tool_use_rows",
-            "One producer's ToolUse events in the window of one scope, tool and decision trail (trail: its JSON "
-            "text, as tool_use_judgements gives it; a scope part not given matches none), newest first; what "
-            "callgate serve lists the unverified tool uses of a producer split across shards from.",
-            _TOOL_USE_ROWS,
-            {
-                "producer_id": Param("str", "The producer (gate instance); no rows without it."),
-                "since": SINCE,
-                "until": UNTIL,
-                "gate": Param("str", "The gate (not given: none)."),
-                "workflow": Param("str", "The workflow (not given: none)."),
-                "agent": Param("str", "The agent scope (not given: none)."),
-                "tool": Param("str", "The tool (not given: none)."),
-                "trail": Param(
-                    "str", "The decision trail's JSON text, as tool_use_judgements gives it; no rows without it."
-                ),
-                **PAGE,
-            },
-            scope="global",
-            merge=page("-time", "event_id"),
-        ),
-        # -- a sharded store (consumers.shards)
-        _query(
-            "chain_segments",
-            "Per producer, the runs of its chain this store holds (a sharded store: a new segment starts where "
-            "the events before it are held by another shard): segment, first_seq and its first_prev_hash, "
-            "last_seq and its last_hash, events, holes ([first, last] seqs missing inside the segment: gaps of "
-            "this store), partition, first_offset, last_offset. Across shards, segments sorted by first_seq "
-            "must link from seq 1 (first_seq = previous last_seq + 1, first_prev_hash = previous last_hash).",
-            CHAIN_SEGMENTS_SQL,
-            {"producer_id": Param("str", "Only this producer (gate instance)."), **PAGE},
-            scope="global",
-            merge=page("producer_id", "first_seq"),
         ),
         _query(
             "merkle_material",
             "What this store holds of the RFC 6962 tree of one producer's leaves [lo, hi) (seqs lo + 1 .. hi): "
             "kind 'node' rows (level, idx, hash) for the indexed subtrees of level 8 and above inside the range "
             "whose parent is not, kind 'leaf' rows (seq, hash: the event hash) for the seqs of the range's edge "
-            "blocks of 256. callgate serve joins them over the shards into the root a checkpoint signed, when a "
-            "handoff left the checkpoint's events in several stores.",
+            "blocks of 256: what an outside verifier recomputes a checkpoint's root from.",
             _MERKLE_MATERIAL,
             {
                 "producer_id": Param("str", "The producer (gate instance; no rows without it)."),
@@ -2293,7 +1787,6 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 **PAGE,
             },
             scope="global",
-            merge=page("kind", "level", "idx", "seq"),
         ),
     ]
 )

@@ -7,7 +7,8 @@ never knows which way the data comes:
   (`--api`), with `Authorization: Bearer <token>` when a token is given. The only way while the
   materializer holds the file: DuckDB lets no other process open it.
 - `FileReader(path)`: the named queries on the file opened read-only, for offline audits and CI
-  after `callgate materialize --drain`.
+  after `callgate materialize --drain`; `FileReader(lake)` on a lake (`consumers.lake`), read
+  directly while materializers write it.
 
 `open_reader(api=..., db=..., token=...)` picks one. Both raise `SourceUnavailableError` when they
 cannot read at all (API down, file missing or held by a writer, schema newer than this code): a
@@ -29,6 +30,7 @@ from typing import Any, Protocol, Self
 
 import duckdb
 
+from consumers.lake import Lake, LakeError
 from consumers.queries import QueryError, QueryResult, UnknownQueryError, run_query
 from consumers.store import AuditStore, StoreError, StoreLockedError
 
@@ -182,8 +184,9 @@ class FileReader:
     Safe from several threads (a cursor per query).
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path | Lake) -> None:
+        self.path: Path | Lake = path if isinstance(path, Lake) else Path(path)
+        """The file, or the lake (read while materializers write it: a lake takes no lock)."""
         self._store: AuditStore | None = None
 
     @property
@@ -200,13 +203,13 @@ class FileReader:
     def _open(self) -> AuditStore:
         if self._store is not None:
             return self._store
-        if not self.path.is_file():
+        if isinstance(self.path, Path) and not self.path.is_file():
             raise SourceUnavailableError(str(self.path), f"no audit store at {self.path}: the file does not exist")
         try:
             self._store = AuditStore(self.path, read_only=True)
         except StoreLockedError as exc:
             raise SourceUnavailableError(str(self.path), str(exc)) from exc
-        except (StoreError, duckdb.Error) as exc:
+        except (StoreError, LakeError, duckdb.Error) as exc:
             raise SourceUnavailableError(str(self.path), f"cannot read {self.path} as an audit store: {exc}") from exc
         return self._store
 
@@ -223,7 +226,7 @@ class FileReader:
 
 
 def open_reader(
-    *, api: str | None = None, db: str | Path | None = None, token: str | None = None
+    *, api: str | None = None, db: str | Path | Lake | None = None, token: str | None = None
 ) -> ApiReader | FileReader:
     """The reader for exactly one of `api` (a read API URL, sent `token` as a bearer token) or `db`
     (a store file; `token` is ignored there: the file's permissions are its access control);

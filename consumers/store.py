@@ -24,11 +24,14 @@ Tables: `events` (one row per event, typed columns plus the whole event as JSON)
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
+import random
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,8 +44,8 @@ import pyarrow as pa  # type: ignore[import-untyped]  # ships no type informatio
 
 from consumers.archive import CREATE_ARCHIVE_TABLES, ArchivedDay, archive_days, with_archive
 from consumers.checkpoints import CheckpointVerifier
+from consumers.lake import LAKE_ALIAS, Lake, attach_lake
 from consumers.proofs import fold, fold_all
-from consumers.shards import CREATE_SHARD_TABLES, DROP_GAPS_HELD_ELSEWHERE
 from events import EventBase, EventParseError
 from events.codec import ReadEvent, read_event
 from events.fast_read import WireRead, read_wire
@@ -64,11 +67,15 @@ __all__ = [
     "StagedBatch",
     "StoreCounts",
     "StoreError",
+    "StoreFencedError",
     "StoreLockedError",
     "connect",
 ]
 
 _T = TypeVar("_T")
+
+MAX_COMMIT_ATTEMPTS: Final = 50
+"""How often a lake write refused for a conflict with another writer's commit is tried again."""
 
 DEFAULT_MAX_VALUE_BYTES: Final = 4 * 1024 * 1024
 """Records with a larger value are dead-lettered unparsed (the parser is not fed unbounded input)."""
@@ -131,6 +138,11 @@ _POOL_USAGE: Final = """
 SELECT sum(memory_usage_bytes) FILTER (WHERE tag = 'BASE_TABLE'), sum(memory_usage_bytes) FROM duckdb_memory()
 """
 
+# The oldest storage format that compresses text with zstd (migration 11): duckdb 1.5 writes new files
+# in the 0.10 format by default, where `USING COMPRESSION zstd` on a text column silently stays
+# uncompressed. An older file is upgraded on its first writable open (DuckDB 1.2 and later read it).
+STORAGE_VERSION: Final = "v1.2.0"
+
 # Every timestamp is UTC; without this, TIMESTAMPTZ buckets and results follow the host's zone.
 _SESSION_SETUP: Final = "SET TimeZone = 'UTC'"
 
@@ -162,11 +174,37 @@ class StoreLockedError(StoreError):
         self.process = process
 
 
+class StoreFencedError(StoreError):
+    """A batch whose partitions another writer of the same lake stored since this store last read or
+    wrote their offsets (the partition was reassigned to another materializer, and this one commits
+    late). Nothing of the batch was stored; the writer must seek to the store's offsets again
+    (`AuditStore.offsets`) or let the partition go.
+
+    `moved` maps each (topic, partition) that moved to (the offset this store expected, the one the
+    store holds); None is no row."""
+
+    def __init__(self, store: str, moved: Mapping[tuple[str, int], tuple[int | None, int | None]]) -> None:
+        shown = ", ".join(
+            f"{topic}/{partition} (expected {_offset_shown(seen)}, found {_offset_shown(now)})"
+            for (topic, partition), (seen, now) in sorted(moved.items())
+        )
+        super().__init__(
+            f"another writer stored {shown} in {store} since this one read them; the batch was not "
+            "stored: seek to the store's offsets again"
+        )
+        self.moved = dict(moved)
+
+
+def _offset_shown(offset: int | None) -> str:
+    return "no offset" if offset is None else f"next offset {offset}"
+
+
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<process>.+?) \(PID (?P<pid>\d+)\)")
 
 
-def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open a DuckDB file the way every store connection is opened: no extension downloads, UTC.
+def connect(path: str | os.PathLike[str] | Lake, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open a DuckDB file (or a `Lake`) the way every store connection is opened: no extension
+    downloads, UTC. A lake is attached as `consumers.lake.LAKE_ALIAS` and made current.
 
     A writable open attaches the file with row groups of `ROW_GROUP_ROWS` (see there) as the
     connection's database; its cursors must run `session_setup(con)`'s statement, as `AuditStore`'s do.
@@ -175,6 +213,8 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.
     holder), or when this process already holds it; `StoreError` when `CALLGATE_DUCKDB_MEMORY_LIMIT`
     is not a size; DuckDB's own errors for anything else. Blocks only for the open itself.
     """
+    if isinstance(path, Lake):
+        return _connect_lake(path, read_only=read_only)
     name = str(Path(path))
     try:
         if read_only:
@@ -184,7 +224,10 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.
             # of an in-memory database went to `.tmp` in whatever directory the process ran in).
             con = duckdb.connect(":memory:", config={**_DUCKDB_CONFIG, "temp_directory": f"{name}.tmp"})
             try:
-                attach = f"ATTACH {_quoted_text(name)} AS {_alias(name)} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
+                attach = (
+                    f"ATTACH {_quoted_text(name)} AS {_alias(name)} "
+                    f"(ROW_GROUP_SIZE {ROW_GROUP_ROWS}, STORAGE_VERSION '{STORAGE_VERSION}')"
+                )
                 con.execute(attach).fetchall()
                 con.execute(f"USE {_alias(name)}").fetchall()
             except BaseException:
@@ -203,7 +246,7 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.
         raise StoreError(
             f"CALLGATE_DUCKDB_MEMORY_LIMIT={value!r} is not a memory size DuckDB reads (such as 256MB or 1GB)"
         ) from exc
-    except (duckdb.ConnectionException, duckdb.ResourceInUseException) as exc:
+    except (duckdb.ConnectionException, duckdb.BinderException) as exc:
         # Within one process a file is open once: DuckDB refuses a second open with other options
         # (read-only beside a writer), or any open beside a writer's attached file, as another
         # process would be refused.
@@ -216,6 +259,29 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False) -> duckdb.
     # every batch until DuckDB ran out of memory.
     con.execute(_SESSION_SETUP).fetchall()
     return con
+
+
+def _connect_lake(lake: Lake, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    for attempt in itertools.count(1):
+        con = duckdb.connect(":memory:", config=_DUCKDB_CONFIG)
+        try:
+            attach_lake(con, lake, read_only=read_only)
+            con.execute(f"USE {LAKE_ALIAS}").fetchall()
+            con.execute(_SESSION_SETUP).fetchall()
+        except duckdb.Error as exc:
+            con.close()
+            # Several processes attaching a new lake at once race to create its catalog tables (measured:
+            # three materializers started together on an empty PostgreSQL catalog); one wins, the others
+            # find its tables on the next attach.
+            if "Failed to initialize DuckLake" not in str(exc) or attempt >= MAX_COMMIT_ATTEMPTS:
+                raise
+            time.sleep(random.uniform(0, min(0.5, 0.01 * 2**attempt)))
+            continue
+        except BaseException:
+            con.close()
+            raise
+        return con
+    raise AssertionError("unreachable")  # itertools.count never ends
 
 
 def session_setup(con: duckdb.DuckDBPyConnection) -> str:
@@ -711,6 +777,60 @@ _EVENT_JSON_ZSTD = (
     "ALTER TABLE events_v11 RENAME TO events",
 )
 
+# Shard tenures and handoffs between the stores of a sharded group, as released (retired by step 12:
+# several materializers now write one lake). Plain text: a released step must never change.
+_SHARD_TABLES = (
+    # Who this store is in the handoff log: an id of its own, whatever instance id or host runs it.
+    "CREATE TABLE shard_identity (store_id VARCHAR NOT NULL)",
+    "INSERT INTO shard_identity SELECT 'store-' || replace(gen_random_uuid()::VARCHAR, '-', '')",
+    """
+    CREATE TABLE partition_tenures (
+        tenure_id VARCHAR PRIMARY KEY,
+        topic VARCHAR NOT NULL,
+        partition INTEGER NOT NULL,
+        owner VARCHAR NOT NULL,  -- the materializer's group instance id
+        own BOOLEAN NOT NULL,  -- this store's tenure, or a peer's learnt from the handoff log
+        start_offset BIGINT NOT NULL,  -- the first offset read in the tenure
+        stored_before BIGINT,  -- own tenures: this store's next offset when it took the partition (NULL: none)
+        group_offset BIGINT,  -- the group's committed offset when it began: the previous tenure stored up to there
+        notice_offset BIGINT,  -- the take's position in the handoff log (orders tenures); NULL: not announced yet
+        started_at TIMESTAMPTZ NOT NULL,
+        confirmed_at TIMESTAMPTZ,  -- own tenures: when the previous owner was known to keep no copy of what it reads
+        confirmed_by VARCHAR  -- 'first owner', 'own store', 'release' or 'resolved' and the previous owner
+    )
+    """,
+    """
+    CREATE TABLE offsets_elsewhere (
+        topic VARCHAR NOT NULL,
+        partition INTEGER NOT NULL,
+        from_offset BIGINT NOT NULL,
+        to_offset BIGINT NOT NULL,  -- exclusive
+        reason VARCHAR NOT NULL CHECK (reason IN ('handoff', 'ceded')),
+        tenure_id VARCHAR NOT NULL,  -- handoff: this store's tenure; ceded: the later tenure that holds them
+        removed BIGINT NOT NULL,  -- ceded: events and dead letters deleted from this store
+        recorded_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (tenure_id, reason)
+    )
+    """,
+    """
+    CREATE TABLE handoff_notices (
+        notice_id VARCHAR PRIMARY KEY,
+        notice_offset BIGINT,  -- position in the handoff log; NULL once the log was lost (retired)
+        kind VARCHAR NOT NULL,
+        notice JSON NOT NULL,
+        seen_at TIMESTAMPTZ NOT NULL
+    )
+    """,
+)
+
+# Several materializers write one lake (consumers.lake): no store keeps tenures or handoffs any more.
+_RETIRE_SHARD_TABLES = (
+    "DROP TABLE shard_identity",
+    "DROP TABLE partition_tenures",
+    "DROP TABLE offsets_elsewhere",
+    "DROP TABLE handoff_notices",
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
@@ -719,16 +839,89 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(5, "signed checkpoints", _ADD_CHECKPOINTS),
     Migration(6, "Merkle tree index", _ADD_TREE_INDEX, after=fold_all),
     Migration(7, "read access log", _ADD_ACCESS_LOG),
-    Migration(8, "shard tenures and handoffs", CREATE_SHARD_TABLES),
+    Migration(8, "shard tenures and handoffs", _SHARD_TABLES),
     Migration(9, "archive", CREATE_ARCHIVE_TABLES),
     Migration(10, "event ids without an in-memory index", _EVENT_IDS_WITHOUT_INDEX),
     Migration(11, "event JSON compressed with zstd", _EVENT_JSON_ZSTD),
+    Migration(12, "shard tables retired", _RETIRE_SHARD_TABLES),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
 """The schema version this code writes and reads."""
+
+
+@functools.cache
+def lake_schema() -> tuple[str, ...]:
+    """The statements that make a new lake's schema: the tables `MIGRATIONS` make in a file, column for
+    column and in the same order, without what DuckLake lacks (keys, CHECK constraints, a column's
+    compression; the store's statements hold what the keys held), and its views. A lake starts at
+    `SCHEMA_VERSION`; steps appended later run on it as they are, so they must be SQL both homes run."""
+    con = duckdb.connect(":memory:", config=_DUCKDB_CONFIG)
+    try:
+        con.execute(_CREATE_MIGRATIONS)
+        for migration in MIGRATIONS:
+            for statement in migration.statements:
+                con.execute(statement)
+            if migration.after is not None:
+                migration.after(con)
+        statements: list[str] = []
+        tables = con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND NOT internal ORDER BY table_name"
+        ).fetchall()
+        for (table,) in tables:
+            columns = con.execute(
+                "SELECT column_name, data_type, is_nullable FROM duckdb_columns() WHERE table_name = $t "
+                "AND database_name = current_database() ORDER BY column_index",
+                {"t": table},
+            ).fetchall()
+            body = ", ".join(
+                f"{_identifier(name)} {kind}{'' if nullable else ' NOT NULL'}" for name, kind, nullable in columns
+            )
+            statements.append(f"CREATE TABLE {_identifier(table)} ({body})")
+        statements.extend(
+            str(sql)
+            for (sql,) in con.execute(
+                "SELECT sql FROM duckdb_views() WHERE NOT temporary AND NOT internal ORDER BY view_name"
+            ).fetchall()
+        )
+        return tuple(statements)
+    finally:
+        con.close()
+
+
+def _create_lake_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Make a new lake's schema (`lake_schema`) and record every migration as applied, unless another
+    writer has done it first (their commits then conflict, and the loser runs this again)."""
+    exists = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'schema_migrations' AND database_name = $db",
+        {"db": LAKE_ALIAS},
+    ).fetchone()
+    if exists and exists[0]:
+        return
+    for statement in lake_schema():
+        con.execute(statement)
+    con.execute(_CREATE_LAKE_COMMITS)
+    con.execute("INSERT INTO lake_commits VALUES (0)")
+    for migration in MIGRATIONS:
+        con.execute(
+            "INSERT INTO schema_migrations VALUES ($version, $name, now())",
+            {"version": migration.version, "name": migration.name},
+        )
+
+
+# A lake's one-row table that every write transaction updates (`AuditStore._in_transaction`). DuckLake
+# finds a conflict only between transactions that change one table and at least one of which deletes
+# or updates (inserts alone never conflict: two writers inserting the first offsets row of a partition,
+# or the same gap, both committed, measured). Updating this row makes every two concurrent writes of
+# the lake conflict, so the later one runs again on a fresh snapshot and sees what the first stored.
+_CREATE_LAKE_COMMITS = "CREATE TABLE lake_commits (commits BIGINT NOT NULL)"
+_COUNT_LAKE_COMMIT = "UPDATE lake_commits SET commits = commits + 1"
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 # -- ingest SQL ---------------------------------------------------------------------------------
@@ -937,20 +1130,43 @@ FROM {_STAGED_EVENTS} s
 WHERE s.ord IN (SELECT ord FROM ingest_batch WHERE verdict = 'new')
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
-_INSERT_DEAD_LETTERS = f"""
-INSERT OR IGNORE INTO dead_letters
-    (topic, partition, "offset", key, value, reason, error, preview, kafka_time, received_at)
-SELECT topic, partition, "offset", key, value, reason, error, preview, kafka_time, now()
-FROM {_STAGED_DEAD}
-RETURNING reason
+# Keys hold in SQL both homes run (a DuckLake has no keys): what a key would refuse is left out by
+# the statement itself. The new dead letters, each position once (the first of the batch's copies).
+_NEW_DEAD_LETTERS = f"""
+CREATE OR REPLACE TEMP TABLE ingest_dead AS
+SELECT * FROM {_STAGED_DEAD} s
+WHERE NOT EXISTS (
+    SELECT 1 FROM dead_letters d WHERE d.topic = s.topic AND d.partition = s.partition AND d."offset" = s."offset"
+)
+QUALIFY row_number() OVER (PARTITION BY s.topic, s.partition, s."offset") = 1
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
-# `updated_at` is when the offset last moved, so a redelivered batch leaves the row as it was.
-_UPSERT_OFFSETS = f"""
+_INSERT_DEAD_LETTERS = """
+INSERT INTO dead_letters (topic, partition, "offset", key, value, reason, error, preview, kafka_time, received_at)
+SELECT topic, partition, "offset", key, value, reason, error, preview, kafka_time, now() FROM ingest_dead
+"""
+
+# What the store holds for the batch's partitions, read in the batch's transaction: the fence
+# (`StoreFencedError`) compares it with what this store last read or wrote.
+_HELD_OFFSETS = f"""
+SELECT o.topic, o.partition, o.next_offset FROM kafka_offsets o
+JOIN {_STAGED_OFFSETS} s ON s.topic = o.topic AND s.partition = o.partition
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+# `updated_at` is when the offset last moved, so a redelivered batch leaves the row as it was. An
+# update, then the partitions without a row: in a lake the update is what the lake's conflict check
+# sees, so of two writers that read the same offsets only the first to commit succeeds.
+_UPDATE_OFFSETS = f"""
+UPDATE kafka_offsets SET next_offset = s.next_offset, updated_at = now()
+FROM {_STAGED_OFFSETS} s
+WHERE kafka_offsets.topic = s.topic AND kafka_offsets.partition = s.partition
+  AND kafka_offsets.next_offset <> s.next_offset
+"""  # noqa: S608 (composed of module constants only; values are bound parameters)
+
+_INSERT_OFFSETS = f"""
 INSERT INTO kafka_offsets (topic, partition, next_offset, updated_at)
-SELECT topic, partition, next_offset, now() FROM {_STAGED_OFFSETS}
-ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at
-WHERE kafka_offsets.next_offset <> excluded.next_offset
+SELECT s.topic, s.partition, s.next_offset, now() FROM {_STAGED_OFFSETS} s
+WHERE NOT EXISTS (SELECT 1 FROM kafka_offsets o WHERE o.topic = s.topic AND o.partition = s.partition)
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 # A gap closes when its event arrives.
@@ -959,16 +1175,21 @@ WHERE kafka_offsets.next_offset <> excluded.next_offset
 # is read at most MAX_GAP_ROWS_PER_HOLE seqs deep, as a hole is.
 _INSERT_REPORTED_GAP = f"""
 INSERT INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
-SELECT $producer_id, min(r.seq), 'gap', $detail, NULL, $evidence::JSON, now()
-FROM range($first_seq, least($last_seq, $first_seq + {MAX_GAP_ROWS_PER_HOLE - 1}) + 1) AS r(seq)
-WHERE NOT EXISTS (SELECT 1 FROM events WHERE producer_id = $producer_id AND seq = r.seq)
-HAVING min(r.seq) IS NOT NULL
-ON CONFLICT (producer_id, seq, kind) DO NOTHING
+SELECT $producer_id, g.seq, 'gap', $detail, NULL, $evidence::JSON, now()
+FROM (
+    SELECT min(r.seq) AS seq
+    FROM range($first_seq, least($last_seq, $first_seq + {MAX_GAP_ROWS_PER_HOLE - 1}) + 1) AS r(seq)
+    WHERE NOT EXISTS (SELECT 1 FROM events WHERE producer_id = $producer_id AND seq = r.seq)
+    HAVING min(r.seq) IS NOT NULL
+) g
+WHERE NOT EXISTS (SELECT 1 FROM chain_breaks b WHERE b.producer_id = $producer_id AND b.seq = g.seq AND b.kind = 'gap')
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
 _QUEUE_CHECKPOINTS = """
-INSERT OR IGNORE INTO checkpoint_pending
-SELECT event_id, producer_id, seq FROM ingest_batch WHERE verdict = 'new' AND type = 'Checkpoint'
+INSERT INTO checkpoint_pending
+SELECT event_id, producer_id, seq FROM ingest_batch b
+WHERE verdict = 'new' AND type = 'Checkpoint'
+  AND NOT EXISTS (SELECT 1 FROM checkpoint_pending p WHERE p.event_id = b.event_id)
 """
 
 # Producers whose tree index (consumers.proofs) the batch extends: those with a checkpoint.
@@ -1029,25 +1250,32 @@ GROUP BY kind
 """
 
 # A break already recorded keeps its first detail; a new finding about it is appended once.
-_UPSERT_BREAKS = """
-INSERT INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
-SELECT producer_id, seq, kind, detail, event_id, evidence::JSON, now() FROM ingest_findings
-ON CONFLICT (producer_id, seq, kind) DO UPDATE SET detail = CASE
-    WHEN contains(chain_breaks.detail, excluded.detail) THEN chain_breaks.detail
-    ELSE chain_breaks.detail || '; ' || excluded.detail
-END
-"""
+_UPSERT_BREAKS = (
+    """
+    UPDATE chain_breaks SET detail = chain_breaks.detail || '; ' || f.detail
+    FROM ingest_findings f
+    WHERE chain_breaks.producer_id = f.producer_id AND chain_breaks.seq = f.seq AND chain_breaks.kind = f.kind
+      AND NOT contains(chain_breaks.detail, f.detail)
+    """,
+    """
+    INSERT INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
+    SELECT producer_id, seq, kind, detail, event_id, evidence::JSON, now() FROM ingest_findings f
+    WHERE NOT EXISTS (
+        SELECT 1 FROM chain_breaks b WHERE b.producer_id = f.producer_id AND b.seq = f.seq AND b.kind = f.kind
+    )
+    """,
+)
 
 _DROP_BATCH = (
     "DROP TABLE IF EXISTS ingest_near; DROP TABLE IF EXISTS ingest_ids; DROP TABLE IF EXISTS ingest_batch; "
-    "DROP TABLE IF EXISTS ingest_findings"
+    "DROP TABLE IF EXISTS ingest_findings; DROP TABLE IF EXISTS ingest_dead"
 )
 
 # Holes per producer between 1 and its highest stored seq. With a grace time, a hole counts only
 # once both neighbours (the one neighbour, for a hole at the start) were stored before it: the
 # missing event may still be on its way through another partition.
 _RECORD_GAPS = f"""
-INSERT OR IGNORE INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
+INSERT INTO chain_breaks (producer_id, seq, kind, detail, event_id, evidence, recorded_at)
 WITH archived AS (
     -- Seqs moved to the archive (consumers.archive) are not missing: each file's range per producer
     -- stands in by its two ends, and the span between the ends of one range is no hole.
@@ -1084,6 +1312,9 @@ FROM (
     SELECT *, unnest(range(first_missing, least(last_missing, first_missing + {MAX_GAP_ROWS_PER_HOLE - 1}) + 1))
               AS missing
     FROM holes
+) h
+WHERE NOT EXISTS (
+    SELECT 1 FROM chain_breaks b WHERE b.producer_id = h.producer_id AND b.seq = h.missing AND b.kind = 'gap'
 )
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
@@ -1116,7 +1347,7 @@ class AuditStore:
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Lake,
         *,
         read_only: bool = False,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
@@ -1132,8 +1363,18 @@ class AuditStore:
             CheckpointVerifier(trusted_keys, require_signed=require_signed) if trusted_keys else None
         )
         """Verifies the stored checkpoints after each ingest (None without `trusted_keys`)."""
-        self.path = str(Path(path))
+        if isinstance(path, Lake) and path.as_of is not None and not read_only:
+            raise StoreError(f"{path} is a past snapshot: open it read-only")
+        self.lake = path if isinstance(path, Lake) else None
+        """The lake this store lives in (`consumers.lake`), or None for a DuckDB file."""
+        self.path = str(path) if isinstance(path, Lake) else str(Path(path))
+        """The file's path, or the lake's description (for messages)."""
         self.read_only = read_only
+        self.commit_conflicts = 0
+        """Lake commits refused for a conflict with another writer's and run again (`_in_transaction`)."""
+        # Per topic, the offsets this store last read (`offsets`) or wrote: what the fence expects.
+        self._known_offsets: dict[str, dict[int, int]] = {}
+        self._lake_ready = False
         self.max_value_bytes = max_value_bytes
         if table_cache_bytes is not None and table_cache_bytes < 0:
             raise ValueError(f"table_cache_bytes must not be negative, got {table_cache_bytes}")
@@ -1144,7 +1385,7 @@ class AuditStore:
         self._cursor_lock = threading.Lock()
         # The root connection only hands out cursors; the store writes through a cursor of its own,
         # so opening a reader never waits for an ingest holding the writer.
-        self._root = connect(self.path, read_only=read_only)
+        self._root = connect(self.lake or self.path, read_only=read_only)
         try:
             self._setup = session_setup(self._root)
             self._con = self._root.cursor()
@@ -1204,7 +1445,12 @@ class AuditStore:
                     "once (the materializer does) to migrate it"
                 )
             return
-        self._con.execute(_CREATE_MIGRATIONS)
+        if self.lake is not None:
+            with self._write_lock:
+                self._in_transaction(_create_lake_schema)
+            self._lake_ready = True
+        else:
+            self._con.execute(_CREATE_MIGRATIONS)
         # By version applied, not by the newest: a file migrated by a build that had step 9 but not yet
         # step 8 (they were written side by side) still gets step 8.
         applied = {int(v) for (v,) in self._con.execute("SELECT version FROM schema_migrations").fetchall()}
@@ -1299,67 +1545,19 @@ class AuditStore:
     def _write(self, batch: StagedBatch, offsets: Mapping[tuple[str, int], int]) -> IngestResult:
         """One transaction. A batch of distinct events none of whose slots or ids is stored is judged
         all new (`_ALL_NEW`); any other, event by event (`_CLASSIFY`)."""
-        staged, dead, losses = batch.events, batch.dead, batch.losses
         with self._write_lock:
             con = self._con
-            con.begin()
             try:
-                con.register(_STAGED_EVENTS, staged)
-                con.register(_STAGED_DEAD, dead)
-                con.execute(_FIND_NEIGHBOURS)
-                for statement in _FIND_STORED_IDS:
-                    con.execute(statement)
-                common = batch.distinct and not _count(con.execute(_CLASHES))
-                con.execute(_ALL_NEW if common else _CLASSIFY)
-                summary = con.execute(_BATCH_SUMMARY).fetchall()
-                new_types = {kind for verdict, kind, _, _ in summary if verdict == "new"}
-                stored = _count(con.execute(_INSERT_EVENTS))
-                queued = _count(con.execute(_QUEUE_CHECKPOINTS)) if "Checkpoint" in new_types else 0
-                dead_reasons: Counter[str] = Counter()
-                if dead.num_rows:
-                    dead_reasons.update(str(row[0]) for row in con.execute(_INSERT_DEAD_LETTERS).fetchall())
-                # Built inside the transaction on purpose: a bad mapping fails here and rolls back
-                # the events above with it.
-                con.register(_STAGED_OFFSETS, _offsets_table(offsets))
-                con.execute(_UPSERT_OFFSETS)
-                con.execute(_DELETE_FILLED_GAPS)
-                reported = 0
-                for report in losses:
-                    # A gap at the first reported seq that is not stored, if any.
-                    reported += _count(
-                        con.execute(
-                            _INSERT_REPORTED_GAP,
-                            {
-                                "producer_id": report.producer_id,
-                                "first_seq": report.first_seq,
-                                "last_seq": report.last_seq,
-                                "detail": report.detail(),
-                                "evidence": encode_loss_report(report).decode(),
-                            },
-                        )
-                    )
-                new_breaks: dict[str, int] = {}
-                if _count(con.execute(_FIND_BREAKS)):
-                    new_breaks = {str(kind): int(n) for kind, n in con.execute(_COUNT_NEW_BREAKS).fetchall()}
-                    con.execute(_UPSERT_BREAKS)
-                if stored:
-                    fold(con, [str(p) for (p,) in con.execute(_INDEXED_PRODUCERS).fetchall()])
-                con.execute(_DROP_BATCH)
-                verifier = self.checkpoint_verifier
-                if verifier is not None and (queued or stored):
-                    # Queued ones wait for their events: any newly stored event may complete one.
-                    for kind, n in verifier.verify_pending(con).items():
-                        new_breaks[kind] = new_breaks.get(kind, 0) + n
-                con.commit()
-            except BaseException:
-                # The original error says what went wrong; a failing rollback (a dead connection)
-                # must not replace it, and DuckDB discards the open transaction anyway.
-                with contextlib.suppress(duckdb.Error):
-                    con.rollback()
-                raise
+                con.register(_STAGED_EVENTS, batch.events)
+                con.register(_STAGED_DEAD, batch.dead)
+                summary, stored, dead_reasons, reported, new_breaks = self._in_transaction(
+                    lambda con: self._write_once(con, batch, offsets)
+                )
             finally:
                 for name in (_STAGED_EVENTS, _STAGED_DEAD, _STAGED_OFFSETS):
                     _unregister(con, name)
+            for (topic, partition), next_offset in offsets.items():
+                self._known_offsets.setdefault(topic, {})[partition] = next_offset
             self._trim_cache(con)
         conflicts = sum(int(n) for verdict, _, n, _ in summary if verdict == "conflict")
         new_by_type = [(str(kind), int(n), last) for verdict, kind, n, last in summary if verdict == "new"]
@@ -1376,6 +1574,108 @@ class AuditStore:
             chain_breaks_by_kind=new_breaks,
             last_event_time=max((last for _, _, last in new_by_type), default=None),
         )
+
+    def _write_once(
+        self, con: duckdb.DuckDBPyConnection, batch: StagedBatch, offsets: Mapping[tuple[str, int], int]
+    ) -> tuple[list[Any], int, Counter[str], int, dict[str, int]]:
+        """One attempt of `_write`, inside its transaction (the staged tables registered): the batch
+        summary, events stored, new dead letters by reason, reported gaps and new chain breaks."""
+        dead, losses = batch.dead, batch.losses
+        con.execute(_FIND_NEIGHBOURS)
+        for statement in _FIND_STORED_IDS:
+            con.execute(statement)
+        common = batch.distinct and not _count(con.execute(_CLASHES))
+        con.execute(_ALL_NEW if common else _CLASSIFY)
+        summary = con.execute(_BATCH_SUMMARY).fetchall()
+        new_types = {kind for verdict, kind, _, _ in summary if verdict == "new"}
+        stored = _count(con.execute(_INSERT_EVENTS))
+        queued = _count(con.execute(_QUEUE_CHECKPOINTS)) if "Checkpoint" in new_types else 0
+        dead_reasons: Counter[str] = Counter()
+        if dead.num_rows:
+            con.execute(_NEW_DEAD_LETTERS)
+            dead_reasons.update(str(row[0]) for row in con.execute("SELECT reason FROM ingest_dead").fetchall())
+            con.execute(_INSERT_DEAD_LETTERS)
+        # Built inside the transaction on purpose: a bad mapping fails here and rolls back the events
+        # above with it.
+        con.register(_STAGED_OFFSETS, _offsets_table(offsets))
+        self._fence(con, offsets)
+        con.execute(_UPDATE_OFFSETS)
+        con.execute(_INSERT_OFFSETS)
+        con.execute(_DELETE_FILLED_GAPS)
+        reported = 0
+        for report in losses:
+            # A gap at the first reported seq that is not stored, if any.
+            reported += _count(
+                con.execute(
+                    _INSERT_REPORTED_GAP,
+                    {
+                        "producer_id": report.producer_id,
+                        "first_seq": report.first_seq,
+                        "last_seq": report.last_seq,
+                        "detail": report.detail(),
+                        "evidence": encode_loss_report(report).decode(),
+                    },
+                )
+            )
+        new_breaks: dict[str, int] = {}
+        if _count(con.execute(_FIND_BREAKS)):
+            new_breaks = {str(kind): int(n) for kind, n in con.execute(_COUNT_NEW_BREAKS).fetchall()}
+            for statement in _UPSERT_BREAKS:
+                con.execute(statement)
+        if stored:
+            fold(con, [str(p) for (p,) in con.execute(_INDEXED_PRODUCERS).fetchall()])
+        con.execute(_DROP_BATCH)
+        verifier = self.checkpoint_verifier
+        if verifier is not None and (queued or stored):
+            # Queued ones wait for their events: any newly stored event may complete one.
+            for kind, n in verifier.verify_pending(con).items():
+                new_breaks[kind] = new_breaks.get(kind, 0) + n
+        return summary, stored, dead_reasons, reported, new_breaks
+
+    def _fence(self, con: duckdb.DuckDBPyConnection, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Raise `StoreFencedError` when the store holds other offsets for the batch's partitions than
+        this store last read (`offsets`) or wrote: another writer stored them meanwhile. Partitions of
+        a topic this store never read nor wrote are not checked."""
+        held = {(str(t), int(p)): int(o) for t, p, o in con.execute(_HELD_OFFSETS).fetchall()}
+        moved: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+        for key in offsets:
+            known = self._known_offsets.get(key[0])
+            if known is not None and held.get(key) != known.get(key[1]):
+                moved[key] = (known.get(key[1]), held.get(key))
+        if moved:
+            raise StoreFencedError(self.path, moved)
+
+    def _in_transaction(self, work: Callable[[duckdb.DuckDBPyConnection], _T]) -> _T:
+        """Run `work` on the write connection in one transaction (the caller holds the write lock);
+        rolled back and re-raised when it raises. In a lake, a commit refused for a conflict with
+        another writer's (DuckLake's own check: any two transactions that change one table) is run
+        again from the start on a fresh snapshot, up to `MAX_COMMIT_ATTEMPTS` times: `work` must be
+        repeatable, and sees what the other writer committed (the offsets fence included)."""
+        attempt = 0
+        while True:
+            con = self._con
+            con.begin()
+            try:
+                if self.lake is not None and self._lake_ready:
+                    con.execute(_COUNT_LAKE_COMMIT)
+                result = work(con)
+                con.commit()
+                return result
+            except duckdb.TransactionException as exc:
+                with contextlib.suppress(duckdb.Error):
+                    con.rollback()
+                attempt += 1
+                if self.lake is None or "conflict" not in str(exc).lower() or attempt >= MAX_COMMIT_ATTEMPTS:
+                    raise
+                self.commit_conflicts += 1
+                # Jitter, so that writers refused together do not collide again in step.
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+            except BaseException:
+                # The original error says what went wrong; a failing rollback (a dead connection)
+                # must not replace it, and DuckDB discards the open transaction anyway.
+                with contextlib.suppress(duckdb.Error):
+                    con.rollback()
+                raise
 
     def _trim_cache(self, con: duckdb.DuckDBPyConnection) -> None:
         """Evict what the buffer pool holds of the tables' blocks beyond `table_cache_bytes`, once it
@@ -1444,11 +1744,35 @@ class AuditStore:
                 _add_dead(dead, record, "error", f"{type(exc).__name__}: {exc}")
         return _events_table(rows), pa.Table.from_pydict(dead, schema=_STAGED_DEAD_SCHEMA), losses
 
-    def offsets(self, topic: str) -> dict[int, int]:
+    def offsets(self, topic: str, *, expect: Iterable[int] | None = None) -> dict[int, int]:
         """Partition -> the next offset to read, as last committed by `ingest` (empty for a topic
-        never ingested). Safe from any thread; blocks briefly while an ingest commits."""
+        never ingested). Safe from any thread; blocks briefly while an ingest commits.
+
+        What is read becomes what the offsets fence expects (`StoreFencedError`): for every partition
+        of the topic (`expect=None`: this store writes whatever it reads next from there), or for the
+        partitions in `expect` alone (those just sought; `expect=()`: a look that changes nothing)."""
         with self._write_lock:
-            return {int(p): int(o) for p, o in self._con.execute(_OFFSETS, {"topic": topic}).fetchall()}
+            # Autocommit: a fresh snapshot, in a lake what every writer has committed so far.
+            held = {int(p): int(o) for p, o in self._con.execute(_OFFSETS, {"topic": topic}).fetchall()}
+            if expect is None:
+                self._known_offsets[topic] = dict(held)
+            else:
+                known = self._known_offsets.setdefault(topic, {})
+                for partition in expect:
+                    if partition in held:
+                        known[partition] = held[partition]
+                    else:
+                        known.pop(partition, None)
+            return held
+
+    def forget_partitions(self, topic: str, partitions: Iterable[int]) -> None:
+        """Partitions this store no longer owns: until `offsets` reads them again, a write for them is
+        refused when another writer has stored them (the fence expects no row). Blocks while an ingest
+        commits."""
+        with self._write_lock:
+            known = self._known_offsets.setdefault(topic, {})
+            for partition in partitions:
+                known.pop(partition, None)
 
     def holds(self, topic: str, partition: int, offset: int, value: bytes | None) -> bool:
         """True when the store already holds the record the broker now has at this position: the
@@ -1478,7 +1802,7 @@ class AuditStore:
             with contextlib.suppress(ValueError):
                 if (report := parse_loss_report(value)) is not None:
                     row = con.execute(
-                        "SELECT 1 FROM chain_breaks WHERE evidence->>'report_id' = $id", {"id": report.report_id}
+                        "SELECT 1 FROM chain_breaks WHERE (evidence->>'report_id') = $id", {"id": report.report_id}
                     ).fetchone()
                     return row is not None
             row = con.execute(
@@ -1494,13 +1818,12 @@ class AuditStore:
         again); stored events stay. Raises `StoreError` when read-only."""
         self._require_writable("reset_partition")
         with self._write_lock:
-            self._con.execute(_RESET_PARTITION, {"topic": topic, "partition": partition})
+            self._in_transaction(lambda con: con.execute(_RESET_PARTITION, {"topic": topic, "partition": partition}))
+            self._known_offsets.get(topic, {}).pop(partition, None)
 
     def close_open_gaps(self, *, older_than: datetime | None = None) -> int:
         """Record as 'gap' chain breaks the seqs still missing per producer between 1 and its highest
-        stored seq; returns how many rows were newly recorded. In a sharded store (`consumers.shards`)
-        a hole whose neighbours straddle offsets another shard holds is no gap (recorded ones are
-        removed): it separates two of the producer's chain segments.
+        stored seq; returns how many rows were newly recorded.
 
         Call it at the end of a drain (`older_than=None`: every hole), or periodically with a grace
         time: then only holes whose neighbouring events were stored (`ingested_at`, the store's own
@@ -1509,20 +1832,9 @@ class AuditStore:
         fills it. Raises `StoreError` when read-only. Blocks for one scan of the events.
         """
         self._require_writable("close_open_gaps")
+
         with self._write_lock:
-            con = self._con
-            # One transaction: readers never see the gaps recorded here that the next statement drops.
-            con.begin()
-            try:
-                recorded = _count(con.execute(_RECORD_GAPS, {"older_than": older_than}))
-                # A hole across offsets another shard holds is a boundary of chain segments, no gap here.
-                dropped = _count(con.execute(DROP_GAPS_HELD_ELSEWHERE))
-                con.commit()
-            except BaseException:
-                with contextlib.suppress(duckdb.Error):
-                    con.rollback()
-                raise
-            return max(0, recorded - dropped)
+            return self._in_transaction(lambda con: _count(con.execute(_RECORD_GAPS, {"older_than": older_than})))
 
     def archive(
         self,
@@ -1536,6 +1848,11 @@ class AuditStore:
         per day (`consumers.archive.archive_days`); the days moved. Raises `StoreError` when
         read-only and `ArchiveError` when the archive cannot be written. Blocks for the export."""
         self._require_writable("archive")
+        if self.lake is not None:
+            raise StoreError(
+                f"{self.path} keeps its events as Parquet already: expire old snapshots instead of archiving "
+                "(docs/operating.md, 'The lake')"
+            )
         with self._write_lock:
             return archive_days(self._con, before=before, to=to, on_day=on_day, dry_run=dry_run)
 
@@ -1545,16 +1862,7 @@ class AuditStore:
         `StoreError` when read-only. Blocks."""
         self._require_writable("a write")
         with self._write_lock:
-            con = self._con
-            con.begin()
-            try:
-                result = work(con)
-                con.commit()
-            except BaseException:
-                with contextlib.suppress(duckdb.Error):
-                    con.rollback()
-                raise
-        return result
+            return self._in_transaction(work)
 
     def close_checkpoints(self, *, older_than: datetime | None = None) -> dict[str, int]:
         """Record the checkpoint findings waiting cannot change any more (`CheckpointVerifier.close`);
@@ -1569,18 +1877,14 @@ class AuditStore:
         verifier = self.checkpoint_verifier
         if verifier is None:
             return {}
+
+        def close(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+            found = verifier.verify_pending(con)
+            found.update(verifier.close(con, now=datetime.now(UTC), older_than=older_than))
+            return dict(found)
+
         with self._write_lock:
-            con = self._con
-            con.begin()
-            try:
-                found = verifier.verify_pending(con)
-                found.update(verifier.close(con, now=datetime.now(UTC), older_than=older_than))
-                con.commit()
-            except BaseException:
-                with contextlib.suppress(duckdb.Error):
-                    con.rollback()
-                raise
-        return dict(found)
+            return self._in_transaction(close)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -1613,6 +1917,8 @@ def _unregister(con: duckdb.DuckDBPyConnection, name: str) -> None:
 def _offsets_table(offsets: Mapping[tuple[str, int], int]) -> pa.Table:
     topics, partitions, nexts = [], [], []
     for (topic, partition), next_offset in offsets.items():
+        if next_offset < 0:
+            raise ValueError(f"the next offset of {topic}/{partition} must not be negative, got {next_offset}")
         topics.append(topic)
         partitions.append(partition)
         nexts.append(next_offset)

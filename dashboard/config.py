@@ -42,7 +42,9 @@ __all__ = [
     "DEFAULT_TRACE_URL",
     "ENV_API",
     "ENV_AUTH",
+    "ENV_DATA",
     "ENV_DB",
+    "ENV_LAKE",
     "ENV_LOGIN",
     "ENV_OIDC_ROLES",
     "ENV_REFRESH",
@@ -59,6 +61,9 @@ __all__ = [
 
 ENV_API: Final = "CALLGATE_API"
 ENV_DB: Final = "CALLGATE_DB"
+ENV_LAKE: Final = "CALLGATE_LAKE"
+"""A lake's catalog (`consumers.lake`), with `ENV_DATA`: the dashboard reads the lake directly."""
+ENV_DATA: Final = "CALLGATE_DATA"
 ENV_REFRESH: Final = "CALLGATE_DASHBOARD_REFRESH_S"
 ENV_TRACE_URL: Final = "CALLGATE_TRACE_URL"
 ENV_TRUSTED_KEYS: Final = "CALLGATE_TRUSTED_KEYS"
@@ -105,6 +110,9 @@ class DashboardConfig:
 
     api: str | None = None
     db: str | None = None
+    lake: str | None = None
+    """A lake's catalog, with `data` (`consumers.lake`): the store read in place of a file."""
+    data: str | None = None
     refresh_s: float = DEFAULT_REFRESH_S
     trace_url: str = DEFAULT_TRACE_URL
     trusted_keys: str | None = None
@@ -125,6 +133,11 @@ class DashboardConfig:
         return f"DashboardConfig(source={self.source!r}, login={self.login!r}, token={'set' if self.token else None})"
 
     def __post_init__(self) -> None:
+        if (self.lake is None) != (self.data is None):
+            raise ConfigurationError(f"{ENV_LAKE} / {ENV_DATA}", "a lake needs both its catalog and its data path")
+        if self.lake is not None and self.db is None:
+            # The lake stands where a file would: every check below about `db` holds for it.
+            object.__setattr__(self, "db", f"{self.lake} {self.data}")
         if (self.api is None) == (self.db is None):
             raise ConfigurationError(
                 f"{ENV_API} / {ENV_DB}",
@@ -175,6 +188,8 @@ class DashboardConfig:
         return cls(
             api=env.get(ENV_API) or None,
             db=env.get(ENV_DB) or None,
+            lake=env.get(ENV_LAKE) or None,
+            data=env.get(ENV_DATA) or None,
             refresh_s=refresh,
             trace_url=env.get(ENV_TRACE_URL) or DEFAULT_TRACE_URL,
             trusted_keys=env.get(ENV_TRUSTED_KEYS) or None,

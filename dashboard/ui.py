@@ -23,6 +23,7 @@ import pandas as pd
 import streamlit as st
 
 from consumers.auth import AuthError, Forbidden, TokenFile, scope_params
+from consumers.lake import lake_from_options
 from consumers.queries import QUERIES, QueryError
 from consumers.reader import AccessDeniedError, ApiReader, AuditReader, FileReader, SourceUnavailableError
 from dashboard.config import DEFAULT_REFRESH_S, ENV_REFRESH, ConfigurationError, DashboardConfig, valid_zone
@@ -99,20 +100,32 @@ def _file_reader(path: str) -> FileReader:
     return FileReader(path)
 
 
+@st.cache_resource(show_spinner=False)
+def _lake_reader(catalog: str, data: str) -> FileReader:
+    # A lake takes no lock: the dashboard reads it while materializers write it.
+    return FileReader(lake_from_options(catalog, data))
+
+
+def _store_reader(cfg: DashboardConfig) -> FileReader:
+    if cfg.lake is not None and cfg.data is not None:
+        return _lake_reader(cfg.lake, cfg.data)
+    return _file_reader(str(cfg.db))
+
+
 def reader(cfg: DashboardConfig | None = None) -> AuditReader:
     """The reader of the configured source for this session (one `FileReader` per file, shared; an
     `ApiReader` is stateless and sends the session's token)."""
     cfg = cfg or config()
     if cfg.api is not None:
         return ApiReader(cfg.api, token=access().token)
-    return _file_reader(str(cfg.db))
+    return _store_reader(cfg)
 
 
 def _reader_with(token: str | None) -> AuditReader:
     cfg = config()
     if cfg.api is not None:
         return ApiReader(cfg.api, token=token)
-    return _file_reader(str(cfg.db))
+    return _store_reader(cfg)
 
 
 # `who` (the session's `Access.key`) keeps the results of sessions with different rights apart:

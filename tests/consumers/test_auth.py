@@ -29,7 +29,7 @@ from consumers.auth import (
     parse_token_file,
     scope_params,
 )
-from consumers.queries import QUERIES, NamedQuery, Param, QueryError, UnknownQueryError, lookup
+from consumers.queries import QUERIES, NamedQuery, Param, QueryError, UnknownQueryError
 
 ACME = Identity("acme-admin", frozenset({"tenant:acme"}))
 TWO = Identity("both", frozenset({"tenant:acme", "tenant:globex"}))
@@ -76,7 +76,7 @@ class TestQueryScopes:
     def test_a_tenant_query_without_a_tenant_filter_is_refused(self) -> None:
         """Declaring "tenant" on SQL that filters no tenant raises when the query is built."""
         with pytest.raises(ValueError, match="no \\$tenant"):
-            NamedQuery("q", "d", "SELECT 1", {"tenant": Param("str", "t")}, scope="tenant", merge=lookup())
+            NamedQuery("q", "d", "SELECT 1", {"tenant": Param("str", "t")}, scope="tenant")
 
     def test_the_access_log_is_admin_only(self) -> None:
         """The access_log query is scoped admin."""

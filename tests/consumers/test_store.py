@@ -680,7 +680,7 @@ class TestOffsets:
         events = gate_events(4)
         store.ingest(records(events[:2]), {(TOPIC, 0): 2})
         before = snapshot(store)
-        with pytest.raises(duckdb.ConstraintException):
+        with pytest.raises(ValueError, match="must not be negative"):
             store.ingest(records(events[2:], start=2), {(TOPIC, 0): 5, (TOPIC, 1): -1})
         assert snapshot(store) == before
         assert store.offsets(TOPIC) == {0: 2}
@@ -763,11 +763,8 @@ class TestMigrations:
                 "SELECT DISTINCT compression FROM pragma_storage_info('events')"
                 " WHERE column_name = 'event' AND segment_type = 'JSON'"
             ).fetchall()
+            # What the file holds decides (duckdb 1.5 does not render the compression in `duckdb_tables().sql`).
             assert compression == [("ZSTD",)]
-            assert (
-                "USING COMPRESSION ZSTD"
-                in con.execute("SELECT sql FROM duckdb_tables() WHERE table_name = 'events'").fetchall()[0][0]
-            )
 
     def test_a_file_from_a_newer_version_is_refused(self, db: Path) -> None:
         """A file whose schema is newer than this code knows raises StoreError instead of being written."""

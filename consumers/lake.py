@@ -1,0 +1,183 @@
+"""The lake home of the audit store: a DuckLake, its catalog in PostgreSQL or SQLite, its data as
+Parquet files in a directory or on S3-compatible object storage.
+
+`Lake(catalog, data)` names one (`lake_from_options` checks what a person typed); `attach_lake(con,
+lake)` loads the extensions DuckLake needs and attaches it to a DuckDB connection as `lake`. The store
+(`consumers.store.AuditStore`) opens a `Lake` where it would open a file; everything above it (the
+named queries, the checks, the readers) runs the same SQL on either home.
+
+Extensions come from the `duckdb-extension-*` wheels installed with callgate (their files load
+offline, by path, under the extension's own name); where a wheel is missing, `LOAD name` takes what a
+connected deployment installed with `INSTALL ducklake` (and `postgres`, `sqlite`, `httpfs`). Nothing
+is ever downloaded by the store itself.
+
+S3 (`s3://bucket/prefix/`): credentials and endpoint from the usual environment variables,
+`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION` (or
+`AWS_DEFAULT_REGION`) and `AWS_ENDPOINT_URL` (an S3-compatible server: `http://127.0.0.1:9000`
+addresses it by path, without TLS when the URL says http).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Final
+
+import duckdb
+
+__all__ = ["LAKE_ALIAS", "Lake", "LakeError", "attach_lake", "extension_file", "lake_from_options"]
+
+LAKE_ALIAS: Final = "lake"
+"""The name a store's connection gives the attached lake (its `current_database()`)."""
+
+# The wheel that ships each extension, by the extension's own name (what LOAD registers it under).
+_WHEELS: Final = {
+    "ducklake": "duckdb_extension_ducklake",
+    "postgres_scanner": "duckdb_extension_postgres_scanner",
+    "sqlite_scanner": "duckdb_extension_sqlite_scanner",
+    "httpfs": "duckdb_extension_httpfs",
+}
+
+_CATALOG_EXTENSIONS: Final = {"postgres": "postgres_scanner", "sqlite": "sqlite_scanner"}
+
+
+class LakeError(ValueError):
+    """A lake that cannot be used as given: a catalog or data path of an unknown kind, text that
+    cannot be passed on whole, or an extension that cannot be loaded. The message names the culprit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lake:
+    """Where a lake lives: `catalog` is `postgres:<libpq connection string>` or `sqlite:<file>`;
+    `data` an absolute directory path ending in `/` or `s3://bucket/prefix/`. Make one with
+    `lake_from_options`, which checks both."""
+
+    catalog: str
+    data: str
+    as_of: datetime | None = None
+    """Time travel: the lake as its last snapshot committed at or before this time (read-only); None:
+    the lake as it is."""
+
+    @property
+    def kind(self) -> str:
+        """`postgres` or `sqlite`."""
+        return self.catalog.split(":", 1)[0]
+
+    def __str__(self) -> str:
+        # Never a password from the connection string.
+        when = f" as of {self.as_of.isoformat()}" if self.as_of is not None else ""
+        return f"the lake {_without_password(self.catalog)} (data {self.data}){when}"
+
+
+def lake_from_options(catalog: str, data: str, *, as_of: datetime | None = None) -> Lake:
+    """The `Lake` of `--lake CATALOG --data PATH [--as-of TIME]`; a local data directory is made
+    absolute and created when missing. Raises `LakeError` naming what is wrong (a time without its
+    zone among it: a snapshot time is an instant)."""
+    if as_of is not None and as_of.tzinfo is None:
+        raise LakeError(f"--as-of {as_of.isoformat()} has no time zone; give one (2026-12-01T00:00:00Z)")
+    for name, text in (("--lake", catalog), ("--data", data)):
+        if any(c in text for c in "\x00\r\n"):
+            raise LakeError(f"{name} must be one line of text without NUL bytes, got {text!r}")
+    kind, sep, rest = catalog.partition(":")
+    if not sep or kind not in _CATALOG_EXTENSIONS or not rest.strip():
+        raise LakeError(
+            f"--lake must be postgres:<connection string> or sqlite:<file>, got {_without_password(catalog)!r}"
+        )
+    if kind == "sqlite":
+        rest = str(Path(rest).expanduser().absolute())
+    scheme = urllib.parse.urlsplit(data).scheme
+    if scheme == "s3":
+        parsed = urllib.parse.urlsplit(data)
+        if not parsed.netloc:
+            raise LakeError(f"--data {data!r} names no bucket; use s3://BUCKET/PREFIX/")
+        location = data if data.endswith("/") else data + "/"
+    elif scheme and len(scheme) > 1:
+        raise LakeError(f"--data must be a directory or s3://BUCKET/PREFIX/, got {data!r} (scheme {scheme}:)")
+    else:
+        directory = Path(data).expanduser().absolute()
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LakeError(f"--data {data!r}: cannot create the directory ({exc.strerror})") from exc
+        location = str(directory) + "/"
+    return Lake(f"{kind}:{rest}", location, as_of)
+
+
+def extension_file(name: str) -> Path | None:
+    """The extension file the `duckdb-extension-*` wheel of `name` ships for this duckdb, or None
+    when that wheel is not installed (or ships none for this version)."""
+    package = _WHEELS.get(name)
+    spec = importlib.util.find_spec(package) if package else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        found = Path(root) / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
+        if found.is_file():
+            return found
+    return None
+
+
+def _load(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    found = extension_file(name)
+    try:
+        con.execute(f"LOAD {_text(str(found))}" if found else f"LOAD {name}").fetchall()
+    except duckdb.Error as exc:
+        raise LakeError(
+            f"cannot load DuckDB's {name} extension ({exc}); install callgate's dependencies "
+            f"(the {_WHEELS[name].replace('_', '-')} wheel), or INSTALL {name} where the network allows"
+        ) from exc
+
+
+def attach_lake(con: duckdb.DuckDBPyConnection, lake: Lake, *, read_only: bool = False) -> None:
+    """Load what `lake` needs and attach it to `con` as `LAKE_ALIAS` (not made current: the caller
+    `USE`s it). Creates the lake when its catalog is empty. Raises `LakeError` for an extension that
+    cannot be loaded, DuckDB's errors for a catalog or data path it cannot reach. Blocks."""
+    _load(con, "ducklake")
+    _load(con, _CATALOG_EXTENSIONS[lake.kind])
+    if lake.data.startswith("s3://"):
+        _load(con, "httpfs")
+        con.execute(_s3_secret()).fetchall()
+    options = [f"DATA_PATH {_text(lake.data)}"]
+    if lake.as_of is not None:
+        options.append(f"SNAPSHOT_TIME {_text(lake.as_of.isoformat())}")
+    if read_only or lake.as_of is not None:
+        options.append("READ_ONLY")
+    con.execute(f"ATTACH {_text('ducklake:' + lake.catalog)} AS {LAKE_ALIAS} ({', '.join(options)})").fetchall()
+
+
+def _s3_secret() -> str:
+    """A temporary secret for the s3:// data path, from the environment (see the module docstring)."""
+    env = os.environ
+    fields = {"TYPE": "s3", "PROVIDER": "config"}
+    for field, variable in (("KEY_ID", "AWS_ACCESS_KEY_ID"), ("SECRET", "AWS_SECRET_ACCESS_KEY")):
+        if not env.get(variable):
+            raise LakeError(f"an s3:// data path needs {variable} in the environment")
+        fields[field] = env[variable]
+    if env.get("AWS_SESSION_TOKEN"):
+        fields["SESSION_TOKEN"] = env["AWS_SESSION_TOKEN"]
+    fields["REGION"] = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    endpoint = env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        parsed = urllib.parse.urlsplit(endpoint)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise LakeError(f"AWS_ENDPOINT_URL must look like http://HOST:PORT, got {endpoint!r}")
+        fields["ENDPOINT"] = parsed.netloc
+        fields["URL_STYLE"] = "path"
+        fields["USE_SSL"] = "true" if parsed.scheme == "https" else "false"
+    body = ", ".join(f"{k} {v if k in ('TYPE', 'PROVIDER', 'USE_SSL') else _text(v)}" for k, v in fields.items())
+    return f"CREATE OR REPLACE TEMPORARY SECRET callgate_lake_s3 ({body})"
+
+
+def _text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _without_password(catalog: str) -> str:
+    """The catalog as a person may see it: a libpq `password=...`, or the password of a URI, as `***`."""
+    shown = re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", catalog, flags=re.IGNORECASE)
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", shown)
