@@ -1874,7 +1874,6 @@ QUERIES.update(
             _PENDING_APPROVALS,
             {"tenant": TENANT, **PAGE},
             scope="tenant",
-            merge=page("-requested_at", "approval_id"),
         ),
         _query(
             "approval_request",
@@ -1884,7 +1883,6 @@ QUERIES.update(
             _APPROVAL_REQUEST,
             {"approval_id": _APPROVAL_ID, "tenant": TENANT, **PAGE},
             scope="tenant",
-            merge=lookup(),
         ),
     ]
 )
