@@ -15,6 +15,9 @@ means are reported, and the ratio policy / Python (target <= 2.0).
 Then each built-in function alone, as it is now against the last revision before its bypasses
 were closed (`PREVIOUS`, read from git; skipped outside a clone), on ordinary arguments.
 
+Then `has_secrets`' detection rate on the attack corpus and false-positive rate on the project's
+own docs and test texts (`bench/secrets_rates.py`).
+
 Then the CEL engines on PyPI, one compiled condition evaluated in a loop (those installed: the
 `bench` extra brings the two that are not dependencies).
 """
@@ -36,6 +39,7 @@ from typing import Any
 
 from figures import report
 from pydantic import BaseModel
+from secrets_rates import rates as secrets_rates
 
 from interceptor_core import Allow, Block, Deny, Gate, RequireApproval, Rewrite, RunContext, ToolCall, tool
 from interceptor_core.builtins import has_secrets, host_in, sql_writes, within
@@ -339,6 +343,12 @@ def main() -> None:
             print(f"  {name:<14} {now:>9.1f}")
         else:
             print(f"  {name:<14} {now:>9.1f}   before {before:>9.1f}   ratio {now / before:.2f}")
+    found = secrets_rates()
+    print(
+        f"has_secrets: {found.detected} of {found.hostile} hostile corpus values refused "
+        f"({found.detection:.1%}); {len(found.flagged)} of {found.benign} benign texts refused "
+        f"({found.false_positive:.2%}; bench/secrets_rates.py lists them)"
+    )
     print()
     print(f"CEL engines, µs per evaluation (best of 5): small = {ENGINE_EXPRESSION!r}; large = 40 such clauses")
     for engine, figures in engines(opts.engine_evals).items():

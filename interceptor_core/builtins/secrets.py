@@ -514,8 +514,11 @@ def _space_groups(match: re.Match[str]) -> str:
 
 _PLACEHOLDER_WORD = re.compile(
     r"[`'\"<({\[]*"
-    r"(?:[a-z]{1,12}|[A-Z]{1,12}|[A-Z][a-z]{1,11}|[A-Za-z]*_[A-Za-z_]{1,23}|\$\{?[A-Za-z_]+\}?|\.{3}|\*+)"
-    r"[`'\">)}\].,;:!?]*"
+    r"(?:[a-z]{1,12}|[A-Z]{1,12}|[A-Z][a-z]{1,11}|[A-Za-z]*_[A-Za-z_]{1,23}|\$\{?[A-Za-z_]+\}?|\.{3}|\*+"
+    # A challenge's parameters (`WWW-Authenticate: Bearer realm="api", scope="read"`, RFC 6750) name
+    # no credential.
+    r"|(?:realm|scope|error|error_description|error_uri|resource_metadata)=\"[^\"]*\")"
+    r"[`'\">)}\].,;:!?=]*"
 )
 
 
@@ -525,7 +528,7 @@ def _is_placeholder(span: str) -> bool:
     Prose about credentials ("the proxy reads a bearer token"), and examples that name one without
     giving it, match the detectors of "Bearer ...", "Authorization: ..." and URL credentials. No key
     or token is a word of twelve letters or fewer in one case (or capitalized), a name with "_"
-    (`API_KEY`), a variable (`$TOKEN`) or "..." or "***".
+    (`API_KEY`), a variable (`$TOKEN`) or "..." or "***", nor a challenge's `realm="..."`.
     """
     words = span.split()
     return bool(words) and all(_PLACEHOLDER_WORD.fullmatch(word) is not None for word in words)
