@@ -97,7 +97,6 @@ class TestDuckDB:
 
 DUCKDB_WRITES = [
     "SELECT nextval('s')",
-    "SELECT setval('s', 40)",
     "SELECT sleep_ms(700)",
     "SELECT * FROM read_csv('{root}/marker.csv')",
     "SELECT * FROM read_text('{root}/marker.csv')",
