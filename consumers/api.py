@@ -67,8 +67,7 @@ log = logging.getLogger(__name__)
 
 class RunnerError(Exception):
     """A query the runner cannot answer for a reason that is neither the caller's parameters nor a bug:
-    answered with `status_code` (503: a shard of `callgate serve` is down; 501: a query that cannot be
-    merged over shards) and the message as the error."""
+    answered with `status_code` (503: the store cannot be read now) and the message as the error."""
 
     def __init__(self, message: str, *, status_code: int) -> None:
         super().__init__(message)
@@ -436,8 +435,8 @@ class _Server(uvicorn.Server):
 def _bind(host: str, port: int) -> socket.socket:
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     sock = socket.create_server(address, family=family)
-    # Accepted connections inherit it: without it a keep-alive client (httpx, callgate serve reading its
-    # shards) waits out its delayed ACK, about 40 ms, on every answer written in two parts.
+    # Accepted connections inherit it: without it a keep-alive client (httpx, a reader paging through
+    # a query) waits out its delayed ACK, about 40 ms, on every answer written in two parts.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 

@@ -162,10 +162,9 @@ def _fold_one(con: duckdb.DuckDBPyConnection, producer_id: str) -> bool:
 
 def _fold_blocks(con: duckdb.DuckDBPyConnection, producer_id: str) -> None:
     """Index every complete aligned subtree of `INDEX_LEVEL` and above whose leaves are all stored,
-    past the fold too: a shard holding a later segment of a producer's chain (a partition handed over,
-    `consumers.shards`) never folds from seq 1, and `callgate serve` checks a checkpoint over several
-    shards from each shard's nodes (`merkle_material`). Each new block's root, then its parents while
-    their other half is indexed. The fold records the same nodes when it reaches them."""
+    past the fold too, so a store that holds only a later part of a producer's chain still indexes
+    what it has. Each new block's root, then its parents while their other half is indexed. The fold
+    records the same nodes when it reaches them."""
     row = con.execute(_STATE, {"producer_id": producer_id}).fetchone()
     leaves = 0 if row is None else int(row[0])
     blocks = [
