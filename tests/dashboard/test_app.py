@@ -157,13 +157,14 @@ class TestBlockedAttempts:
     def test_blank_text_cells_are_blank(
         self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """A text column's missing values (no trace id, no workflow) are empty cells, not "None"."""
-        at = open_app(store_env, monkeypatch, "blocked")
-        (table,) = [df.value for df in at.dataframe]
-        missing = seeded_store.scalar("select count(*) from blocked_attempts where trace_id is null")
-        assert missing > 0
-        assert list(table["trace_id"]).count("") == missing
-        assert not any(value is None for column in ("trace_id", "workflow", "cause") for value in table[column])
+        """A text column's missing values (a call made outside a run has no run id) are empty cells, not "None"."""
+        assert seeded_store.scalar("select count(*) from blocked_attempts where call_id = 'c-old-0' and run_id is null")
+        at = open_app(store_env, monkeypatch, "call", call_id="c-old-0")
+        events = at.dataframe[-1].value
+        assert set(events["run_id"]) == {""}
+        assert not any(
+            value is None for table in at.dataframe for column in table.value for value in table.value[column]
+        )
 
     def test_filters_narrow_through_query_parameters(
         self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
