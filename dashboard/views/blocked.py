@@ -113,7 +113,7 @@ def live() -> None:
         st.caption(f"Page {result.page} of {result.pages}, newest first. Select a row to open the call.")
         if live_every is None and pinned and st.session_state.get("live", True):
             st.caption("Live is paused while a row is selected; clear the selection to resume.")
-        ui.table(
+        event = ui.table(
             result.rows,
             BLOCKED_TABLE_COLUMNS,
             key="blocked_table",
@@ -122,6 +122,9 @@ def live() -> None:
             on_select=_pin_selected,
         )
         st.session_state["blocked_drawn"] = [row.get("call_id") for row in result.rows]
+        if event is None or not event.selection.rows:
+            # No row selected (none yet, or the page drawn afresh on the way back): nothing is pinned.
+            st.session_state["blocked_pinned"] = None
         selected = st.session_state.get("blocked_pinned")
         if bool(selected) != bool(pinned):
             # Selected or cleared: run the page again so Live pauses or resumes.

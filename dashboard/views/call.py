@@ -77,7 +77,7 @@ def show(detail_call_id: str) -> None:
     if detail.trail:
         ui.table(
             detail.trail,
-            ["step", "interceptor", "decision", "rules", "policy_version", "mode", "phase", "duration_ms", "error"],
+            ["step", "interceptor", "decision", "rules", "mode", "phase", "duration_ms", "error"],
             key="call_trail",
         )
         frame = ui.frame(detail.trail, ["step", "interceptor", "decision", "mode", "start_ms", "duration_ms"])
