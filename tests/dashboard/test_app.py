@@ -7,7 +7,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -487,6 +487,20 @@ class TestPipeline:
         shop = [e for e in seeded_store.events if e.gate == "shop"]
         assert list(partitions["next_offset"]) == [len(shop), 51]
         assert "{not json <b>bold</b>" in all_text(at)
+
+    def test_the_minute_chart_ends_at_now(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The events-per-minute chart's time axis runs from an hour ago to now, not past it."""
+        before = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+        at = open_app(store_env, monkeypatch, "pipeline")
+        after = datetime.now(UTC).replace(tzinfo=None)
+        (chart,) = at.get("vega_lite_chart")
+        spec = json.loads(chart.proto.spec)
+        layer = spec.get("encoding") or spec["layer"][0]["encoding"]
+        first, last = (datetime.fromisoformat(edge.rstrip("Z")) for edge in layer["x"]["scale"]["domain"])
+        assert before <= last <= after
+        assert abs((last - first) - timedelta(hours=1)) < timedelta(seconds=1)
 
 
 @pytest.fixture
