@@ -65,6 +65,7 @@ __all__ = [
     "bucket_width",
     "bucketed",
     "call_evidence",
+    "call_proofs",
     "check_proof_steps",
     "fetch_all",
     "load_blocked",
@@ -1237,6 +1238,20 @@ def load_proof(query: Query, event_id: str, keys: Mapping[str, VerifyingKey] | N
     except UnreadableProofError as exc:
         return ProofView(event_id, None, fail("proof", str(exc)), [], signature_checked=False)
     return check_proof_steps(event_id, doc, keys)
+
+
+def call_proofs(query: Query, detail: CallDetail) -> bytes:
+    """The inclusion proofs of the call's own events as JSON lines: per event its proof document (as
+    `callgate verify --out` writes it, on one line), or `{"event_id": ..., "no_proof": <why>}` for an
+    event no stored checkpoint covers. Reads every tenant's chain of the producer (admin or auditor)."""
+    lines = []
+    for event in detail.events:
+        if event["relation"] != "call" or not event.get("event_id"):
+            continue
+        view = load_proof(query, str(event["event_id"]))
+        record = view.proof if view.proof is not None else {"event_id": view.event_id, "no_proof": view.verdict.line()}
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    return "".join(lines).encode("utf-8")
 
 
 def check_proof_steps(event_id: str, doc: Mapping[str, Any], keys: Mapping[str, VerifyingKey] | None) -> ProofView:

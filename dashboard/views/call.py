@@ -10,7 +10,7 @@ import streamlit as st
 
 from consumers.queries import QueryError
 from dashboard import ui
-from dashboard.data import CallDetail, call_evidence, load_call
+from dashboard.data import CallDetail, call_evidence, call_proofs, load_call
 
 st.title("Call detail")
 
@@ -162,16 +162,29 @@ def evidence_section(detail: CallDetail) -> None:
         shown = text
     st.caption("As the store holds it (arguments redacted before the event left the gate)")
     st.code(shown, language="json", wrap_lines=True)
+    safe_name = re.sub(r"[^A-Za-z0-9._-]", "_", detail.call_id)[:100]
     st.download_button(
         "Download evidence (events as JSON lines)",
         call_evidence(detail),
-        file_name=f"call-{re.sub(r'[^A-Za-z0-9._-]', '_', detail.call_id)[:100]}.jsonl",
+        file_name=f"call-{safe_name}.jsonl",
         mime="application/x-ndjson",
         on_click="ignore",
         key="call_evidence",
-        help="Every stored event of this call and of the calls it made, one per line, as stored. "
-        "Its inclusion proof, where the producer signs, is the Proof section's download.",
+        help="Every stored event of this call and of the calls it made, one per line, as stored.",
     )
+    if ui.access().all_tenants:
+        # Built when downloaded, off this run: it reads as the session that drew the button.
+        read_as_this_session = ui.query_as(ui.access())
+        st.download_button(
+            "Download inclusion proofs (JSON lines)",
+            data=lambda: call_proofs(read_as_this_session, detail),
+            file_name=f"call-{safe_name}-proofs.jsonl",
+            mime="application/x-ndjson",
+            on_click="ignore",
+            key="call_proofs",
+            help="For each of the call's own events, its inclusion proof where the producer signs (one per line; "
+            "a line saved as a file is checked by `callgate verify --proof`), else why there is none.",
+        )
 
 
 def _ask_proof(event_id: str) -> None:

@@ -295,7 +295,8 @@ def test_signed_coverage_and_a_downloaded_proof_in_a_real_browser(
 ) -> None:
     """The Coverage page shows the signed check failing; the Proof button of a covered call shows the
     proof verified with the trusted key and downloads proof-<event_id>.json, which `check_proof`
-    accepts with the gate's key; the Proof button of an uncovered call shows why there is none."""
+    accepts with the gate's key, and the call's proofs download holds a verifying proof per event; the
+    Proof button of an uncovered call, and its proofs download, say why there is none."""
     from playwright.sync_api import expect, sync_playwright
 
     event_id = next(e.event_id for e in signed_store.events if getattr(e, "call_id", None) == "s-3")
@@ -322,10 +323,23 @@ def test_signed_coverage_and_a_downloaded_proof_in_a_real_browser(
             doc = json.loads(Path(download.path()).read_text(encoding="utf-8"))
             assert check_proof(doc, signed_store.key).ok
             page.screenshot(path=str(shots / "call-proof.png"), full_page=True)
+            # The call's evidence: every own event's proof, one a line, each verifying with the gate's key.
+            with page.expect_download(timeout=30_000) as caught:
+                page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
+            assert caught.value.suggested_filename == "call-s-3-proofs.jsonl"
+            docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
+            assert docs
+            assert all("no_proof" not in d and check_proof(d, signed_store.key).ok for d in docs)
+            assert event_id in {json.loads(d["event"])["event_id"] for d in docs}
 
             page.goto(f"{signed_dashboard}/call?call_id=u-0")
             page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
             expect(page.get_by_text("is not covered by any stored checkpoint")).to_be_visible(timeout=30_000)
+            with page.expect_download(timeout=30_000) as caught:
+                page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
+            docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
+            assert docs
+            assert all("is not covered by any stored checkpoint" in d["no_proof"] for d in docs)
         finally:
             browser.close()
 
