@@ -462,7 +462,8 @@ SELECT CASE WHEN call_id = $call_id THEN 'call' ELSE 'child' END AS relation,
        json_extract(event, '$.redacted_paths') AS redacted_paths,
        json_extract(event, '$.args_truncated') AS args_truncated,
        shadow_outcome, divergent, shadow_decided_by, shadow_rule,
-       event_id
+       event_id,
+       CAST(event AS VARCHAR) AS stored_event
 FROM events
 WHERE (call_id = $call_id OR parent_call_id = $call_id) AND ($tenant IS NULL OR tenant = $tenant)
 ORDER BY relation, time, producer_id, seq
@@ -661,6 +662,7 @@ WITH summary AS (
     SELECT count(*) AS total_events,
            count(*) FILTER (WHERE ingested_at >= now() - to_minutes($minutes)) AS recent_events,
            max(time) AS last_event_time,
+           min(ingested_at) AS first_ingested_at,
            max(ingested_at) AS last_ingested_at
     FROM events
 ),
@@ -674,6 +676,7 @@ SELECT o.topic, o.partition, o.next_offset, o.updated_at AS offset_updated_at,
        s.last_event_time, s.last_ingested_at,
        epoch(now() - s.last_ingested_at) AS seconds_since_last_ingest,
        s.total_events, s.recent_events, round(s.recent_events / $minutes, 2) AS events_per_minute,
+       round(least($minutes, epoch(now() - s.first_ingested_at) / 60), 2) AS recent_minutes,
        d.dead_letters, d.recent_dead_letters, b.chain_breaks
 FROM summary s CROSS JOIN dead d CROSS JOIN breaks b
 LEFT JOIN kafka_offsets o ON true
@@ -1386,7 +1389,7 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
             "call_detail",
             "Every event of one call (approval, outcome, an unmediated use during it) and of the calls it made "
             "as an agent used as a tool: decision trail, redacted args, redacted paths, trace id, and what its "
-            "shadow decisions would have done (outcome events).",
+            "shadow decisions would have done (outcome events), and each event as stored (`stored_event`, JSON text).",
             _CALL_DETAIL,
             {"call_id": Param("str", "The call's id.", required=True), "tenant": TENANT, **PAGE},
             scope="tenant",

@@ -29,6 +29,7 @@ from events.signing import VerifyingKey
 
 __all__ = [
     "BLOCKED_COLUMNS",
+    "BLOCKED_TABLE_COLUMNS",
     "DECISION_LABELS",
     "DEFAULT_WINDOW",
     "IMPACT_COLUMNS",
@@ -63,6 +64,8 @@ __all__ = [
     "bucket_label",
     "bucket_width",
     "bucketed",
+    "call_evidence",
+    "call_proofs",
     "check_proof_steps",
     "fetch_all",
     "load_blocked",
@@ -135,7 +138,22 @@ BLOCKED_COLUMNS: Final = (
     "workflow",
     "event_id",
 )
-"""The Blocked attempts table's columns (and the CSV's), in order."""
+"""The Blocked attempts CSV's columns, in order."""
+
+BLOCKED_TABLE_COLUMNS: Final = (
+    "time",
+    "type",
+    "tenant",
+    "principal",
+    "tool",
+    "decided_by",
+    "cause",
+    "message",
+    "call_id",
+    "agent",
+)
+"""The Blocked attempts table's columns: who and what first, so they fit a laptop's width (the run
+id, trace id, gate, workflow and event id are in the CSV and on the call's page)."""
 
 _BUCKETS: Final = (1, 5, 15, 30, 60, 180, 360, 720, 1440, 10080)
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -437,6 +455,13 @@ class CallDetail:
     trail: list[dict[str, Any]] = field(default_factory=list)
 
     @property
+    def deciding_step(self) -> dict[str, Any] | None:
+        """The enforced trail step of the interceptor that decided the call, if it is in the trail."""
+        decided_by = (self.outcome or {}).get("decided_by")
+        steps = [s for s in self.trail if s["interceptor"] == decided_by and s["mode"] == "enforced"]
+        return steps[-1] if steps else None
+
+    @property
     def outcome(self) -> dict[str, Any] | None:
         """The call's own outcome event (ToolUse, ToolDenied, Substitute or Blocked), if stored."""
         return next(
@@ -468,6 +493,8 @@ def load_call(query: Query, call_id: str) -> CallDetail:
                 "decision": decision.get("kind"),
                 # Absent on calls without shadow decisions: every step was enforced.
                 "mode": "shadow" if decision.get("enforced") is False else "enforced",
+                "rules": ", ".join(str(rule.get("id")) for rule in decision.get("rules") or []),
+                "policy_version": decision.get("policy_version"),
                 "start_ms": round(start, 3),
                 "duration_ms": duration,
                 "error": decision.get("error"),
@@ -475,6 +502,13 @@ def load_call(query: Query, call_id: str) -> CallDetail:
         )
         start += duration
     return CallDetail(call_id, events, trail)
+
+
+def call_evidence(detail: CallDetail) -> bytes:
+    """The call's stored events as JSON lines, each exactly as the store holds it (redacted at the
+    gate), the call's own events first, then its child calls'."""
+    lines = [str(e["stored_event"]) for e in detail.events if e.get("stored_event")]
+    return "".join(f"{line}\n" for line in lines).encode("utf-8")
 
 
 # -- Runs ---------------------------------------------------------------------------------------
@@ -1204,6 +1238,20 @@ def load_proof(query: Query, event_id: str, keys: Mapping[str, VerifyingKey] | N
     except UnreadableProofError as exc:
         return ProofView(event_id, None, fail("proof", str(exc)), [], signature_checked=False)
     return check_proof_steps(event_id, doc, keys)
+
+
+def call_proofs(query: Query, detail: CallDetail) -> bytes:
+    """The inclusion proofs of the call's own events as JSON lines: per event its proof document (as
+    `callgate verify --out` writes it, on one line), or `{"event_id": ..., "no_proof": <why>}` for an
+    event no stored checkpoint covers. Reads every tenant's chain of the producer (admin or auditor)."""
+    lines = []
+    for event in detail.events:
+        if event["relation"] != "call" or not event.get("event_id"):
+            continue
+        view = load_proof(query, str(event["event_id"]))
+        record = view.proof if view.proof is not None else {"event_id": view.event_id, "no_proof": view.verdict.line()}
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    return "".join(lines).encode("utf-8")
 
 
 def check_proof_steps(event_id: str, doc: Mapping[str, Any], keys: Mapping[str, VerifyingKey] | None) -> ProofView:

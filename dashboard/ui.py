@@ -47,6 +47,8 @@ __all__ = [
     "coverage_report",
     "filters_tenant",
     "from_url",
+    "keep",
+    "kept",
     "local_time",
     "login",
     "logout",
@@ -377,6 +379,23 @@ def to_url(param: str, value: Any, default: Any = None) -> None:
         st.query_params[param] = text
 
 
+def keep(*keys: str) -> None:
+    """Keep page widgets' values for the session: a value kept the last time the page ran comes
+    back when the user returns from another page (Streamlit forgets the state of a widget a page
+    did not draw). Call before the widgets are drawn, after `from_url` (a link wins)."""
+    for key in keys:
+        kept = f"kept:{key}"
+        if key not in st.session_state and kept in st.session_state:
+            st.session_state[key] = st.session_state[kept]
+
+
+def kept(*keys: str) -> None:
+    """Note the widgets' values as they are now, for `keep` to bring back."""
+    for key in keys:
+        if key in st.session_state:
+            st.session_state[f"kept:{key}"] = st.session_state[key]
+
+
 def page_number(text: str) -> int:
     """A page number from the URL (1 or more); `ValueError` for anything else."""
     number = int(text)
@@ -510,11 +529,13 @@ def time_chart(
     seconds: int,
     title: str,
     rate: bool = False,
+    span: tuple[datetime, datetime] | None = None,
 ) -> None:
     """Draw `value` per time bucket (`bucket` rows, `seconds` wide) by `color`: stacked bars as wide
     as their buckets, or, with `rate`, a point per bucket joined by lines (one bucket still shows).
     The axis is in the dashboard's zone (named in its title); each tooltip gives the bucket's start
-    there and in UTC."""
+    there and in UTC. With `span` (UTC instants), the axis runs exactly from its start to its end
+    (say, to now and not past it)."""
     import altair as alt
 
     tz, name = zone()
@@ -547,6 +568,8 @@ def time_chart(
         first = datetime.fromisoformat(starts[0].rstrip("Z")) - pad
         last = datetime.fromisoformat(starts[-1].rstrip("Z")) + timedelta(seconds=seconds) + pad
         domain = [first.isoformat() + "Z", last.isoformat() + "Z"]
+    if span is not None:
+        domain = [edge.astimezone(tz).replace(tzinfo=None).isoformat() + "Z" for edge in span]
     scale = alt.Scale(type="utc", domain=domain)
     axis = alt.Axis(format=label, labelAngle=0)
     tooltip = [f"from ({name}):N", "from (UTC):N", f"{color}:N", f"{value}:Q"]
@@ -574,6 +597,9 @@ def time_chart(
 # -- rendering ----------------------------------------------------------------------------------
 
 
+LONG_TEXT_COLUMNS: Final = frozenset({"message", "reason", "error", "sample_error", "sample_preview", "preview"})
+
+
 def _cell(value: Any) -> Any:
     if isinstance(value, dict | list):
         return json.dumps(value, ensure_ascii=False)
@@ -599,9 +625,11 @@ def table(
     key: str | None = None,
     selectable: bool = False,
     empty: str = "Nothing to show.",
+    on_select: Callable[[], None] | None = None,
 ) -> Any:
     """Rows as a read-only table (cells are text, never markup); with `selectable`, one row can be
-    picked and the selection event is returned."""
+    picked and the selection event is returned (`on_select`, if given, is called when the user
+    changes the selection, before the page runs again)."""
     if not rows:
         st.caption(empty)
         return None
@@ -609,6 +637,10 @@ def table(
     tz, name = zone()
     labels: dict[str, Any] = {}
     for column in data.columns:
+        if column in LONG_TEXT_COLUMNS:
+            # Long text gets a fixed width (its whole text is in the cell's tooltip and on the
+            # call's page), so the columns to its right stay on screen.
+            labels[column] = st.column_config.TextColumn(column, width="medium")
         if column in TIME_COLUMNS:
             data[column] = [local_time(v, tz) for v in data[column]]
             labels[column] = st.column_config.TextColumn(
@@ -619,7 +651,7 @@ def table(
             data,
             hide_index=True,
             key=key,
-            on_select="rerun",
+            on_select=on_select or "rerun",
             selection_mode="single-row",
             width="stretch",
             column_config=labels,

@@ -7,7 +7,7 @@ from typing import Any
 import streamlit as st
 
 from dashboard import ui
-from dashboard.data import BLOCKED_COLUMNS, BlockedFilters, blocked_csv, load_blocked
+from dashboard.data import BLOCKED_TABLE_COLUMNS, BlockedFilters, blocked_csv, load_blocked
 
 st.title("Blocked attempts")
 
@@ -32,6 +32,9 @@ for key in TEXT_FILTERS:
 ui.from_url("f_type", parse=_choice(KINDS))
 ui.from_url("page_size", parse=_choice(PAGE_SIZES))
 ui.from_url("page", parse=ui.page_number)
+# Back from another page (a call, its run), the filters are as the user left them.
+KEPT = (*TEXT_FILTERS, "f_type", "page_size", "page")
+ui.keep(*KEPT)
 
 with st.expander("Filters", expanded=True):
     row1 = st.columns(4)
@@ -63,6 +66,7 @@ if "page_size" not in st.session_state:
     st.session_state["page_size"] = 100
 page_size = controls[0].selectbox("Rows per page", PAGE_SIZES, key="page_size")
 page_number = int(controls[1].number_input("Page", min_value=1, step=1, key="page"))
+ui.kept(*KEPT)
 for key in TEXT_FILTERS:
     ui.to_url(key, st.session_state.get(key))
 ui.to_url("f_type", kind, KINDS[0])
@@ -82,7 +86,21 @@ with controls[2]:
     )
 
 
-@st.fragment(run_every=ui.run_every())
+def _pin_selected() -> None:
+    """A row was selected or cleared: keep the call id of the row the user saw (the page as last
+    drawn), not its position, which the next live refresh gives to another call."""
+    event = st.session_state.get("blocked_table")
+    picked = list(event["selection"]["rows"]) if event is not None else []
+    drawn = st.session_state.get("blocked_drawn", [])
+    st.session_state["blocked_pinned"] = drawn[picked[0]] if picked and picked[0] < len(drawn) else None
+
+
+pinned = st.session_state.get("blocked_pinned")
+# While a row is selected, Live pauses: the rows stay where the user saw them until the selection is cleared.
+live_every = None if pinned else ui.run_every()
+
+
+@st.fragment(run_every=live_every)
 def live() -> None:
     with ui.problems():
         if not ui.ready():
@@ -93,11 +111,24 @@ def live() -> None:
         figures[1].metric("Denied", f"{int(result.count.get('denied') or 0):,}")
         figures[2].metric("Blocked", f"{int(result.count.get('blocked') or 0):,}")
         st.caption(f"Page {result.page} of {result.pages}, newest first. Select a row to open the call.")
+        if live_every is None and pinned and st.session_state.get("live", True):
+            st.caption("Live is paused while a row is selected; clear the selection to resume.")
         event = ui.table(
-            result.rows, BLOCKED_COLUMNS, key="blocked_table", selectable=True, empty="No attempt matches."
+            result.rows,
+            BLOCKED_TABLE_COLUMNS,
+            key="blocked_table",
+            selectable=True,
+            empty="No attempt matches.",
+            on_select=_pin_selected,
         )
-        picked = list(event.selection.rows) if event is not None else []
-        selected = result.rows[picked[0]].get("call_id") if picked and picked[0] < len(result.rows) else None
+        st.session_state["blocked_drawn"] = [row.get("call_id") for row in result.rows]
+        if event is None or not event.selection.rows:
+            # No row selected (none yet, or the page drawn afresh on the way back): nothing is pinned.
+            st.session_state["blocked_pinned"] = None
+        selected = st.session_state.get("blocked_pinned")
+        if bool(selected) != bool(pinned):
+            # Selected or cleared: run the page again so Live pauses or resumes.
+            st.rerun()
         calls = list(dict.fromkeys(row["call_id"] for row in result.rows if row.get("call_id")))
         linked = st.query_params.get("call")
         if "blocked_call" not in st.session_state and linked in calls:

@@ -3,11 +3,14 @@ of its events (the "Proof" button)."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import streamlit as st
 
 from consumers.queries import QueryError
 from dashboard import ui
-from dashboard.data import CallDetail, load_call
+from dashboard.data import CallDetail, call_evidence, call_proofs, load_call
 
 st.title("Call detail")
 
@@ -43,8 +46,21 @@ def show(detail_call_id: str) -> None:
     figures[3].metric("Decision steps", len(detail.trail))
     ui.table(
         [head],
-        ["type", "outcome", "decided_by", "tool", "agent", "workflow", "gate", "tenant", "principal", "time"],
+        ["type", "outcome", "decided_by", "tool", "agent", "tenant", "principal", "time"],
         key="call_outcome",
+    )
+    deciding = detail.deciding_step or {}
+    st.caption("What decided: the interceptor, and for a policy file the rule and the file's version (SHA-256)")
+    st.code(
+        "\n".join(
+            [
+                f"decided by      {head.get('decided_by') or '(no interceptor: the call was allowed)'}",
+                f"rule            {deciding.get('rules') or '(none: the decider is code, not a policy rule)'}",
+                f"policy version  {deciding.get('policy_version') or '(none: not a policy file)'}",
+                f"gate / workflow {head.get('gate') or ''} / {head.get('workflow') or ''}",
+            ]
+        ),
+        language=None,
     )
     run_of_call = head.get("run_id")
     if run_of_call and st.button("Open its run", key="call_open_run", help="The whole run this call was made in."):
@@ -61,7 +77,8 @@ def show(detail_call_id: str) -> None:
     if detail.trail:
         ui.table(
             detail.trail,
-            ["step", "interceptor", "scope", "phase", "decision", "mode", "duration_ms", "start_ms", "error"],
+            ["step", "interceptor", "decision", "rules", "mode", "phase", "duration_ms", "error"],
+            key="call_trail",
         )
         frame = ui.frame(detail.trail, ["step", "interceptor", "decision", "mode", "start_ms", "duration_ms"])
         frame["end_ms"] = frame["start_ms"] + frame["duration_ms"]
@@ -114,17 +131,60 @@ def show(detail_call_id: str) -> None:
             "outcome",
             "decided_by",
             "tool",
-            "call_id",
-            "parent_call_id",
             "run_id",
-            "duration_ms",
-            "producer_id",
+            "call_id",
             "seq",
-            "event_id",
         ],
         key="call_events",
     )
+    evidence_section(detail)
     proof_section(detail)
+
+
+def evidence_section(detail: CallDetail) -> None:
+    """The stored event (as stored, redacted at the gate) and the call's events as a download."""
+    st.subheader("Stored event")
+    stored = [e for e in detail.events if e.get("stored_event")]
+    if not stored:
+        st.caption("The store returned no stored form of this call's events.")
+        return
+    labels = {str(e["event_id"]): f"{e['relation']}: {e['type']} (seq {e.get('seq')}): {e['event_id']}" for e in stored}
+    outcome = detail.outcome
+    ids = list(labels)
+    chosen = ids.index(str(outcome["event_id"])) if outcome is not None and str(outcome["event_id"]) in ids else 0
+    event_id = st.selectbox(
+        "Event", ids, index=chosen, format_func=lambda i: labels.get(i, i), key=f"stored_pick_{detail.call_id}"
+    )
+    text = next(str(e["stored_event"]) for e in stored if str(e["event_id"]) == event_id)
+    try:
+        shown = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        shown = text
+    st.caption("As the store holds it (arguments redacted before the event left the gate)")
+    st.code(shown, language="json", wrap_lines=True)
+    safe_name = re.sub(r"[^A-Za-z0-9._-]", "_", detail.call_id)[:100]
+    st.download_button(
+        "Download evidence (events as JSON lines)",
+        call_evidence(detail),
+        file_name=f"call-{safe_name}.jsonl",
+        mime="application/x-ndjson",
+        on_click="ignore",
+        key="call_evidence",
+        help="Every stored event of this call and of the calls it made, one per line, as stored.",
+    )
+    if ui.access().all_tenants:
+        # Built when downloaded, off this run: it reads as the session that drew the button.
+        read_as_this_session = ui.query_as(ui.access())
+        st.download_button(
+            "Download inclusion proofs (JSON lines)",
+            data=lambda: call_proofs(read_as_this_session, detail),
+            file_name=f"call-{safe_name}-proofs.jsonl",
+            mime="application/x-ndjson",
+            on_click="ignore",
+            key="call_proofs",
+            help="For each of the call's own events, its inclusion proof where the producer signs (one per line; "
+            "a line saved as a file is checked by `callgate verify --proof`), else why there is none.",
+        )
 
 
 def _ask_proof(event_id: str) -> None:

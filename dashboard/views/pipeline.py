@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import streamlit as st
@@ -40,6 +41,14 @@ def consumer_lag() -> dict[tuple[str, int], int]:
     return lags
 
 
+def recent_rate(health: dict[str, Any], minutes: int) -> float:
+    """Events stored a minute over the last `minutes`, counting only the minutes since the first
+    event was stored (at least one): a pipeline started five minutes ago is not averaged over fifteen."""
+    recent = float(health.get("recent_events") or 0)
+    ran = health.get("recent_minutes")
+    return recent / max(1.0, min(float(minutes), float(ran) if ran is not None else float(minutes)))
+
+
 def health_of_materializer() -> dict[str, Any] | None:
     cfg = ui.config()
     if cfg.api is None:
@@ -66,9 +75,12 @@ def live() -> None:
                 st.text(str(materializer.get("detail") or ""))
         figures = st.columns(6)
         figures[0].metric("Events stored", f"{int(health.get('total_events') or 0):,}")
-        per_minute = float(health.get("events_per_minute") or 0)
+        per_minute = recent_rate(health, RECENT_MINUTES)
         figures[1].metric(
-            "Events a minute", f"{per_minute:,.0f}", help=f"Stored a minute over the last {RECENT_MINUTES} minutes."
+            "Events a minute",
+            f"{per_minute:,.0f}",
+            help=f"Stored a minute over the last {RECENT_MINUTES} minutes, or since the first event was "
+            "stored if that is more recent (at least a minute).",
         )
         since_ingest = health.get("seconds_since_last_ingest")
         figures[2].metric("Since last ingest", "never" if since_ingest is None else f"{float(since_ingest):.0f} s")
@@ -109,7 +121,15 @@ def live() -> None:
             minutes = [
                 {"bucket": row["minute"], "events": row["events"], "stored": "events"} for row in data.per_minute
             ]
-            ui.time_chart(minutes, value="events", color="stored", seconds=60, title="events")
+            now = datetime.now(UTC)
+            ui.time_chart(
+                minutes,
+                value="events",
+                color="stored",
+                seconds=60,
+                title="events",
+                span=(now - timedelta(hours=1), now),
+            )
         else:
             st.caption("No events in the last hour.")
 

@@ -18,6 +18,8 @@ ui.from_url("run_id")
 for key in ("r_run", "r_principal", "r_thread"):
     ui.from_url(key)
 ui.from_url("r_page", parse=ui.page_number)
+# Back from another page, the search is as the user left it.
+ui.keep("r_run", "r_principal", "r_thread", "r_page")
 
 with st.expander("Find a run", expanded=not st.session_state.get("run_id")):
     row = st.columns(4)
@@ -28,6 +30,7 @@ with st.expander("Find a run", expanded=not st.session_state.get("run_id")):
 for key, value in (("r_run", run_prefix), ("r_principal", principal), ("r_thread", thread)):
     ui.to_url(key, value)
 ui.to_url("r_page", page_number, 1)
+ui.kept("r_run", "r_principal", "r_thread", "r_page")
 
 run_id = st.text_input("Run id", key="run_id", placeholder="paste a run id, pick one below, or open one from a call")
 run_id = run_id.strip()

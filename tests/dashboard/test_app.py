@@ -7,7 +7,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -157,13 +157,14 @@ class TestBlockedAttempts:
     def test_blank_text_cells_are_blank(
         self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """A text column's missing values (no trace id, no workflow) are empty cells, not "None"."""
-        at = open_app(store_env, monkeypatch, "blocked")
-        (table,) = [df.value for df in at.dataframe]
-        missing = seeded_store.scalar("select count(*) from blocked_attempts where trace_id is null")
-        assert missing > 0
-        assert list(table["trace_id"]).count("") == missing
-        assert not any(value is None for column in ("trace_id", "workflow", "cause") for value in table[column])
+        """A text column's missing values (a call made outside a run has no run id) are empty cells, not "None"."""
+        assert seeded_store.scalar("select count(*) from blocked_attempts where call_id = 'c-old-0' and run_id is null")
+        at = open_app(store_env, monkeypatch, "call", call_id="c-old-0")
+        events = at.dataframe[-1].value
+        assert set(events["run_id"]) == {""}
+        assert not any(
+            value is None for table in at.dataframe for column in table.value for value in table.value[column]
+        )
 
     def test_filters_narrow_through_query_parameters(
         self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
@@ -486,6 +487,20 @@ class TestPipeline:
         shop = [e for e in seeded_store.events if e.gate == "shop"]
         assert list(partitions["next_offset"]) == [len(shop), 51]
         assert "{not json <b>bold</b>" in all_text(at)
+
+    def test_the_minute_chart_ends_at_now(
+        self, seeded_store: Any, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The events-per-minute chart's time axis runs from an hour ago to now, not past it."""
+        before = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+        at = open_app(store_env, monkeypatch, "pipeline")
+        after = datetime.now(UTC).replace(tzinfo=None)
+        (chart,) = at.get("vega_lite_chart")
+        spec = json.loads(chart.proto.spec)
+        layer = spec.get("encoding") or spec["layer"][0]["encoding"]
+        first, last = (datetime.fromisoformat(edge.rstrip("Z")) for edge in layer["x"]["scale"]["domain"])
+        assert before <= last <= after
+        assert abs((last - first) - timedelta(hours=1)) < timedelta(seconds=1)
 
 
 @pytest.fixture

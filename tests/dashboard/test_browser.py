@@ -8,8 +8,10 @@ detail page's Proof button shows a proof whose download verifies offline."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -82,6 +84,11 @@ rules:
     when: "args.order_id == 'ACME-5'"
     decision: deny
     message: "ACME-5 is under review"
+  - id: deny-acme-0
+    tools: [get_order]
+    when: "args.order_id == 'ACME-0'"
+    decision: deny
+    message: "ACME-0 is closed"
 """
 
 
@@ -288,7 +295,8 @@ def test_signed_coverage_and_a_downloaded_proof_in_a_real_browser(
 ) -> None:
     """The Coverage page shows the signed check failing; the Proof button of a covered call shows the
     proof verified with the trusted key and downloads proof-<event_id>.json, which `check_proof`
-    accepts with the gate's key; the Proof button of an uncovered call shows why there is none."""
+    accepts with the gate's key, and the call's proofs download holds a verifying proof per event; the
+    Proof button of an uncovered call, and its proofs download, say why there is none."""
     from playwright.sync_api import expect, sync_playwright
 
     event_id = next(e.event_id for e in signed_store.events if getattr(e, "call_id", None) == "s-3")
@@ -315,9 +323,125 @@ def test_signed_coverage_and_a_downloaded_proof_in_a_real_browser(
             doc = json.loads(Path(download.path()).read_text(encoding="utf-8"))
             assert check_proof(doc, signed_store.key).ok
             page.screenshot(path=str(shots / "call-proof.png"), full_page=True)
+            # The call's evidence: every own event's proof, one a line, each verifying with the gate's key.
+            with page.expect_download(timeout=30_000) as caught:
+                page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
+            assert caught.value.suggested_filename == "call-s-3-proofs.jsonl"
+            docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
+            assert docs
+            assert all("no_proof" not in d and check_proof(d, signed_store.key).ok for d in docs)
+            assert event_id in {json.loads(d["event"])["event_id"] for d in docs}
 
             page.goto(f"{signed_dashboard}/call?call_id=u-0")
             page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
             expect(page.get_by_text("is not covered by any stored checkpoint")).to_be_visible(timeout=30_000)
+            with page.expect_download(timeout=30_000) as caught:
+                page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
+            docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
+            assert docs
+            assert all("is not covered by any stored checkpoint" in d["no_proof"] for d in docs)
+        finally:
+            browser.close()
+
+
+def fits(page: Any) -> list[tuple[int, int]]:
+    """Each table's (scroll width, width) in pixels: a wider scroll means columns cut off at the right."""
+    widths = page.evaluate(
+        "Array.from(document.querySelectorAll('[data-testid=stDataFrame] .dvn-scroller'))"
+        ".map(e => [e.scrollWidth, e.clientWidth])"
+    )
+    return [(int(a), int(b)) for a, b in widths]
+
+
+def metric(page: Any, label: str) -> Any:
+    return page.get_by_test_id("stMetric").filter(has_text=label).get_by_test_id("stMetricValue")
+
+
+def test_console_keeps_its_place_and_shows_its_evidence_at_1440_px(
+    chromium: str, live_stack: dict[str, Any], screenshots: Path, tmp_path: Path
+) -> None:
+    """At 1440x900 with Live on: a selected Blocked attempts row stays on its call while new rows
+    arrive, and Open call detail opens that call; the tenant filter is still set after Call detail ->
+    Run -> Blocked attempts; the call of a policy rule shows the rule id and the policy version, the
+    stored event and a download of its events; Pipeline health averages over the minutes the pipeline
+    ran; no table is wider than its place."""
+    from playwright.sync_api import expect, sync_playwright
+
+    started = time.monotonic()
+    first = ["ACME-0", "GLOBEX-1", "DROP-2", "GLOBEX-3"]
+    assert publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "first", first) == (3, 1)
+    until(lambda: blocked_in_store(live_stack["api"]) == 4, 60, "first events stored")
+    shots = screenshots / "console"
+    shots.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+            page.goto(f"{live_stack['url']}/blocked")
+            expect(metric(page, "Matching attempts")).to_have_text("4", timeout=30_000)
+            page.get_by_label("Tenant", exact=True).last.fill("acme")
+            page.get_by_label("Tenant", exact=True).last.press("Enter")
+            expect(page).to_have_url(re.compile(r"f_tenant=acme"), timeout=30_000)
+            expect(metric(page, "Matching attempts")).to_have_text("4", timeout=30_000)
+            expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
+            assert all(scroll <= width for scroll, width in fits(page)), fits(page)
+
+            # Select the newest row (the first): its call id is shown, and Live pauses.
+            grid = page.get_by_test_id("stDataFrame").first
+            box = grid.bounding_box()
+            assert box is not None
+            page.mouse.click(box["x"] + 16, box["y"] + 35 + 17)
+            shown = page.get_by_text(re.compile(r"^Selected call: "))
+            expect(shown).to_be_visible(timeout=30_000)
+            selected = (shown.text_content() or "").removeprefix("Selected call: ")
+            assert selected.startswith("first-")
+            expect(page.get_by_text("Live is paused while a row is selected")).to_be_visible(timeout=30_000)
+            page.screenshot(path=str(shots / "blocked-selected.png"), full_page=True)
+
+            # Newer attempts arrive above the selected row; the next run of the page still opens it.
+            publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "second", ["GLOBEX-4", "GLOBEX-5"])
+            until(lambda: blocked_in_store(live_stack["api"]) == 6, 60, "second events stored")
+            expect(shown).to_have_text(f"Selected call: {selected}")
+            page.get_by_role("button", name="Open call detail").click()
+            expect(page.get_by_role("heading", name="Call detail")).to_be_visible(timeout=30_000)
+            expect(page.get_by_label("Call id")).to_have_value(selected, timeout=30_000)
+
+            # Call detail -> Run -> Blocked attempts: the tenant filter is as it was left.
+            page.get_by_role("button", name="Open its run").click(timeout=30_000)
+            expect(page.get_by_role("heading", name="Run", exact=True)).to_be_visible(timeout=30_000)
+            expect(page.get_by_text("Story", exact=True)).to_be_visible(timeout=30_000)
+            page.get_by_test_id("stSidebarNav").get_by_role("link", name="Blocked attempts", exact=True).click()
+            expect(page.get_by_role("heading", name="Blocked attempts")).to_be_visible(timeout=30_000)
+            expect(page.get_by_label("Tenant", exact=True).last).to_have_value("acme", timeout=30_000)
+            expect(page).to_have_url(re.compile(r"f_tenant=acme"), timeout=30_000)
+            expect(metric(page, "Matching attempts")).to_have_text("6", timeout=30_000)
+            page.screenshot(path=str(shots / "blocked-back.png"), full_page=True)
+
+            # The call a policy rule denied: rule id, policy version, the stored event, its evidence.
+            page.goto(f"{live_stack['url']}/call?call_id=first-0")
+            expect(page.get_by_text("deny-acme-0").first).to_be_visible(timeout=30_000)
+            version = hashlib.sha256(SHADOW_ORDERS.encode()).hexdigest()
+            expect(page.get_by_text(version).first).to_be_visible()
+            expect(page.get_by_text('"call_id": "first-0"').first).to_be_visible()
+            expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
+            assert all(scroll <= width for scroll, width in fits(page)), fits(page)
+            with page.expect_download(timeout=30_000) as caught:
+                page.get_by_role("button", name="Download evidence (events as JSON lines)").click()
+            assert caught.value.suggested_filename == "call-first-0.jsonl"
+            lines = Path(caught.value.path()).read_text(encoding="utf-8").splitlines()
+            stored = ApiReader(live_stack["api"], timeout_s=5).query("call_detail", {"call_id": "first-0"}).rows
+            assert [json.loads(line)["event_id"] for line in lines] == [row["event_id"] for row in stored]
+            assert {json.loads(line)["call_id"] for line in lines} == {"first-0"}
+            page.screenshot(path=str(shots / "call-evidence.png"), full_page=True)
+
+            # Pipeline health: every event was stored minutes ago at most, so the rate is not a
+            # fifteenth of them.
+            page.goto(f"{live_stack['url']}/pipeline")
+            expect(metric(page, "Events stored")).not_to_have_text("0", timeout=30_000)
+            stored_events = int((metric(page, "Events stored").text_content() or "0").replace(",", ""))
+            rate = int((metric(page, "Events a minute").text_content() or "0").replace(",", ""))
+            minutes_ran = max(1.0, (time.monotonic() - started) / 60)
+            assert rate * minutes_ran >= stored_events * 0.9, (rate, stored_events, minutes_ran)
+            page.screenshot(path=str(shots / "pipeline.png"), full_page=True)
         finally:
             browser.close()
