@@ -244,13 +244,18 @@ def test_config_errors_exit_2_with_one_line(setup: Setup, config: dict[str, Any]
     assert said in lines[0]
 
 
-def test_config_and_an_upstream_command_are_not_both_taken(setup: Setup) -> None:
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (("--", "node", "server.js"), "give no command after --"),
+        (("--http", "127.0.0.1:8808"), "--config serves over stdio only"),
+    ],
+)
+def test_config_refuses_what_it_cannot_serve(setup: Setup, extra: tuple[str, ...], said: str) -> None:
+    """A command after -- and HTTP serving do not go with --config: exit 2 with one line."""
     done = subprocess.run(
-        [sys.executable, *setup.args("--", "node", "server.js")],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, *setup.args(*extra)], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
-    assert "give no command after --" in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert said in done.stderr
