@@ -12,6 +12,7 @@ import hmac
 import inspect
 import ipaddress
 import logging
+import math
 import os
 import shlex
 import signal
@@ -686,9 +687,7 @@ async def _serve_gateway(
             member.down = reason
             said_down(member)
 
-    async def keep(
-        member: Member, spec: UpstreamSpec, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def keep(member: Member, spec: UpstreamSpec, ready: anyio.Event) -> None:
         # One server's whole life: started, its tools registered, followed until it goes away or
         # the gateway stops. Whatever ends it marks the server down; nothing ends the others.
         command = shlex.join(spec.command)
@@ -697,21 +696,23 @@ async def _serve_gateway(
         )
         started = False
         try:
-            async with Client(
-                stdio_client(params, errlog=sys.stderr), message_handler=member.toolset.on_message
-            ) as client:
-                with anyio.fail_after(startup_timeout_s):
+            # The deadline covers the handshake and the first listing, and is lifted once served.
+            with anyio.CancelScope(deadline=anyio.current_time() + startup_timeout_s) as startup:
+                async with Client(
+                    stdio_client(params, errlog=sys.stderr), message_handler=member.toolset.on_message
+                ) as client:
                     member.toolset.bind(client)
                     await member.toolset.load()
                     member.capabilities = client.server_capabilities
                     tools = [*member.toolset.tools, *crossing_tools(member.toolset)]
                     member.scope = await member.toolset.attach(gate.agent(spec.name, tools=tools, identity=run))
-                started = True
-                task_status.started()
-                await member.toolset.follow()
-                await anyio.sleep_forever()
-        except TimeoutError:
-            report(member, f"did not answer as an MCP server within {startup_timeout_s:g} s")
+                    started = True
+                    startup.deadline = math.inf
+                    ready.set()
+                    await member.toolset.follow()
+                    await anyio.sleep_forever()
+            if startup.cancelled_caught and not started:
+                report(member, f"did not answer as an MCP server within {startup_timeout_s:g} s")
         except Exception as exc:
             if started:
                 report(member, f"stopped serving: {_upstream_lost(exc) or type(exc).__name__}")
@@ -721,7 +722,7 @@ async def _serve_gateway(
             if not started:
                 if member.scope is None:
                     member.scope = gate.agent(spec.name, tools=[], identity=run)
-                task_status.started()
+                ready.set()
 
     async def stop_on_signals() -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -735,8 +736,12 @@ async def _serve_gateway(
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(stop_on_signals)
             async with anyio.create_task_group() as upstreams:
-                for member, spec in zip(members, servers, strict=True):
-                    await upstreams.start(keep, member, spec)
+                # Started side by side: the slowest server, not their sum, bounds the startup.
+                readies = [anyio.Event() for _ in members]
+                for member, spec, ready in zip(members, servers, readies, strict=True):
+                    upstreams.start_soon(keep, member, spec, ready)
+                for ready in readies:
+                    await ready.wait()
                 noise.starting = False
                 if all(member.down is not None for member in members):
                     upstreams.cancel_scope.cancel()

@@ -259,3 +259,20 @@ def test_config_refuses_what_it_cannot_serve(setup: Setup, extra: tuple[str, ...
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert said in done.stderr
+
+
+def test_a_server_that_never_answers_is_given_up_on_after_the_startup_timeout(setup: Setup) -> None:
+    """A server that starts but never answers the handshake is reported after --startup-timeout;
+    with no other server, that is a startup error (exit 2, one line naming it)."""
+    silent = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    setup.config.write_text(yaml.safe_dump({"servers": [{"name": "silent", "command": silent}]}))
+    done = subprocess.run(
+        [sys.executable, *setup.args("--startup-timeout", "1")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert lines == ["error: no server of the config started: silent did not answer as an MCP server within 1 s"]
