@@ -22,6 +22,7 @@ call's, and list-changed notifications to the client. Lists are answered in one 
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +58,8 @@ from interceptor_core.integrations.mcp import (
     _upstream_failure,
     result_from_gate,
 )
+
+log = logging.getLogger("callgate.integrations.mcp_gateway")
 
 __all__ = ["SEPARATOR", "SERVER_NAME", "McpGateway", "Member"]
 
@@ -222,7 +225,9 @@ class McpGateway:
         try:
             await member.toolset.refresh()
         except Exception as exc:
-            self.mark_down(member, f"listing its tools failed ({type(exc).__name__})")
+            # The call is then answered as unknown, unless the ping finds the server gone.
+            log.warning("listing the tools of MCP server %r failed: %s", member.name, type(exc).__name__)
+            await self._still_up(member)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -291,10 +296,16 @@ class McpGateway:
             try:
                 for page in await self._walk(member, request, result_type):
                     found.append((member, page))
-            except MCPError:
-                raise
+            except MCPError as exc:
+                # One server's error leaves its entries out of the list, not the others'.
+                if exc.error.code == types.CONNECTION_CLOSED:
+                    self.mark_down(member, "stopped serving: its connection closed")
+                else:
+                    log.warning("MCP server %r could not list its %s: %s", member.name, kind, _bounded(str(exc)))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+                self.mark_down(member, f"stopped serving: its connection closed ({type(exc).__name__})")
             except Exception as exc:
-                self.mark_down(member, f"its {kind} could not be listed ({type(exc).__name__})")
+                log.warning("MCP server %r answered its %s list wrongly: %s", member.name, kind, type(exc).__name__)
         return found
 
     async def _list_resources(
