@@ -202,7 +202,8 @@ async def test_a_server_that_does_not_start_is_refused_on_its_own_tools(setup: S
 
 async def test_a_server_that_dies_is_refused_while_the_others_serve_on(setup: Setup) -> None:
     """The files server is killed while the gateway serves: its tools answer an error naming it
-    (each call leaves an event), the everything servers still answer, files' effects stop."""
+    (each call leaves an event) and leave tools/list, the everything servers still answer, files'
+    effects stop."""
     async with setup.proxied() as proxied:
         first = await proxied.call_tool("files__write_file", {"path": "a.txt", "text": "a"})
         assert not first.is_error
@@ -210,6 +211,9 @@ async def test_a_server_that_dies_is_refused_while_the_others_serve_on(setup: Se
         os.kill(pid, signal.SIGKILL)
         answers = [await proxied.call_tool("files__write_file", {"path": "b.txt", "text": "b"}) for _ in range(2)]
         echoed = await proxied.call_tool("alpha__echo", {"message": "alive"})
+        listed = [tool.name for tool in (await proxied.list_tools()).tools]
+    assert not [name for name in listed if name.startswith("files__")]
+    assert "alpha__echo" in listed
     assert all(answer.is_error for answer in answers)
     assert "'files' is unavailable" in text_of(answers[-1])
     assert "alive" in text_of(echoed)
