@@ -896,6 +896,10 @@ def mcp_proxy(
         str | None,
         typer.Option(help="The proxy's public URL, for the protected-resource metadata (default: from --http)."),
     ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="Serve several servers: a YAML file listing them (servers: [{name, command, env}])."),
+    ] = None,
 ) -> None:
     """Serve an MCP server's tools through the gate: mcp-proxy --gate M:F | --policy FILE -- COMMAND ARGS..."""
     from callgate.mcp_proxy import (
@@ -904,11 +908,31 @@ def mcp_proxy(
         TokenTable,
         build_proxy_gate,
         build_sinks,
+        load_gateway_config,
         parse_listen,
+        run_gateway,
         run_proxy,
     )
 
     try:
+        if config is not None:
+            if ctx.args:
+                raise ProxyConfigError("--config lists the servers: give no command after --")
+            if http or tokens or jwt_jwks:
+                raise ProxyConfigError("--config serves over stdio only: --http, --tokens and --jwt-jwks do not apply")
+            servers = load_gateway_config(config)
+            built = build_proxy_gate(gate, policy or [], build_sinks(events, kafka, topic, spool_dir, confirm_group))
+            code = asyncio.run(
+                run_gateway(
+                    built,
+                    servers,
+                    agent=agent,
+                    tenant=tenant,
+                    principal=principal,
+                    startup_timeout_s=startup_timeout,
+                )
+            )
+            raise typer.Exit(code)
         listen_on = parse_listen(http) if http else None
         if tokens is not None and listen_on is None:
             raise ProxyConfigError("--tokens authenticates HTTP clients: give --http HOST:PORT too")

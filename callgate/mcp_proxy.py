@@ -12,6 +12,7 @@ import hmac
 import inspect
 import ipaddress
 import logging
+import math
 import os
 import shlex
 import signal
@@ -568,3 +569,197 @@ def audit_loss_status(gate: Gate) -> int:
         return 0
     print(f"error: audit events were lost: {'; '.join(lost)}", file=sys.stderr)
     return 1
+
+
+@dataclass(frozen=True)
+class UpstreamSpec:
+    """One server of a `--config` file: its name (the prefix of its tools and prompts, and its
+    agent scope), its command, and the variables added to the proxy's environment for it."""
+
+    name: str
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+_SERVER_KEYS = {"name", "command", "env"}
+
+
+def load_gateway_config(path: Path) -> list[UpstreamSpec]:
+    """Read a `--config` file: a YAML mapping with `servers`, a list of `{name, command, env?}`
+    (`command` a list of strings, `env` a mapping of strings). `ProxyConfigError` naming the file
+    and the entry for anything else: an unknown key, a name that is not a valid server name (see
+    `SERVER_NAME`) or is given twice, an empty command, a file that cannot be read or parsed."""
+    import yaml
+
+    from interceptor_core.integrations.mcp_gateway import MAX_SERVER_NAME_CHARS, SERVER_NAME
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProxyConfigError(f"config {path} cannot be read: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ProxyConfigError(f"config {path} is not valid YAML{where}") from None
+    if not isinstance(data, dict) or set(data) != {"servers"}:
+        raise ProxyConfigError(f"config {path}: expected a mapping with the one key 'servers'")
+    servers = data["servers"]
+    if not isinstance(servers, list) or not servers:
+        raise ProxyConfigError(f"config {path}: 'servers' must be a non-empty list")
+    specs: list[UpstreamSpec] = []
+    for index, entry in enumerate(servers):
+        where = f"config {path}: servers[{index}]"
+        if not isinstance(entry, dict):
+            raise ProxyConfigError(f"{where} must be a mapping with name and command")
+        unknown = sorted(str(key) for key in set(entry) - _SERVER_KEYS)
+        if unknown:
+            raise ProxyConfigError(f"{where}: unknown key {unknown[0]!r} (known: command, env, name)")
+        name = entry.get("name")
+        if not isinstance(name, str) or len(name) > MAX_SERVER_NAME_CHARS or SERVER_NAME.fullmatch(name) is None:
+            raise ProxyConfigError(
+                f"{where}: name must be letters and digits with single - or _ between them, at most "
+                f"{MAX_SERVER_NAME_CHARS} characters"
+            )
+        if any(spec.name == name for spec in specs):
+            raise ProxyConfigError(f"{where}: the server name {name!r} is given twice")
+        command = entry.get("command")
+        if not isinstance(command, list) or not command or not all(isinstance(part, str) and part for part in command):
+            raise ProxyConfigError(f"{where}: command must be a non-empty list of strings")
+        env = entry.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ProxyConfigError(f"{where}: env must be a mapping of strings to strings")
+        specs.append(UpstreamSpec(name, tuple(command), dict(env)))
+    return specs
+
+
+async def run_gateway(
+    gate: Gate,
+    servers: Sequence[UpstreamSpec],
+    *,
+    agent: str = "mcp-proxy",
+    tenant: str | None = None,
+    principal: str = DEFAULT_PRINCIPAL,
+    startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    grace_s: float = STDIO_GRACE_S,
+) -> int:
+    """Start every server of `servers`, register each one's tools in an agent scope named after
+    it, and serve them all over stdio through `McpGateway` until the client side closes or
+    SIGINT/SIGTERM. A server that cannot start (within `startup_timeout_s`) or stops later is
+    reported on stderr (one line) and its tools answer an error; the others serve on.
+    `ProxyConfigError` when no server starts. Closes the gate's sinks on the way out; returns 0,
+    or 1 when an audit sink lost events."""
+    try:
+        if any(spec.name == agent for spec in servers):
+            raise ProxyConfigError(f"the server name {agent!r} is the gateway's own agent scope: rename the server")
+        return await _serve_gateway(
+            gate, servers, agent, RunContext(tenant=tenant, principal=principal), startup_timeout_s, grace_s
+        )
+    finally:
+        await gate.close()
+
+
+async def _serve_gateway(
+    gate: Gate,
+    servers: Sequence[UpstreamSpec],
+    agent: str,
+    run: RunContext,
+    startup_timeout_s: float,
+    grace_s: float,
+) -> int:
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from interceptor_core.integrations.mcp import McpToolset, crossing_tools
+    from interceptor_core.integrations.mcp_gateway import SEPARATOR, McpGateway, Member
+
+    members = [Member(spec.name, McpToolset(raw_results=True, prefix=spec.name + SEPARATOR)) for spec in servers]
+    gateway: McpGateway | None = None
+    stop = anyio.Event()
+    noise = _UpstreamNoise()
+    stdio_log = logging.getLogger("mcp.client.stdio")
+    stdio_log.addFilter(noise)
+
+    def said_down(member: Member) -> None:
+        print(f"callgate mcp-proxy: server {member.name} {member.down}", file=sys.stderr, flush=True)
+
+    def report(member: Member, reason: str) -> None:
+        if member.down is None:
+            member.down = reason
+            said_down(member)
+
+    async def keep(member: Member, spec: UpstreamSpec, ready: anyio.Event) -> None:
+        # One server's whole life: started, its tools registered, followed until it goes away or
+        # the gateway stops. Whatever ends it marks the server down; nothing ends the others.
+        command = shlex.join(spec.command)
+        params = StdioServerParameters(
+            command=spec.command[0], args=list(spec.command[1:]), env={**os.environ, **spec.env}
+        )
+        started = False
+        try:
+            # The deadline covers the handshake and the first listing, and is lifted once served.
+            with anyio.CancelScope(deadline=anyio.current_time() + startup_timeout_s) as startup:
+                async with Client(
+                    stdio_client(params, errlog=sys.stderr), message_handler=member.toolset.on_message
+                ) as client:
+                    member.toolset.bind(client)
+                    await member.toolset.load()
+                    member.capabilities = client.server_capabilities
+                    tools = [*member.toolset.tools, *crossing_tools(member.toolset)]
+                    member.scope = await member.toolset.attach(gate.agent(spec.name, tools=tools, identity=run))
+                    started = True
+                    startup.deadline = math.inf
+                    ready.set()
+                    await member.toolset.follow()
+                    await anyio.sleep_forever()
+            if startup.cancelled_caught and not started:
+                report(member, f"did not answer as an MCP server within {startup_timeout_s:g} s")
+        except Exception as exc:
+            if started:
+                report(member, f"stopped serving: {_upstream_lost(exc) or type(exc).__name__}")
+            else:
+                report(member, _startup_failure(command, spec.command[0], exc, noise.unparsed))
+        finally:
+            if not started:
+                if member.scope is None:
+                    member.scope = gate.agent(spec.name, tools=[], identity=run)
+                ready.set()
+
+    async def stop_on_signals() -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                if stop.is_set():
+                    tasks.cancel_scope.cancel()
+                    return
+                stop.set()
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(stop_on_signals)
+            async with anyio.create_task_group() as upstreams:
+                # Started side by side: the slowest server, not their sum, bounds the startup.
+                readies = [anyio.Event() for _ in members]
+                for member, spec, ready in zip(members, servers, readies, strict=True):
+                    upstreams.start_soon(keep, member, spec, ready)
+                for ready in readies:
+                    await ready.wait()
+                noise.starting = False
+                if all(member.down is not None for member in members):
+                    upstreams.cancel_scope.cancel()
+                    tasks.cancel_scope.cancel()
+                else:
+                    gateway = McpGateway(
+                        members,
+                        gate.agent(agent, tools=[], identity=run),
+                        name=f"callgate:{gate.name}",
+                        run=run,
+                        on_down=said_down,
+                    )
+                    await gateway.serve_stdio(stop=stop, grace_s=grace_s)
+                    upstreams.cancel_scope.cancel()
+            tasks.cancel_scope.cancel()
+    finally:
+        stdio_log.removeFilter(noise)
+        await gate.close()
+    if gateway is None:
+        raise ProxyConfigError("no server of the config started: " + "; ".join(f"{m.name} {m.down}" for m in members))
+    return audit_loss_status(gate)

@@ -1,0 +1,282 @@
+"""`callgate mcp-proxy --config`: one gateway in front of several real MCP servers over stdio (two
+instances of `@modelcontextprotocol/server-everything`, the Python files server of
+`mcp_upstream.py`, and a server whose command does not exist). Names are prefixed per server,
+calls reach the server they name, each server has its own agent scope a policy can target, and a
+server that fails or dies is refused on its own tools (with an event) while the others serve on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import mcp_types as types
+import pytest
+import yaml
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
+
+from events import verify_chain
+from interceptor_core.integrations.mcp import DENIED
+
+from .conftest import HERE, UPSTREAM, effects
+from .test_mcp import read_events, text_of
+from .test_mcp_gateway import EVERYTHING, SERVERS, direct_params
+
+POLICY = """\
+version: 1
+name: per-server
+rules:
+  - id: files-keep-files
+    tools: ["*__delete_file"]
+    when: "scope.agent == 'files'"
+    decision: deny
+    message: "The files server may not delete."
+  - id: beta-no-prompts
+    tools: [mcp.prompts.get]
+    when: "scope.agent == 'beta'"
+    decision: deny
+    message: "No prompts from beta."
+"""
+
+
+class Setup:
+    """A config of four servers (alpha and beta: server-everything; files: the Python server;
+    broken: a command that does not exist), a policy, and where the events go."""
+
+    def __init__(self, everything: Path, root: Path, tmp_path: Path, errlog: TextIO) -> None:
+        self.everything = everything
+        self.root = root
+        self.events = tmp_path / "events.jsonl"
+        self.errlog = errlog
+        self.stderr = tmp_path / "stderr.log"
+        self.policy = tmp_path / "servers.policy.yaml"
+        self.policy.write_text(POLICY)
+        self.config = tmp_path / "servers.yaml"
+        node = ["node", str(everything), "stdio"]
+        servers = [
+            {"name": "alpha", "command": node},
+            {"name": "beta", "command": node},
+            {"name": "files", "command": [sys.executable, str(UPSTREAM)], "env": {"UPSTREAM_ROOT": str(root)}},
+            {"name": "broken", "command": [str(tmp_path / "no-such-server")]},
+        ]
+        self.config.write_text(yaml.safe_dump({"servers": servers}))
+
+    def args(self, *extra: str) -> list[str]:
+        return [
+            *("-m", "callgate.cli", "mcp-proxy", "--policy", str(self.policy), "--events", str(self.events)),
+            *("--config", str(self.config), *extra),
+        ]
+
+    @asynccontextmanager
+    async def proxied(self) -> AsyncIterator[Client]:
+        env = {**os.environ, "PYTHONPATH": str(HERE)}
+        params = StdioServerParameters(command=sys.executable, args=self.args(), env=env)
+        async with Client(stdio_client(params, errlog=self.errlog)) as client:
+            yield client
+
+    def events_until(self, until: Any) -> list[Any]:
+        found = read_events(self.events, until)
+        assert verify_chain(found).ok
+        return [e for e in found if e.type != "ToolsRegistered"]
+
+
+@pytest.fixture(scope="session")
+def everything() -> Path:
+    """The server's entry point, installed from tests/mcp_servers/package-lock.json when missing."""
+    if not EVERYTHING.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.fail("npm is needed to install the reference MCP servers (make venv installs Node)")
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--silent"], cwd=SERVERS, check=True)
+    return EVERYTHING
+
+
+@pytest.fixture
+def setup(everything: Path, root: Path, tmp_path: Path, errlog: TextIO) -> Setup:
+    return Setup(everything, root, tmp_path, errlog)
+
+
+async def direct_tools(everything: Path) -> list[types.Tool]:
+    async with Client(stdio_client(direct_params(everything), errlog=sys.stderr)) as direct:
+        return list((await direct.list_tools()).tools)
+
+
+async def test_every_servers_tools_are_listed_under_its_prefix(setup: Setup) -> None:
+    """alpha's and beta's tools (the same server twice) do not collide: each is listed once under
+    its server's prefix, with the server's own definition; files' tools too; broken has none."""
+    expected = await direct_tools(setup.everything)
+    async with setup.proxied() as proxied:
+        listed = {tool.name: tool for tool in (await proxied.list_tools()).tools}
+    for server in ("alpha", "beta"):
+        for tool in expected:
+            seen = listed[f"{server}__{tool.name}"]
+            assert seen.input_schema == tool.input_schema
+            assert seen.description == tool.description
+    assert {"files__write_file", "files__delete_file"} <= set(listed)
+    assert len(listed) == 2 * len(expected) + sum(name.startswith("files__") for name in listed)
+    assert not [name for name in listed if name.startswith("broken__") or "__" not in name]
+
+
+async def test_calls_reach_the_server_they_name_in_its_own_scope(setup: Setup) -> None:
+    """alpha__echo is answered by an everything server, files__write_file by the files server
+    (its effect is on disk); each call's event names the server as its agent scope."""
+    async with setup.proxied() as proxied:
+        echoed = await proxied.call_tool("beta__echo", {"message": "hello beta"})
+        written = await proxied.call_tool("files__write_file", {"path": "new.txt", "text": "hi"})
+    assert not echoed.is_error
+    assert "hello beta" in text_of(echoed)
+    assert not written.is_error
+    assert (setup.root / "new.txt").read_text() == "hi"
+    found = setup.events_until(lambda evs: sum(e.type == "ToolUse" for e in evs) >= 2)
+    agents = {e.tool: e.agent for e in found if e.type == "ToolUse"}
+    assert agents == {"beta__echo": "beta", "files__write_file": "files"}
+
+
+async def test_a_policy_targets_one_server_by_its_scope(setup: Setup) -> None:
+    """The policy denies deleting on the files server (by `scope.agent`): the file stays, the
+    model reads the rule's message, the event names the rule; alpha's prompts pass and beta's
+    are refused, though both servers offer the same prompt."""
+    async with setup.proxied() as proxied:
+        denied = await proxied.call_tool("files__delete_file", {"path": "precious.txt"})
+        prompt = await proxied.get_prompt("alpha__simple-prompt")
+        with pytest.raises(MCPError) as refused:
+            await proxied.get_prompt("beta__simple-prompt")
+        prompts = {p.name for p in (await proxied.list_prompts()).prompts}
+    assert denied.is_error
+    assert "may not delete" in text_of(denied)
+    assert (setup.root / "precious.txt").read_text() == "keep me"
+    assert "delete" not in " ".join(effects(setup.root))
+    assert prompt.messages
+    assert refused.value.error.code == DENIED
+    assert {"alpha__simple-prompt", "beta__simple-prompt"} <= prompts
+    found = setup.events_until(lambda evs: sum(e.type == "ToolDenied" for e in evs) >= 2)
+    denials = {(e.agent, e.tool): e for e in found if e.type == "ToolDenied"}
+    assert "files-keep-files" in str(denials["files", "files__delete_file"].decisions)
+    assert denials["beta", "mcp.prompts.get"].crossing == "prompt"
+
+
+async def test_resources_are_read_from_the_server_that_listed_them(setup: Setup) -> None:
+    """Resource URIs are kept as the servers list them; a read goes through the gate in the scope
+    of the server that listed the URI; a URI no server listed is refused with an event."""
+    async with setup.proxied() as proxied:
+        listed = (await proxied.list_resources()).resources
+        uri = next(r.uri for r in listed if r.uri.startswith("demo://resource/static/"))
+        read = await proxied.read_resource(uri)
+        with pytest.raises(MCPError) as unknown:
+            await proxied.read_resource("demo://nobody/lists/this")
+    assert read.contents
+    assert read.contents[0].uri == uri
+    assert "list resources first" in unknown.value.error.message
+    found = setup.events_until(lambda evs: sum(getattr(e, "crossing", None) == "resource" for e in evs) >= 2)
+    reads = [e for e in found if getattr(e, "crossing", None) == "resource"]
+    assert [(e.type, e.agent) for e in reads] == [("ToolUse", "alpha"), ("ToolDenied", "mcp-proxy")]
+
+
+async def test_a_server_that_does_not_start_is_refused_on_its_own_tools(setup: Setup) -> None:
+    """broken's command does not exist: the gateway says so on stderr and serves the others; a
+    call of a broken__ tool answers a tool error naming the server, with a ToolDenied event in
+    broken's scope."""
+    async with setup.proxied() as proxied:
+        refused = await proxied.call_tool("broken__anything", {})
+        echoed = await proxied.call_tool("alpha__echo", {"message": "still here"})
+    assert refused.is_error
+    assert "'broken' is unavailable" in text_of(refused)
+    assert "not found" in text_of(refused)
+    assert "still here" in text_of(echoed)
+    found = setup.events_until(lambda evs: any(e.type == "ToolDenied" for e in evs))
+    denied = [e for e in found if e.type == "ToolDenied"]
+    assert [(e.agent, e.tool) for e in denied] == [("broken", "broken__anything")]
+    setup.errlog.flush()
+    said = await anyio.Path(setup.errlog.name).read_text()
+    assert "server broken upstream command" in said
+
+
+async def test_a_server_that_dies_is_refused_while_the_others_serve_on(setup: Setup) -> None:
+    """The files server is killed while the gateway serves: its tools answer an error naming it
+    (each call leaves an event) and leave tools/list, the everything servers still answer, files'
+    effects stop."""
+    async with setup.proxied() as proxied:
+        first = await proxied.call_tool("files__write_file", {"path": "a.txt", "text": "a"})
+        assert not first.is_error
+        pid = int((setup.root / "upstream.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        answers = [await proxied.call_tool("files__write_file", {"path": "b.txt", "text": "b"}) for _ in range(2)]
+        echoed = await proxied.call_tool("alpha__echo", {"message": "alive"})
+        listed = [tool.name for tool in (await proxied.list_tools()).tools]
+    assert not [name for name in listed if name.startswith("files__")]
+    assert "alpha__echo" in listed
+    assert all(answer.is_error for answer in answers)
+    assert "'files' is unavailable" in text_of(answers[-1])
+    assert "alive" in text_of(echoed)
+    assert not (setup.root / "b.txt").exists()
+    found = setup.events_until(lambda evs: sum(e.tool == "files__write_file" for e in evs) >= 3)
+    files_calls = [e for e in found if e.tool == "files__write_file"]
+    assert [e.agent for e in files_calls] == ["files"] * 3
+    assert (files_calls[0].type, files_calls[0].outcome) == ("ToolUse", "ok")
+    assert all(e.type == "ToolDenied" or e.outcome == "error" for e in files_calls[1:])
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({"servers": [{"name": "a__b", "command": ["x"]}]}, "servers[0]: name must be"),
+        ({"servers": [{"name": "a", "command": ["x"]}, {"name": "a", "command": ["y"]}]}, "given twice"),
+        ({"servers": [{"name": "a", "command": []}]}, "command must be a non-empty list"),
+        ({"servers": [{"name": "a", "command": ["x"], "cwd": "/"}]}, "unknown key 'cwd'"),
+        ({"upstreams": []}, "the one key 'servers'"),
+        ({"servers": [{"name": "mcp-proxy", "command": ["x"]}]}, "the gateway's own agent scope"),
+        ({"servers": [{"name": "gone", "command": ["/no/such/program"]}]}, "no server of the config started"),
+    ],
+)
+def test_config_errors_exit_2_with_one_line(setup: Setup, config: dict[str, Any], said: str) -> None:
+    setup.config.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, *setup.args()], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, done.stderr
+    assert said in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (("--", "node", "server.js"), "give no command after --"),
+        (("--http", "127.0.0.1:8808"), "--config serves over stdio only"),
+    ],
+)
+def test_config_refuses_what_it_cannot_serve(setup: Setup, extra: tuple[str, ...], said: str) -> None:
+    """A command after -- and HTTP serving do not go with --config: exit 2 with one line."""
+    done = subprocess.run(
+        [sys.executable, *setup.args(*extra)], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert said in done.stderr
+
+
+def test_a_server_that_never_answers_is_given_up_on_after_the_startup_timeout(setup: Setup) -> None:
+    """A server that starts but never answers the handshake is reported after --startup-timeout;
+    with no other server, that is a startup error (exit 2, one line naming it)."""
+    silent = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    setup.config.write_text(yaml.safe_dump({"servers": [{"name": "silent", "command": silent}]}))
+    done = subprocess.run(
+        [sys.executable, *setup.args("--startup-timeout", "1")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert lines == ["error: no server of the config started: silent did not answer as an MCP server within 1 s"]
