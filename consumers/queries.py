@@ -409,29 +409,39 @@ ORDER BY bucket DESC, type
 LIMIT $limit OFFSET $offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
 
-# By tool: the share of that tool's calls that were denied or blocked. By interceptor: the share
-# of all calls in the bucket that this interceptor denied or blocked (its own denominator would
+# The policy rule behind a denial: the first matched rule, in the deciding step, whose decision denied or blocked.
+_DENYING_RULE = """json_extract_string(list_filter(flatten(list_transform(
+        list_filter(json_extract(event, '$.decisions[*]'),
+                    lambda d: json_extract_string(d, '$.interceptor') = decided_by),
+        lambda d: json_extract(d, '$.rules[*]'))),
+        lambda r: json_extract_string(r, '$.decision') IN ('deny', 'block'))[1], '$.id')"""
+
+# By tool or tenant: the share of its calls that were denied or blocked. By interceptor or rule: the share
+# of all calls in the bucket that this interceptor (or rule) denied or blocked (its own denominator would
 # need every call's trail unnested, a hundred times the cost for the same ranking).
 _DENIAL_RATE = f"""
 WITH outcomes AS (
-    SELECT {_BUCKET} AS bucket, type, tool, decided_by
+    SELECT {_BUCKET} AS bucket, type, tool, decided_by, tenant,
+           CASE WHEN $by = 'rule' AND type IN ('ToolDenied', 'Blocked') THEN {_DENYING_RULE} END AS rule
     FROM events
     WHERE type IN ({_OUTCOMES}) AND {_WINDOW} AND ($tenant IS NULL OR tenant = $tenant)
 ),
 grouped AS (
-    SELECT bucket, CASE WHEN $by = 'tool' THEN tool ELSE decided_by END AS key,
+    SELECT bucket,
+           CASE $by WHEN 'tool' THEN tool WHEN 'tenant' THEN tenant WHEN 'rule' THEN rule ELSE decided_by END AS key,
            count(*) AS n, count(*) FILTER (WHERE type IN ('ToolDenied', 'Blocked')) AS denied
     FROM outcomes
     GROUP BY ALL
 ),
 rated AS (
     SELECT bucket, key, denied,
-           CAST(CASE WHEN $by = 'tool' THEN n ELSE sum(n) OVER (PARTITION BY bucket) END AS BIGINT) AS calls
+           CAST(CASE WHEN $by IN ('tool', 'tenant') THEN n ELSE sum(n) OVER (PARTITION BY bucket) END AS BIGINT)
+               AS calls
     FROM grouped
 )
 SELECT bucket, key, calls, denied, round(denied / calls, 4) AS rate
 FROM rated
-WHERE key IS NOT NULL AND ($by = 'tool' OR denied > 0)
+WHERE key IS NOT NULL AND ($by IN ('tool', 'tenant') OR denied > 0)
 ORDER BY bucket DESC, rate DESC, key
 LIMIT $limit OFFSET $offset
 """  # noqa: S608 (composed of module constants only; values are bound parameters)
@@ -1348,8 +1358,8 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
         ),
         _query(
             "denial_rate",
-            "Share of calls denied or blocked per bucket, by tool (of that tool's calls) or by interceptor "
-            "(of all calls in the bucket); newest bucket first, highest rate first.",
+            "Share of calls denied or blocked per bucket, by tool or tenant (of that tool's or tenant's calls), "
+            "or by interceptor or policy rule (of all calls in the bucket); newest bucket first, highest rate first.",
             _DENIAL_RATE,
             {
                 "since": SINCE,
@@ -1357,7 +1367,10 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
                 "bucket_minutes": Param("int", "Bucket width in minutes.", default=60, minimum=1, maximum=10080),
                 "bucket_seconds": BUCKET_SECONDS,
                 "by": Param(
-                    "str", "Rate per tool or per interceptor.", default="tool", choices=("tool", "interceptor")
+                    "str",
+                    "Rate per tool, tenant, interceptor or policy rule.",
+                    default="tool",
+                    choices=("tool", "tenant", "interceptor", "rule"),
                 ),
                 "tenant": TENANT,
                 **PAGE,

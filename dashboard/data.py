@@ -42,6 +42,7 @@ __all__ = [
     "SIGNED_COLUMNS",
     "STORY_COLUMNS",
     "TOP_DENIED",
+    "TREND_DIMENSIONS",
     "WINDOWS",
     "BlockedFilters",
     "BlockedPage",
@@ -267,15 +268,16 @@ def bucketed(
     *,
     buckets: int,
     now: datetime | None = None,
+    until: datetime | None = None,
 ) -> Bucketed:
     """Rows of chart query `name` (one that takes `bucket_seconds`), in buckets fitted to the window
     and to the data's span: first about `buckets` buckets over the window (a day each for all
     time); when the data fills only a few of them, again over just the buckets it fills, finer,
     until the width settles (at most six passes). So a minute of events shows in seconds whatever
-    the window, and thirty days of them in days. Each pass is one paged query over a narrower range."""
-    now = now or datetime.now(UTC)
+    the window, and thirty days of them in days. Each pass is one paged query over a narrower range.
+    `until`: the range's end (else now)."""
+    now = until or now or datetime.now(UTC)
     since: datetime | None = window.since
-    until: datetime | None = None
     width = bucket_width((now - since).total_seconds(), buckets) if since is not None else 86400
     rows: list[dict[str, Any]] = []
     for attempt in range(_REFINEMENTS):
@@ -820,30 +822,60 @@ def _run_outcome(events: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | No
 # -- Trends -------------------------------------------------------------------------------------
 
 
+TREND_DIMENSIONS = {"Tool": "tool", "Tenant": "tenant", "Policy rule": "rule", "Interceptor": "interceptor"}
+"""The Trends page's series dimensions: label -> `denial_rate`'s `by`."""
+
+
 @dataclass(frozen=True, slots=True)
 class Trends:
-    """Denial rate per bucket by tool and by interceptor (`denial_rate` rows), and the denial
-    reasons first seen in the window (`new_denial_reasons` rows)."""
+    """Denial rate per bucket by tool and by interceptor, and by the chosen dimension (`denial_rate`
+    rows); the calls of the range (`total_calls`, the interceptors' common denominator); and the
+    denial reasons first seen in the range (`new_denial_reasons` rows)."""
 
     by_tool: list[dict[str, Any]]
     by_interceptor: list[dict[str, Any]]
     new_reasons: list[dict[str, Any]]
     bucket_seconds: int
+    series: list[dict[str, Any]] = field(default_factory=list)
+    total_calls: int = 0
 
 
-def load_trends(query: Query, window: Window, tenant: str | None = None, *, now: datetime | None = None) -> Trends:
+def load_trends(
+    query: Query,
+    window: Window,
+    tenant: str | None = None,
+    *,
+    now: datetime | None = None,
+    until: datetime | None = None,
+    by: str = "tool",
+) -> Trends:
     """Run the Trends page's queries: the denial rate per tool in buckets fitted to the data
-    (`bucketed`), per interceptor in the same buckets over the same range, new reasons once."""
-    by_tool = bucketed(query, "denial_rate", {"by": "tool", **_tenant(tenant)}, window, buckets=24, now=now)
-    params: dict[str, Any] = {**window.params(), "by": "interceptor", "bucket_seconds": by_tool.seconds}
+    (`bucketed`), per interceptor and per `by` (tool, tenant, rule or interceptor) in the same
+    buckets over the same range, new reasons once. `until`: the range's end (else now)."""
+    by_tool = bucketed(
+        query, "denial_rate", {"by": "tool", **_tenant(tenant)}, window, buckets=24, now=now, until=until
+    )
+    params: dict[str, Any] = {**window.params(), "bucket_seconds": by_tool.seconds}
+    if until is not None:
+        params["until"] = until.isoformat()
     if by_tool.rows:
         starts = sorted(str(row["bucket"]) for row in by_tool.rows)
         end = datetime.fromisoformat(starts[-1]) + timedelta(seconds=by_tool.seconds)
         params.update(since=starts[0], until=end.isoformat())
-    by_interceptor = fetch_all(query, "denial_rate", {**params, **_tenant(tenant)})
+    by_interceptor = fetch_all(query, "denial_rate", {**params, "by": "interceptor", **_tenant(tenant)})
+    if by == "tool":
+        series = by_tool.rows
+    elif by == "interceptor":
+        series = by_interceptor
+    else:
+        series = fetch_all(query, "denial_rate", {**params, "by": by, **_tenant(tenant)})
     since = window.since if window.since is not None else _EPOCH
-    new_reasons = query("new_denial_reasons", {"since": since.isoformat(), "limit": 200, **_tenant(tenant)})
-    return Trends(by_tool.rows, by_interceptor, new_reasons, by_tool.seconds)
+    reasons: dict[str, Any] = {"since": since.isoformat(), "limit": 200, **_tenant(tenant)}
+    if until is not None:
+        reasons["until"] = until.isoformat()
+    new_reasons = query("new_denial_reasons", reasons)
+    total = sum(int(row.get("calls") or 0) for row in by_tool.rows)
+    return Trends(by_tool.rows, by_interceptor, new_reasons, by_tool.seconds, series, total)
 
 
 # -- Pipeline health ----------------------------------------------------------------------------

@@ -6,8 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -334,9 +335,101 @@ class TestTrends:
         assert per_tool["run_sql"] == (2, 2)
         interceptors = dict(zip(at.dataframe[1].value["key"], at.dataframe[1].value["denied"], strict=True))
         assert interceptors == {"tenant-orders": 7, "policy": 2, "approval": 1}
-        reasons = at.dataframe[2].value
+        reasons = at.dataframe[3].value
         assert "DROP statements are never allowed" in set(reasons["reason"])
         assert "evil.example" not in shown_text(at)
+
+    def test_every_interceptor_shares_one_denominator(
+        self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Each interceptor's share is of all calls of the range: the same calls for each, the tools' sum."""
+        at = open_app(store_env, monkeypatch, "trends", window="Last 24 hours")
+        all_calls = int(at.dataframe[0].value["calls"].sum())
+        interceptors = at.dataframe[1].value
+        assert list(interceptors.columns) == ["key", "denied", "all calls", "share of all calls"]
+        assert set(interceptors["all calls"]) == {all_calls}
+        for denied, share in zip(interceptors["denied"], interceptors["share of all calls"], strict=True):
+            assert share == round(denied / all_calls, 4)
+
+    def test_a_series_per_tenant_and_per_rule(
+        self, store_env: dict[str, str], seeded_store: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Per tenant: each tenant's calls and denials equal the store's; per rule: the denying rules."""
+        at = open_app(store_env, monkeypatch, "trends", window="Last 24 hours")
+        assert at.selectbox(key="trends_by").value == "Tenant"
+        tenants = at.dataframe[2].value
+        shown = {
+            k: (int(c), int(d)) for k, c, d in zip(tenants["key"], tenants["calls"], tenants["denied"], strict=True)
+        }
+        since = datetime.now(UTC) - timedelta(hours=24)
+        for tenant, (_, denied) in shown.items():
+            sql = "select count(*) from blocked_attempts where tenant = ? and time >= ?"
+            assert denied == seeded_store.scalar(sql, tenant, since), tenant
+        assert sum(d for _, d in shown.values()) == int(at.dataframe[0].value["denied"].sum())
+        assert sum(c for c, _ in shown.values()) == int(at.dataframe[0].value["calls"].sum())
+        at.selectbox(key="trends_by").select("Policy rule").run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.subheader[2].value == "Denial rate per policy rule"
+
+    def test_the_rule_series_names_the_denying_rule(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Per policy rule: a denial counts for the matched rule that denied, not one that allowed."""
+        from consumers.store import RawRecord
+        from events import Producer, ToolDeniedEvent, encode_event
+
+        steps = [
+            {
+                "interceptor": "policy",
+                "scope": "application",
+                "kind": "deny",
+                "duration_ms": 0.1,
+                "rules": [{"id": "reads-ok", "decision": "allow"}, {"id": "no-drops", "decision": "deny"}],
+            },
+        ]
+        denied = [
+            Producer().seal(
+                ToolDeniedEvent,
+                {
+                    "event_id": uuid.uuid4().hex,
+                    "time": datetime.now(UTC),
+                    "gate": "shop",
+                    "workflow": "support",
+                    "agent": "desk",
+                    "tool": "run_sql",
+                    "call_id": f"c-{n}",
+                    "tenant": "acme",
+                    "principal": "u-1",
+                    "args": {},
+                    "decisions": steps,
+                    "message": "no",
+                    "decided_by": "policy",
+                    "cause": "deny",
+                },
+            )
+            for n in range(3)
+        ]
+        path = tmp_path / "rules.duckdb"
+        with AuditStore(path) as store:
+            batch = [
+                RawRecord("callgate.audit", 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(denied)
+            ]
+            store.ingest(batch, {("callgate.audit", 0): len(denied)})
+        at = open_app({"CALLGATE_DB": str(path)}, monkeypatch, "trends", window="Last 24 hours")
+        at.selectbox(key="trends_by").select("Policy rule").run()
+        assert not at.exception, [e.value for e in at.exception]
+        rules = at.dataframe[2].value
+        assert dict(zip(rules["key"], rules["denied"], strict=True)) == {"no-drops": 3}
+
+    def test_a_custom_range(self, store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """A custom range before any event shows no calls; a start after the end is refused by name."""
+        at = open_app(store_env, monkeypatch, "trends", window="Last 24 hours")
+        at.radio(key="trends_range").set_value("Custom range").run()
+        at.date_input(key="trends_start_day").set_value(date(2020, 1, 1))
+        at.date_input(key="trends_end_day").set_value(date(2020, 1, 2)).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert "2020-01-01" in shown_text(at)
+        assert "No calls in this window." in shown_text(at)
+        at.date_input(key="trends_start_day").set_value(date(2020, 1, 3)).run()
+        assert "The range's start must come before its end." in shown_text(at)
 
 
 class TestCoverage:
