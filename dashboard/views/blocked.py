@@ -36,7 +36,10 @@ ui.from_url("page", parse=ui.page_number)
 KEPT = (*TEXT_FILTERS, "f_type", "page_size", "page")
 ui.keep(*KEPT)
 
-with st.expander("Filters", expanded=True):
+# Collapsed, so that on a phone the first screen shows the results; the active filters are named below it,
+# as text. The page size and the CSV export are in it too; the page number stays out.
+filter_box = st.expander("Filters, page size and CSV", expanded=False)
+with filter_box:
     row1 = st.columns(4)
     since = row1[0].text_input("From (ISO 8601, UTC)", key="f_since", placeholder="the sidebar's window")
     until = row1[1].text_input("To (ISO 8601, UTC)", key="f_until", placeholder="now")
@@ -48,6 +51,20 @@ with st.expander("Filters", expanded=True):
     agent = row2[2].text_input("Agent", key="f_agent")
     tool = row2[3].text_input("Tool", key="f_tool")
     text = st.text_input("Reason contains", key="f_text", help="Case-insensitive, literal text (no wildcards).")
+active = {
+    "from": since,
+    "to": until,
+    "decision": "" if kind == KINDS[0] else kind,
+    "interceptor": decided_by,
+    "tenant": tenant,
+    "principal": principal,
+    "agent": agent,
+    "tool": tool,
+    "reason contains": text,
+}
+named = [f"{name} {value}" for name, value in active.items() if value]
+if named:
+    st.text("Filtered by " + ", ".join(named) + ".")
 
 win = ui.window()
 filters = BlockedFilters(
@@ -61,29 +78,30 @@ filters = BlockedFilters(
     decided_by=decided_by,
     text=text,
 )
-controls = st.columns([1, 1, 2])
 if "page_size" not in st.session_state:
     st.session_state["page_size"] = 100
-page_size = controls[0].selectbox("Rows per page", PAGE_SIZES, key="page_size")
-page_number = int(controls[1].number_input("Page", min_value=1, step=1, key="page"))
+# The CSV is made when it is downloaded, off this run: it reads as the session that drew the button.
+read_as_this_session = ui.query_as(ui.access())
+with filter_box:
+    controls = st.columns([1, 3])
+    page_size = controls[0].selectbox("Rows per page", PAGE_SIZES, key="page_size")
+    with controls[1]:
+        st.write("")
+        st.download_button(
+            "Download CSV of this filter",
+            data=lambda: blocked_csv(read_as_this_session, filters),
+            file_name="blocked-attempts.csv",
+            mime="text/csv",
+            on_click="ignore",
+            help="Every matching attempt (up to 100,000), newest first.",
+        )
+page_number = int(st.columns([1, 3])[0].number_input("Page", min_value=1, step=1, key="page"))
 ui.kept(*KEPT)
 for key in TEXT_FILTERS:
     ui.to_url(key, st.session_state.get(key))
 ui.to_url("f_type", kind, KINDS[0])
 ui.to_url("page_size", page_size, 100)
 ui.to_url("page", page_number, 1)
-# The CSV is made when it is downloaded, off this run: it reads as the session that drew the button.
-read_as_this_session = ui.query_as(ui.access())
-with controls[2]:
-    st.write("")
-    st.download_button(
-        "Download CSV of this filter",
-        data=lambda: blocked_csv(read_as_this_session, filters),
-        file_name="blocked-attempts.csv",
-        mime="text/csv",
-        on_click="ignore",
-        help="Every matching attempt (up to 100,000), newest first.",
-    )
 
 
 def _pin_selected() -> None:

@@ -379,6 +379,7 @@ def test_console_keeps_its_place_and_shows_its_evidence_at_1440_px(
             page = browser.new_page(viewport={"width": 1440, "height": 900}, accept_downloads=True)
             page.goto(f"{live_stack['url']}/blocked")
             expect(metric(page, "Matching attempts")).to_have_text("4", timeout=30_000)
+            page.get_by_test_id("stExpander").filter(has_text="Filters").locator("summary").click()
             page.get_by_label("Tenant", exact=True).last.fill("acme")
             page.get_by_label("Tenant", exact=True).last.press("Enter")
             expect(page).to_have_url(re.compile(r"f_tenant=acme"), timeout=30_000)

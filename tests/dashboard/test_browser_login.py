@@ -133,6 +133,16 @@ def metric(page: Any, label: str) -> Any:
     return page.get_by_test_id("stMetric").filter(has_text=label).get_by_test_id("stMetricValue").first
 
 
+def open_filters(page: Any) -> None:
+    """Open Blocked attempts' filters (and page size and CSV), collapsed so that a phone's first screen
+    shows the results."""
+    from playwright.sync_api import expect
+
+    expander = page.get_by_test_id("stExpander").filter(has_text="Filters, page size and CSV")
+    expander.locator("summary").click()
+    expect(expander.get_by_label("Tool", exact=True)).to_be_visible(timeout=30_000)
+
+
 def nav(page: Any, title: str) -> None:
     """Open a page through the sidebar's menu (a reload would be a new session, logged out)."""
     page.get_by_test_id("stSidebarNav").get_by_role("link", name=title, exact=True).click()
@@ -180,6 +190,7 @@ def test_a_tenant_login_shows_only_its_tenant(
 
     nav(page, "Blocked attempts")
     expect(metric(page, "Matching attempts")).to_have_text(str(blocked), timeout=30_000)
+    open_filters(page)
     with page.expect_download(timeout=30_000) as caught:
         page.get_by_role("button", name="Download CSV of this filter").click()
     rows = list(csv.DictReader(io.StringIO(Path(caught.value.path()).read_text(encoding="utf-8"))))
@@ -227,13 +238,42 @@ def test_a_link_restores_filters_page_and_call(page: Any, served: str, run_store
     expect(metric(page, "Matching attempts")).to_have_text(str(acme), timeout=30_000)
     expect(page.get_by_label("Tenant", exact=True).last).to_have_value("acme")
     expect(page.get_by_role("combobox", name="Window")).to_have_value("Last 30 days")
-    expect(page.get_by_role("combobox", name="Rows per page")).to_have_value("50")
     expect(page.get_by_role("combobox", name="Call", exact=True)).to_have_value(call_id)
+    expect(page.get_by_text("Filtered by tenant acme.")).to_be_visible()
+    open_filters(page)
+    expect(page.get_by_role("combobox", name="Rows per page")).to_have_value("50")
     tool = page.get_by_label("Tool", exact=True)
     tool.fill("run_sql")
     tool.press("Enter")
     expect(page).to_have_url(re.compile(r"[?&]f_tool=run_sql(&|$)"), timeout=30_000)
     assert "f_tenant=acme" in page.url
+
+
+def test_on_a_phone_the_first_screen_shows_the_blocked_attempts(
+    browser: Any, served: str, tokens: dict[str, str], shots: Path
+) -> None:
+    """At 390x844 the filters of Blocked attempts are collapsed: the table's first row is within the
+    first screen, unscrolled; opened, the filters are there."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.goto(f"{served}/blocked?window=30d")
+        log_in(page, tokens["auditor"])
+        grid = page.get_by_test_id("stDataFrame").first
+        expect(grid).to_be_visible(timeout=30_000)
+        drawn(page)
+        assert page.evaluate("window.scrollY") == 0
+        box = grid.bounding_box()
+        # The header row and the first result row (each about 35 px) end above the screen's bottom edge.
+        assert box is not None
+        assert box["y"] + 2 * 35 <= 844, box
+        page.screenshot(path=str(shots / "blocked-phone.png"))
+        open_filters(page)
+        expect(page.get_by_label("Tenant", exact=True).last).to_be_visible()
+    finally:
+        context.close()
 
 
 def test_every_page_is_drawn(page: Any, served: str, tokens: dict[str, str], shots: Path) -> None:
