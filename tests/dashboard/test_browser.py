@@ -389,6 +389,7 @@ def test_console_keeps_its_place_and_shows_its_evidence_at_1440_px(
 
             # Select the newest row (the first): its call id is shown, and Live pauses.
             grid = page.get_by_test_id("stDataFrame").first
+            grid.scroll_into_view_if_needed()  # the opened filters push it down
             box = grid.bounding_box()
             assert box is not None
             page.mouse.click(box["x"] + 16, box["y"] + 35 + 17)
