@@ -8,6 +8,7 @@ detail page's Proof button shows a proof whose download verifies offline."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -384,17 +385,24 @@ def test_console_keeps_its_place_and_shows_its_evidence_at_1440_px(
             page.get_by_label("Tenant", exact=True).last.press("Enter")
             expect(page).to_have_url(re.compile(r"f_tenant=acme"), timeout=30_000)
             expect(metric(page, "Matching attempts")).to_have_text("4", timeout=30_000)
-            expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
+            expect(page.get_by_test_id("stApp")).to_have_attribute(
+                "data-test-script-state", "notRunning", timeout=30_000
+            )
             assert all(scroll <= width for scroll, width in fits(page)), fits(page)
 
-            # Select the newest row (the first): its call id is shown, and Live pauses.
+            # Select the newest row (the first): its call id is shown, and Live pauses. Live redraws
+            # the grid every second until then, so a click that lands during a redraw is made again.
             grid = page.get_by_test_id("stDataFrame").first
-            grid.scroll_into_view_if_needed()  # the opened filters push it down
-            box = grid.bounding_box()
-            assert box is not None
-            page.mouse.click(box["x"] + 16, box["y"] + 35 + 17)
             shown = page.get_by_text(re.compile(r"^Selected call: "))
-            expect(shown).to_be_visible(timeout=30_000)
+            deadline = time.monotonic() + 60
+            while not shown.is_visible():
+                assert time.monotonic() < deadline, "no row could be selected in 60 s"
+                grid.scroll_into_view_if_needed()  # the opened filters push it down
+                box = grid.bounding_box()
+                assert box is not None
+                page.mouse.click(box["x"] + 16, box["y"] + 35 + 17)
+                with contextlib.suppress(AssertionError):
+                    expect(shown).to_be_visible(timeout=5_000)
             selected = (shown.text_content() or "").removeprefix("Selected call: ")
             assert selected.startswith("first-")
             expect(page.get_by_text("Live is paused while a row is selected")).to_be_visible(timeout=30_000)
@@ -403,7 +411,7 @@ def test_console_keeps_its_place_and_shows_its_evidence_at_1440_px(
             # Newer attempts arrive above the selected row; the next run of the page still opens it.
             publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "second", ["GLOBEX-4", "GLOBEX-5"])
             until(lambda: blocked_in_store(live_stack["api"]) == 6, 60, "second events stored")
-            expect(shown).to_have_text(f"Selected call: {selected}")
+            expect(shown).to_have_text(f"Selected call: {selected}", timeout=30_000)
             page.get_by_role("button", name="Open call detail").click()
             expect(page.get_by_role("heading", name="Call detail")).to_be_visible(timeout=30_000)
             expect(page.get_by_label("Call id")).to_have_value(selected, timeout=30_000)
