@@ -369,6 +369,26 @@ def _structured(value: Any, output_schema: dict[str, Any] | None) -> dict[str, A
     return None
 
 
+def _read_result(uri: Any, value: Any) -> types.ReadResourceResult:
+    """A gated resource read's value as the read's result: the upstream's own result, or what an
+    interceptor substituted, as the resource's text."""
+    if isinstance(value, types.ReadResourceResult):
+        return value
+    text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
+    return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, text=text)])
+
+
+def _prompt_result(value: Any) -> types.GetPromptResult:
+    """A gated prompt get's value as the get's result: the upstream's own result, or what an
+    interceptor substituted, as one user message."""
+    if isinstance(value, types.GetPromptResult):
+        return value
+    text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
+    return types.GetPromptResult(
+        messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))]
+    )
+
+
 def result_from_gate(result: ToolResult, output_schema: dict[str, Any] | None = None) -> types.CallToolResult:
     """The MCP tool result for a gate's `ToolResult`: the upstream's own result when the tool ran
     and nothing changed it; a denial or an error as `isError` with what a model reads; any other
@@ -1071,11 +1091,7 @@ class McpProxy:
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         value = await self._gated(ctx, "mcp.resources.read", {"uri": params.uri})
-        if isinstance(value, types.ReadResourceResult):
-            return value
-        # A substitute: the value as the resource's text.
-        text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
-        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text=text)])
+        return _read_result(params.uri, value)
 
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
@@ -1084,12 +1100,7 @@ class McpProxy:
         if params.arguments is not None:
             args["arguments"] = dict(params.arguments)
         value = await self._gated(ctx, "mcp.prompts.get", args)
-        if isinstance(value, types.GetPromptResult):
-            return value
-        text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
-        return types.GetPromptResult(
-            messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))]
-        )
+        return _prompt_result(value)
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None

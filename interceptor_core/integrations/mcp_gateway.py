@@ -53,7 +53,9 @@ from interceptor_core.integrations.mcp import (
     _bounded,
     _downstream,
     _params_problem,
+    _prompt_result,
     _ProxyServer,
+    _read_result,
     _stdio_transport,
     _upstream_failure,
     result_from_gate,
@@ -386,10 +388,7 @@ class McpGateway:
             )
             raise MCPError(types.INVALID_PARAMS, message)
         value = await self._gated(ctx, self.members[owner], "mcp.resources.read", {"uri": params.uri})
-        if isinstance(value, types.ReadResourceResult):
-            return value
-        text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
-        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text=text)])
+        return _read_result(params.uri, value)
 
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
@@ -403,12 +402,7 @@ class McpGateway:
         if params.arguments is not None:
             args["arguments"] = dict(params.arguments)
         value = await self._gated(ctx, member, "mcp.prompts.get", args)
-        if isinstance(value, types.GetPromptResult):
-            return value
-        text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
-        return types.GetPromptResult(
-            messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))]
-        )
+        return _prompt_result(value)
 
     # -- serving ------------------------------------------------------------------------------------
 

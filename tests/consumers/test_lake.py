@@ -382,7 +382,7 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
                     pytest.fail(f"moto_server did not answer on {url}")
-                time.sleep(0.05)
+                time.sleep(0.05)  # sleep-ok: a poll interval inside the deadline loop (another process)
         for name, value in {
             "AWS_ACCESS_KEY_ID": "callgate",
             "AWS_SECRET_ACCESS_KEY": "callgate-secret",
@@ -449,7 +449,7 @@ class TestMaterializersOnALake:
                 while reader.counts().total_events < len(events):
                     assert time.monotonic() < deadline, "the lake did not get every event within 120 s"
                     assert all(m.poll() is None for m in members), "a materializer died"
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(0.2)  # sleep-ok: a poll interval inside the deadline loop (another process)
                 con = reader.cursor()
                 assert con.execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchall() == [
                     (len(events), len(events))
@@ -527,7 +527,7 @@ class TestReadApiReplica:
                         pass
                     assert server.poll() is None, (tmp_path / "api.log").read_text()
                     assert time.monotonic() < deadline, "callgate api did not answer within 60 s"
-                    time.sleep(0.1)
+                    time.sleep(0.1)  # sleep-ok: a poll interval inside the deadline loop (another process)
                 first = httpx.get(f"{url}/v1/queries/event_counts", timeout=30)
                 writer.ingest(batch[4:], {(TOPIC, 0): len(batch)})
                 second = httpx.get(f"{url}/v1/queries/event_counts", timeout=30)
