@@ -765,7 +765,7 @@ def read_store(db: Path) -> StoreView:
         # Gaps a sink reported (events.loss): the seqs a dead process took with it.
         ranges = con.execute(
             "SELECT producer_id, evidence->>'first_seq', evidence->>'last_seq' FROM chain_breaks"
-            " WHERE kind = 'gap' AND evidence->>'type' = 'LossReport'"
+            " WHERE kind = 'gap' AND (evidence->>'type') = 'LossReport'"
         ).fetchall()
     finally:
         con.close()
