@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import socket
@@ -500,41 +501,65 @@ class TestTimeTravel:
         assert "has no time zone" in naive.stderr
 
 
-class TestReadApiReplica:
-    def test_callgate_api_serves_the_lake_while_a_writer_writes(self, new_lake: NewLake, tmp_path: Path) -> None:
-        """`callgate api --lake --data` answers the named queries from the lake a writer holds open and sees
-        the writer's next batch at once."""
-        import httpx
+@contextlib.contextmanager
+def _api_process(lake: Any, log_path: Path) -> Iterator[str]:
+    """`callgate api --lake --data` as a process of its own on a free loopback port, once its /healthz
+    answered 200: its URL. Stopped with SIGTERM afterwards, which it must survive with exit 0."""
+    import httpx
 
-        from callgate.broker import free_port
+    from callgate.broker import free_port
+
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-m", "callgate.cli", "api", "--lake", lake.catalog, "--data", lake.data]
+    with log_path.open("w") as log:
+        server = subprocess.Popen([*command, "--api", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert server.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "callgate api did not answer within 60 s"
+                time.sleep(0.1)  # sleep-ok: a poll interval inside the deadline loop (another process)
+            yield url
+        finally:
+            server.send_signal(signal.SIGTERM)
+            code = server.wait(timeout=60)
+    assert code == 0, log_path.read_text()
+
+
+class TestReadApiReplica:
+    def test_callgate_api_serves_the_lake_and_refuses_unlogged_reads(self, new_lake: NewLake, tmp_path: Path) -> None:
+        """`callgate api --lake --data` answers the named queries from the lake a writer holds open and sees
+        the writer's next batch at once. When its access log cannot take a record (the writer's process
+        renamed the table away), the read is refused with 500 and no rows and /healthz turns 503 naming
+        the access log; once a record is written again, the read and /healthz are 200. (One process for
+        both: each start of `callgate api` costs about 8 s on a loaded machine.)"""
+        import httpx
 
         lake = new_lake()
         batch = records(gate_events(6))
         with AuditStore(lake) as writer:
             writer.ingest(batch[:4], {(TOPIC, 0): 4})
-            port = free_port("127.0.0.1")
-            log = (tmp_path / "api.log").open("w")
-            command = [sys.executable, "-m", "callgate.cli", "api", "--lake", lake.catalog, "--data", lake.data]
-            server = subprocess.Popen([*command, "--api", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-            try:
-                url = f"http://127.0.0.1:{port}"
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    assert server.poll() is None, (tmp_path / "api.log").read_text()
-                    assert time.monotonic() < deadline, "callgate api did not answer within 60 s"
-                    time.sleep(0.1)  # sleep-ok: a poll interval inside the deadline loop (another process)
+            with _api_process(lake, tmp_path / "api.log") as url:
                 first = httpx.get(f"{url}/v1/queries/event_counts", timeout=30)
                 writer.ingest(batch[4:], {(TOPIC, 0): len(batch)})
                 second = httpx.get(f"{url}/v1/queries/event_counts", timeout=30)
                 assert first.status_code == second.status_code == 200, first.text
                 assert first.json() != second.json()
-            finally:
-                server.send_signal(signal.SIGTERM)
-                code = server.wait(timeout=60)
-                log.close()
-            assert code == 0, (tmp_path / "api.log").read_text()
+
+                writer.cursor().execute("ALTER TABLE access_log RENAME TO access_log_away")
+                refused = httpx.get(f"{url}/v1/queries/event_counts", timeout=30)
+                assert refused.status_code == 500, refused.text
+                assert "access log" in refused.json()["error"]
+                assert "rows" not in refused.json()
+                health = httpx.get(f"{url}/healthz", timeout=30)
+                assert health.status_code == 503, health.text
+                assert "access log cannot be written" in health.json()["detail"]
+                writer.cursor().execute("ALTER TABLE access_log_away RENAME TO access_log")
+                assert httpx.get(f"{url}/v1/queries/event_counts", timeout=30).status_code == 200
+                assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
