@@ -20,6 +20,7 @@ from interceptor_core.context import RunContext
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations._langchain_calls import (
     PENDING,
+    AnsweredFailure,
     PendingCall,
     call_through_gate,
     gate_tool,
@@ -34,9 +35,10 @@ __all__ = ["CallgateMiddleware"]
 Reply = ToolMessage | Command[Any]
 
 
-class ToolErrorMessage(Exception):
-    """The tool ran and LangChain answered with an error `ToolMessage` (the tool raised and the
-    ToolNode handled it, or the arguments were invalid): the call's outcome is an error."""
+class ToolErrorMessage(AnsweredFailure):
+    """The tool ran and LangChain answered with an error `ToolMessage` (the tool raised and its
+    `handle_tool_error` or the ToolNode handled it, or the arguments were invalid): the call's
+    outcome is an error, and the model reads LangChain's message."""
 
 
 class _HandlerCall(PendingCall):
@@ -107,10 +109,13 @@ class CallgateMiddleware(AgentMiddleware):
 
     What the ToolNode gets back: the tool's own `ToolMessage` or `Command` for an allowed call
     (with an after-interceptor's change of its content); a `ToolMessage` with `status="error"` for
-    a denial (the denial text), a tool that raised, or invalid arguments; the substitute as the
-    content of a `ToolMessage`; `Block` raises `ToolBlockedError`, which ends the run unless the
-    ToolNode was told to handle every error. LangGraph's `interrupt()` inside a tool goes on as an
-    interrupt (the call is recorded as an error; resuming calls the tool again, a new call).
+    a denial (the denial text), a failure LangChain answered (the tool's `handle_tool_error`), or
+    invalid arguments; the substitute as the content of a `ToolMessage`; `Block` raises
+    `ToolBlockedError`, which ends the run unless the ToolNode was told to handle every error. A
+    tool's own exception means what it means ungated: the gate records the call's error outcome,
+    then the exception goes on (the run raises, unless the tool's `handle_tool_error` answers it).
+    LangGraph's `interrupt()` inside a tool goes on as an interrupt (the call is recorded as an
+    error; resuming calls the tool again, a new call).
     `RequireApproval` with no `approval_handler` on the gate pauses the run with `interrupt()`
     and `Command(resume=...)` answers it (the module docstring of
     `interceptor_core.integrations.langchain` gives the payload and the answer); the agent needs
