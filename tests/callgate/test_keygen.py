@@ -129,8 +129,10 @@ def test_materialize_refuses_a_decision_key_it_cannot_sign_with(tmp_path: Path) 
         (tmp_path / "missing.key", "no such private key file"),
     ]:
         done = subprocess.run(
-            [sys.executable, "-m", "callgate.cli", "materialize", "--bootstrap", "127.0.0.1:1"]
-            + ["--db", str(tmp_path / "audit.duckdb"), "--decision-key", str(given)],
+            [
+                *(sys.executable, "-m", "callgate.cli", "materialize", "--bootstrap", "127.0.0.1:1"),
+                *("--db", str(tmp_path / "audit.duckdb"), "--decision-key", str(given)),
+            ],
             cwd=REPO,
             capture_output=True,
             text=True,

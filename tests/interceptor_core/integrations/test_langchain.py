@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain.agents.middleware import ToolRetryMiddleware
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
@@ -191,6 +192,31 @@ class TestCallgateMiddleware:
         assert outcomes(memory) == {"c1": "ToolUse", "c2": "ToolDenied"}
         assert memory.of_type("ToolUse")[0].outcome == "error"
         assert (root / "precious.txt").read_text() == "keep me"
+
+    @pytest.mark.parametrize("sync", [False, True])
+    async def test_a_retry_middleware_retries_and_each_attempt_is_a_call(self, sync: bool) -> None:
+        """`ToolRetryMiddleware` listed before the gate's retries a gated tool's exception; each
+        attempt passes the chain and is its own call (`c1`, `c1#2`, `c1#3`)."""
+        tries: list[str] = []
+
+        @tool
+        def flaky(key: str) -> str:
+            """Fails twice, then answers."""
+            tries.append(key)
+            if len(tries) < 3:
+                raise ConnectionError("try again")
+            return f"value of {key}"
+
+        memory = MemorySink()
+        retry = ToolRetryMiddleware(max_retries=2, initial_delay=0, jitter=False)
+        gated = CallgateMiddleware([flaky], gate=Gate("g", sinks=[memory]))
+        agent = create_agent(chat(turn(("c1", "flaky", {"key": "k"}))), tools=[flaky], middleware=[retry, gated])
+        given = {"messages": [HumanMessage("get it")]}
+        out = agent.invoke(given) if sync else await agent.ainvoke(given)
+        assert replies(out["messages"]) == {"c1": ("success", "value of k")}
+        assert tries == ["k", "k", "k"]
+        used = [(e.call_id, e.outcome) for e in memory.of_type("ToolUse")]
+        assert used == [("c1", "error"), ("c1#2", "error"), ("c1#3", "ok")]
 
     async def test_registration_and_coverage(self, root: Path) -> None:
         """The tools are registered in the scope when the middleware is built, before any call;
