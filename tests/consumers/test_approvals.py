@@ -630,3 +630,41 @@ def test_a_desk_with_a_key_signs_what_it_decides() -> None:
         Identity("rev-1", frozenset({"reviewer"})), "a" * 32, approved=True
     )
     assert decision_problem(unsigned, trusted) == "it is not signed"
+
+
+def test_two_lake_writers_grant_one_claim(new_lake: Any) -> None:
+    """Two stores writing one lake (two materializers' read APIs) take claims of one approval at
+    once from eight threads each: the lake's commit check makes exactly one of them win."""
+    lake = new_lake()
+    stores = [AuditStore(lake), AuditStore(lake)]
+    try:
+        key = SigningKey.generate("callgate-desk")
+        request = pending_request(run_id="r-1")
+        approved = {**request, "status": "approved", "decision": decision_for(request, key=key).model_dump_json()}
+        desks = [
+            ApprovalDesk(lambda _: approved, FakePublisher(), signing_key=key, claims=StoreClaims(s)) for s in stores
+        ]
+        gate = Identity("gate-1", frozenset({"tenant:acme"}))
+        barrier = threading.Barrier(16)
+        won: list[str] = []
+        lost: list[str] = []
+
+        def claim(n: int) -> None:
+            barrier.wait()
+            try:
+                desks[n % 2].claim(gate, "a" * 32, call_id="c-1", args_digest="d" * 64, claimant=f"p{n}")
+                won.append(f"p{n}")
+            except DecisionConflict as exc:
+                lost.append(str(exc))
+
+        threads = [threading.Thread(target=claim, args=(n,)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(won) == 1, (won, lost)
+        assert len(lost) == 15
+        assert all(f"already used (claimed by {won[0]})" in reason for reason in lost)
+    finally:
+        for store in stores:
+            store.close()
