@@ -318,3 +318,26 @@ async def test_a_claim_refused_elsewhere_refuses_the_call() -> None:
     assert "was approved by rev-1, but the approval was already used (claimed by claimant 1); ask again" in (
         refused.message or ""
     )
+
+
+async def test_an_approval_that_cannot_be_claimed_does_not_run() -> None:
+    """The read API that grants claims is out of reach (nothing listens on the port): the approved
+    call is asked again until its request expires, then refused; the tool never runs."""
+    from events.decisions import ApiDecisions
+
+    claims = ApiDecisions("http://127.0.0.1:9", interval_s=0.05, timeout_s=0.5)
+    source, runs = ListedDecisions(), []
+
+    @tool
+    def refund(args: Refund) -> str:
+        runs.append(args.order_id)
+        return "refunded"
+
+    asked = Asked(RemoteApprovals(source, claims=claims))
+    gate = Gate("shop", interceptors=[Policy.from_text(POLICY)], approval_handler=asked, approval_timeout_s=1.0)
+    args = {"order_id": "ACME-1", "amount_cents": 20000}
+    task = asyncio.create_task(gate.agent("desk", tools=[refund]).call("refund", args, run=ACME, call_id="c-10"))
+    source.add(await asked.requests.get())
+    result = await task
+    assert result.kind == "denied"
+    assert runs == []
