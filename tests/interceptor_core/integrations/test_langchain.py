@@ -572,6 +572,22 @@ class TestGatedTool:
         assert [(m.status, m.content) for m in got] == [("error", "cannot read: no note x")] * 2
         assert [(e.call_id, e.outcome) for e in memory.of_type("ToolUse")] == [("r1", "error")]
 
+    async def test_the_gates_timeout_is_a_message_not_an_exception(self) -> None:
+        """A tool cut off by the gate's `timeout_s` is the gate's decision: an error ToolMessage the
+        model reads, never an exception, and a `ToolUse` with outcome timeout."""
+
+        @tool
+        async def hang(key: str) -> str:
+            """Never answers."""
+            await asyncio.Event().wait()
+            return key
+
+        memory = MemorySink()
+        (gated,) = gate_tools([hang], gate=Gate("g", sinks=[memory]), timeout_s=0.05)
+        got = await gated.ainvoke(a_call("hang", {"key": "k"}, "h1"))
+        assert (got.tool_call_id, got.status) == ("h1", "error")
+        assert [(e.call_id, e.outcome) for e in memory.of_type("ToolUse")] == [("h1", "timeout")]
+
     @pytest.mark.parametrize("given", ["call", "args"])
     def test_with_retry_retries_and_records_each_attempt(self, given: str) -> None:
         """A gated tool under `with_retry` is retried on its exception; each attempt passes the
