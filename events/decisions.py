@@ -417,7 +417,9 @@ class ApiDecisions:
         try:
             data = json.loads(raw)
         except ValueError:
-            data = {"error": raw[:200].decode("utf-8", "replace")}
+            # Not the claim route's answer: an API without a reviewers' desk, or something else.
+            shown = raw[:200].decode("utf-8", "replace")
+            data = {"error": f"{self.url} has no claim route (a read API with the reviewers' desk?): {shown}"}
         return status, data if isinstance(data, dict) else {"error": str(data)}
 
     async def close(self) -> None:
