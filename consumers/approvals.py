@@ -51,14 +51,12 @@ from events.codec import parse_event
 from events.models import ZERO_HASH, ApprovalResolvedEvent
 
 if TYPE_CHECKING:
-    from events.signing import SigningKey
-
-if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
 
     from consumers.access_log import AccessLog
+    from events.signing import SigningKey
 
 __all__ = [
     "ApprovalDesk",
