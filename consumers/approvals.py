@@ -129,10 +129,12 @@ class StoreClaims:
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        self._created = False
 
     def claim(self, approval_id: str, fields: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
         def work(con: Any) -> tuple[bool, dict[str, Any]]:
-            con.execute(_CREATE_CLAIMS)
+            if not self._created:
+                con.execute(_CREATE_CLAIMS)
             held = con.execute(
                 f"SELECT {', '.join(_CLAIM_COLUMNS)} FROM approval_claims WHERE approval_id = ? "  # noqa: S608
                 "ORDER BY claimed_at LIMIT 1",
@@ -148,6 +150,7 @@ class StoreClaims:
             return True, row
 
         result: tuple[bool, dict[str, Any]] = self.store.transaction(work)
+        self._created = True
         return result
 
 
