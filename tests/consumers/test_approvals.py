@@ -634,7 +634,8 @@ def test_a_desk_with_a_key_signs_what_it_decides() -> None:
 
 def test_two_lake_writers_grant_one_claim(new_lake: Any) -> None:
     """Two stores writing one lake (two materializers' read APIs) take claims of one approval at
-    once from eight threads each: the lake's commit check makes exactly one of them win."""
+    once from three threads each: the lake's commit check makes exactly one of them win. (Opening
+    two lake stores takes most of its 5 to 15 s.)"""
     lake = new_lake()
     stores = [AuditStore(lake), AuditStore(lake)]
     try:
@@ -645,7 +646,7 @@ def test_two_lake_writers_grant_one_claim(new_lake: Any) -> None:
             ApprovalDesk(lambda _: approved, FakePublisher(), signing_key=key, claims=StoreClaims(s)) for s in stores
         ]
         gate = Identity("gate-1", frozenset({"tenant:acme"}))
-        barrier = threading.Barrier(16)
+        barrier = threading.Barrier(6)
         won: list[str] = []
         lost: list[str] = []
 
@@ -657,13 +658,13 @@ def test_two_lake_writers_grant_one_claim(new_lake: Any) -> None:
             except DecisionConflict as exc:
                 lost.append(str(exc))
 
-        threads = [threading.Thread(target=claim, args=(n,)) for n in range(16)]
+        threads = [threading.Thread(target=claim, args=(n,)) for n in range(6)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(60)
         assert len(won) == 1, (won, lost)
-        assert len(lost) == 15
+        assert len(lost) == 5
         assert all(f"already used (claimed by {won[0]})" in reason for reason in lost)
     finally:
         for store in stores:
