@@ -358,6 +358,13 @@ def materialize(
             "decisions go to the events topic and to this topic, which waiting gates read ('' for none)."
         ),
     ] = "callgate.decisions",
+    decision_key: Annotated[
+        Path | None,
+        typer.Option(
+            help="Sign every reviewer's decision with this private key (callgate keygen); gates given its .pub "
+            "honour no other decision."
+        ),
+    ] = None,
     webhooks: Annotated[
         Path | None,
         typer.Option(
@@ -439,6 +446,15 @@ def materialize(
         except SigningError as exc:
             typer.echo(f"error: --trusted-keys: {exc}", err=True)
             raise typer.Exit(2) from None
+    signer = None
+    if decision_key is not None:
+        from events.signing import SigningError, SigningKey
+
+        try:
+            signer = SigningKey.load(decision_key)
+        except SigningError as exc:
+            typer.echo(f"error: --decision-key: {exc}", err=True)
+            raise typer.Exit(2) from None
     api_address = _host_port(api) if api else None
     if allow_remote:
         typer.echo("warning: --allow-remote is the old name of --insecure-no-auth; use that", err=True)
@@ -481,6 +497,7 @@ def materialize(
             metrics_open=metrics_open,
             api_tls=tls,
             decisions_topic=decisions_topic or None,
+            decision_key=signer,
             gap_grace_s=gap_grace,
             unread_grace_s=unread_grace,
             trusted_keys=keys,

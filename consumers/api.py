@@ -4,7 +4,7 @@ DuckDB lets no other process open a database file that one process holds for wri
 materializer runs, readers (the dashboard, the coverage job) reach the store through this API. It is
 a small Starlette app (`build_app`) served by uvicorn in a background thread (`ApiServer`).
 
-Routes (GET only, but for the approvals write route; HEAD is answered as GET without a body; any
+Routes (GET only, but for the approvals write routes; HEAD is answered as GET without a body; any
 other method is 405):
 
 - `GET /healthz`: 200 `{"status": "ok", ...}` or 503 `{"status": "unavailable", ...}` (`HealthStatus`),
@@ -13,7 +13,8 @@ other method is 405):
   `metrics_open`.
 - `GET /v1/queries`: 200 `{"queries": [...]}`, what `QueryRunner.names()` lists; any valid token.
 - `POST /v1/approvals/{approval_id}` (only with a reviewer's desk, `consumers.approvals`): a
-  reviewer decides a pending approval request.
+  reviewer decides a pending approval request; `POST /v1/approvals/{approval_id}/claim`: the gate
+  about to run an approved call claims its approval, granted once per approval id.
 - `GET /v1/queries/{name}?param=value...`: 200 with the query's result; 404 for an unknown query,
   400 for a bad parameter, 403 for a query or tenant the token's roles do not allow, 500
   `{"error": "internal error"}` for anything else (traceback logged).
@@ -258,7 +259,8 @@ def build_app(
     health check waiting for a lock or a JWKS fetch never stalls other requests. `health` raising
     counts as unavailable (503, logged). `auth` None serves without authentication; `access_log`
     None records nothing; `metrics_open` serves `/metrics` to anybody. `approvals` (a reviewer's
-    desk) adds the write route `POST /v1/approvals/{approval_id}` (`consumers.approvals`).
+    desk) adds the write routes `POST /v1/approvals/{approval_id}` and its `/claim`
+    (`consumers.approvals`).
     """
 
     # Why the last access record could not be written, until one is again: /healthz answers 503

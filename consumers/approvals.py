@@ -11,11 +11,28 @@ A decision is an `ApprovalResolved` event naming the reviewer's authenticated su
 sealed into the desk's own chain and published (`events.decisions.DecisionPublisher`: to the events
 topic, where it is stored, and to the decisions topic, where the waiting gate reads it).
 
-`approval_routes` adds `POST /v1/approvals/{approval_id}` to the read API: a JSON body
-`{"decision": "approve" | "deny", "note": "..."}`; 200 with the decision, 400 for a bad body, 403
-(not a reviewer, another tenant, one's own request), 404 (no such request, or not visible to this
-tenant reviewer), 409 (already decided or expired), 503 (the decision could not be published: it is
-not taken). Every attempt is an access-log line (query `approval:approve` / `approval:deny`).
+With a signing key (`callgate materialize --decision-key FILE`, a `callgate keygen` key) the desk
+signs every decision (`events.decisions.sign_decision`): gates given its public key honour no other.
+
+**Claims.** An approval is honoured once per deployment: before an approved call runs, its gate
+claims the approval (`ApprovalDesk.claim`), and the store is the arbiter: the claim is a row of
+`approval_claims`, inserted in one store transaction only when no row for that approval id exists
+(a lake runs the transaction again on a conflict with another writer's, and then sees the winner's
+row). Exactly one claim succeeds; every other claimant is told who holds it.
+
+`approval_routes` adds to the read API:
+
+- `POST /v1/approvals/{approval_id}`: a JSON body `{"decision": "approve" | "deny", "note": "..."}`;
+  200 with the decision, 400 for a bad body, 403 (not a reviewer, another tenant, one's own
+  request), 404 (no such request, or not visible to this tenant reviewer), 409 (already decided or
+  expired), 503 (the decision could not be published: it is not taken).
+- `POST /v1/approvals/{approval_id}/claim`: a JSON body `{"call_id": ..., "args_digest": ...,
+  "claimant": "..."}` from the gate about to run the approved call; 200 with the claim, 409 when
+  it is claimed already (with who holds it), not approved, expired, or for another call or other
+  arguments, 403/404 as above for a token that may not read the request, 503 when the store
+  cannot record it (the call does not run). Any token that may read the request may claim it.
+
+Every attempt is an access-log line (query `approval:approve`, `approval:deny`, `approval:claim`).
 """
 
 from __future__ import annotations
@@ -30,7 +47,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from consumers.auth import REVIEWER, Forbidden, Identity
 from events.chain import Producer, new_event_id
-from events.models import ApprovalResolvedEvent
+from events.codec import parse_event
+from events.models import ZERO_HASH, ApprovalResolvedEvent
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -38,8 +56,18 @@ if TYPE_CHECKING:
     from starlette.routing import Route
 
     from consumers.access_log import AccessLog
+    from events.signing import SigningKey
 
-__all__ = ["ApprovalDesk", "DecisionConflict", "DecisionError", "RequestNotFound", "approval_routes", "post_decision"]
+__all__ = [
+    "ApprovalDesk",
+    "ClaimStore",
+    "DecisionConflict",
+    "DecisionError",
+    "RequestNotFound",
+    "StoreClaims",
+    "approval_routes",
+    "post_decision",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +100,69 @@ class Publisher(Protocol):
     def publish(self, event: ApprovalResolvedEvent) -> None: ...
 
 
+class ClaimStore(Protocol):
+    """Where claims are recorded, atomically: `claim` inserts the claim of `approval_id` unless one
+    exists, and returns (whether this one was inserted, the claim that holds). Blocks; raises when
+    it cannot record (the claimant is then refused)."""
+
+    def claim(self, approval_id: str, fields: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]: ...
+
+
+_CREATE_CLAIMS = """
+CREATE TABLE IF NOT EXISTS approval_claims (
+    approval_id VARCHAR NOT NULL,
+    call_id VARCHAR,
+    claimant VARCHAR,
+    subject VARCHAR,
+    decision_event_id VARCHAR,
+    claimed_at TIMESTAMPTZ NOT NULL
+)
+"""
+
+_CLAIM_COLUMNS = ("approval_id", "call_id", "claimant", "subject", "decision_event_id", "claimed_at")
+
+
+class StoreClaims:
+    """Claims as rows of the audit store's `approval_claims` table (created on first use), through
+    `store.transaction`: the check and the insert are one transaction, serialized with the store's
+    other writes (a file has one writer; a lake runs it again after a conflicting commit)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._created = False
+
+    def claim(self, approval_id: str, fields: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
+        def work(con: Any) -> tuple[bool, dict[str, Any]]:
+            if not self._created:
+                con.execute(_CREATE_CLAIMS)
+            held = con.execute(
+                f"SELECT {', '.join(_CLAIM_COLUMNS)} FROM approval_claims WHERE approval_id = ? "  # noqa: S608
+                "ORDER BY claimed_at LIMIT 1",
+                [approval_id],
+            ).fetchone()
+            if held is not None:
+                return False, dict(zip(_CLAIM_COLUMNS, held, strict=True))
+            row = {**{k: fields.get(k) for k in _CLAIM_COLUMNS}, "approval_id": approval_id}
+            con.execute(
+                f"INSERT INTO approval_claims ({', '.join(_CLAIM_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)",  # noqa: S608
+                [row[k] for k in _CLAIM_COLUMNS],
+            )
+            return True, row
+
+        result: tuple[bool, dict[str, Any]] = self.store.transaction(work)
+        self._created = True
+        return result
+
+
 class ApprovalDesk:
-    """Decides approval requests read from the store with the named query `approval_request`.
+    """Decides approval requests read from the store with the named query `approval_request`, and
+    grants the claims of approved ones (module docstring).
 
     `lookup(approval_id)` returns the request's row (as that query gives it) or None; `publisher`
-    sends the decision. `decide` blocks (a store read, a publish) and is safe from several threads:
-    decisions of one request are taken one at a time, and a request decided here is not decided
-    again before the store has the decision.
+    sends the decision; `signing_key` signs it (None: unsigned); `claims` records claims (None: the
+    claim route answers 503). `decide` and `claim` block (a store read, a publish, a store write)
+    and are safe from several threads: decisions of one request are taken one at a time, and a
+    request decided here is not decided again before the store has the decision.
     """
 
     def __init__(
@@ -88,13 +172,19 @@ class ApprovalDesk:
         *,
         gate: str = "callgate-desk",
         producer: Producer | None = None,
+        signing_key: SigningKey | None = None,
+        claims: ClaimStore | None = None,
     ) -> None:
         self.lookup = lookup
         self.publisher = publisher
         self.gate = gate
         self.producer = producer or Producer()
+        self.signing_key = signing_key
+        self.claims = claims
         self._lock = threading.Lock()
         self._decided: dict[str, str] = {}
+        # Approvals this desk took, by approval id: a claim may come before the store has the decision.
+        self._approved: dict[str, ApprovalResolvedEvent] = {}
 
     def decide(
         self, identity: Identity, approval_id: str, *, approved: bool, note: str | None = None
@@ -153,11 +243,82 @@ class ApprovalDesk:
                 "args_digest": request.get("args_digest"),
                 "policy_version": request.get("policy_version"),
             }
+            if self.signing_key is not None:
+                from events.decisions import sign_decision
+
+                # Signed before it is sealed: the signature covers no chain field.
+                unsigned = ApprovalResolvedEvent(
+                    **fields, producer_id=self.producer.producer_id, seq=1, prev_hash=ZERO_HASH, hash=ZERO_HASH
+                )
+                fields["signature"] = sign_decision(unsigned, self.signing_key)
             event = self.producer.seal(ApprovalResolvedEvent, fields)
             self.publisher.publish(event)
             self._decided[approval_id] = f"{'approved' if approved else 'denied'} by {identity.subject}"
+            if approved:
+                self._approved[approval_id] = event
         log.info("approval %s %s by %s", approval_id, "approved" if approved else "denied", identity.subject)
         return event
+
+    def claim(
+        self, identity: Identity, approval_id: str, *, call_id: str, args_digest: str, claimant: str | None = None
+    ) -> dict[str, Any]:
+        """Claim the approval of request `approval_id` for the call about to run; returns the claim
+        (approval_id, call_id, claimant, subject, decision_event_id, claimed_at).
+
+        Raises `Forbidden` / `RequestNotFound` for a request `identity` may not read,
+        `DecisionConflict` when the request is not approved (by a decision this desk can verify,
+        when it signs), expired, for another call or arguments, or claimed already (naming the
+        holder), and what the claim store raises (nothing is claimed then)."""
+        if self.claims is None:
+            raise RuntimeError("this read API records no claims")
+        request = self.lookup(approval_id)
+        if request is None:
+            raise RequestNotFound(f"no approval request {approval_id!r}")
+        tenants = identity.tenants
+        everyone = identity.all_tenants or (REVIEWER in identity.roles and not tenants)
+        if not everyone and request.get("tenant") not in tenants:
+            raise RequestNotFound(f"no approval request {approval_id!r}")
+        if request.get("call_id") != call_id or request.get("args_digest") != args_digest:
+            raise DecisionConflict(f"request {approval_id} is for another call or other arguments")
+        decision = self._approved.get(approval_id) or self._stored_approval(request)
+        if decision is None:
+            raise DecisionConflict(f"request {approval_id} is {request.get('status')}, not approved")
+        expires = _time(request.get("expires_at"))
+        now = datetime.now(UTC)
+        if expires is not None and expires <= now:
+            raise DecisionConflict(f"request {approval_id} expired at {expires.isoformat()}")
+        fields = {
+            "call_id": call_id,
+            "claimant": claimant,
+            "subject": identity.subject,
+            "decision_event_id": decision.event_id,
+            "claimed_at": now,
+        }
+        won, held = self.claims.claim(approval_id, fields)
+        if not won:
+            who = held.get("claimant") or held.get("subject")
+            raise DecisionConflict(f"the approval of request {approval_id} was already used (claimed by {who})")
+        log.info("approval %s claimed by %s (%s)", approval_id, claimant, identity.subject)
+        return held
+
+    def _stored_approval(self, request: Mapping[str, Any]) -> ApprovalResolvedEvent | None:
+        """The store's approving decision of `request`, when it is one (and, when this desk signs,
+        one it signed: a record written straight to the events topic approves nothing)."""
+        if request.get("status") != "approved" or request.get("decision") is None:
+            return None
+        decision = parse_event(request["decision"])
+        if not isinstance(decision, ApprovalResolvedEvent) or not decision.approved:
+            return None
+        if self.signing_key is not None:
+            from events.decisions import decision_problem
+
+            key = self.signing_key.public()
+            if (problem := decision_problem(decision, {key.key_id: key})) is not None:
+                log.warning(
+                    "approval %s: the stored decision %s: %s", request.get("approval_id"), decision.event_id, problem
+                )
+                return None
+        return decision
 
 
 def _time(value: Any) -> datetime | None:
@@ -228,7 +389,75 @@ def approval_routes(
                     body["warning"] = "the decision was taken but its access-log line could not be written"
         return JSONResponse(body, status_code=status)
 
-    return [Route("/v1/approvals/{approval_id}", decide, methods=["POST"])]
+    async def claim(request: Request) -> Response:
+        identity = await identify(request)
+        if not isinstance(identity, Identity):
+            return identity
+        started, at = time.perf_counter(), datetime.now(UTC)
+        approval_id: str = request.path_params["approval_id"]
+        given, problem = _claim_body(await request.body())
+        status, body = 400, {"error": problem}
+        if problem is None:
+            try:
+                held = await run_in_threadpool(
+                    desk.claim,
+                    identity,
+                    approval_id,
+                    call_id=given["call_id"],
+                    args_digest=given["args_digest"],
+                    claimant=given.get("claimant"),
+                )
+            except Forbidden as exc:
+                status, body = 403, {"error": str(exc)}
+            except DecisionError as exc:
+                status, body = exc.status, {"error": str(exc)}
+            except Exception:
+                log.exception("read API: the claim of %s could not be recorded", approval_id)
+                status, body = 503, {"error": "the claim could not be recorded; the call must not run"}
+            else:
+                status = 200
+                body = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in held.items()}
+        if access_log is not None:
+            record = AccessRecord(
+                time=at,
+                subject=identity.subject,
+                roles=tuple(sorted(identity.roles)),
+                query="approval:claim",
+                params={"approval_id": approval_id, **{k: v for k, v in given.items() if k != "args_digest"}},
+                status=status,
+                row_count=None,
+                duration_ms=(time.perf_counter() - started) * 1000,
+            )
+            try:
+                await run_in_threadpool(access_log.record, record)
+            except Exception:
+                log.exception("read API: cannot record %s's claim of %s", identity.subject, approval_id)
+        return JSONResponse(body, status_code=status)
+
+    return [
+        Route("/v1/approvals/{approval_id}", decide, methods=["POST"]),
+        Route("/v1/approvals/{approval_id}/claim", claim, methods=["POST"]),
+    ]
+
+
+def _claim_body(raw: bytes) -> tuple[dict[str, Any], str | None]:
+    """(fields, problem) from a claim's body."""
+    usage = 'the body must be a JSON object: {"call_id": "...", "args_digest": "...", "claimant": "..."}'
+    try:
+        data = json.loads(raw or b"null")
+    except ValueError:
+        return {}, usage
+    if not isinstance(data, dict):
+        return {}, usage
+    unknown = sorted(set(data) - {"call_id", "args_digest", "claimant"})
+    if unknown:
+        return {}, f"unknown field {unknown[0]!r}; the body takes call_id, args_digest and claimant"
+    for name in ("call_id", "args_digest"):
+        if not isinstance(data.get(name), str) or not data[name]:
+            return {}, f'"{name}" must be non-empty text'
+    if data.get("claimant") is not None and not isinstance(data["claimant"], str):
+        return {}, '"claimant" must be text'
+    return data, None
 
 
 def _body(raw: bytes) -> tuple[str | None, str | None, str | None]:

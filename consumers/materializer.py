@@ -59,7 +59,7 @@ from consumers.store import ROW_GROUP_ROWS, AuditStore, IngestResult, StagedBatc
 if TYPE_CHECKING:
     from consumers.api import HealthStatus
     from consumers.auth import Authenticator
-    from events.signing import VerifyingKey
+    from events.signing import SigningKey, VerifyingKey
 
 log = logging.getLogger("callgate.materializer")
 
@@ -221,7 +221,9 @@ class Materializer:
       HTTPS. Every named query it answers is recorded in the store's `access_log`.
     - `decisions_topic`: with `api`, reviewers decide approval requests through it (`POST
       /v1/approvals/{id}`, `consumers.approvals`); each decision is published to `topic` and to
-      this topic, which the waiting gates read (None: no write route).
+      this topic, which the waiting gates read (None: no write route), signed with `decision_key`
+      (an `events.signing.SigningKey`; None: unsigned); gates claim approvals through it (`POST
+      /v1/approvals/{id}/claim`), recorded in the store's `approval_claims`.
     - `gap_grace_s`: in a continuous run, a chain gap is recorded once it has stayed open this long.
     - `trusted_keys` (key id -> `events.signing.VerifyingKey`, as `load_trusted_keys` gives them):
       verify every stored checkpoint (`consumers.checkpoints`); `require_signed` also records the
@@ -255,6 +257,7 @@ class Materializer:
         metrics_open: bool = False,
         api_tls: tuple[str, str] | None = None,
         decisions_topic: str | None = None,
+        decision_key: SigningKey | None = None,
         batch_max: int = ROW_GROUP_ROWS,
         poll_ms: int = 500,
         gap_grace_s: float = 60.0,
@@ -299,6 +302,7 @@ class Materializer:
         self._metrics_open = metrics_open
         self._api_tls = api_tls
         self.decisions_topic = decisions_topic
+        self.decision_key = decision_key
         self._publisher: Any = None
         self.api: Any = None
         self.metrics: Any = None
@@ -851,7 +855,7 @@ class Materializer:
         """The reviewers' desk over this store, publishing to the decisions topic (None without one)."""
         if self.decisions_topic is None:
             return None
-        from consumers.approvals import ApprovalDesk
+        from consumers.approvals import ApprovalDesk, StoreClaims
         from consumers.queries import run_query
         from events.decisions import DecisionPublisher
 
@@ -864,7 +868,7 @@ class Materializer:
             return rows[0] if rows else None
 
         self._publisher = DecisionPublisher(self.bootstrap, self.topic, self.decisions_topic)
-        return ApprovalDesk(lookup, self._publisher)
+        return ApprovalDesk(lookup, self._publisher, signing_key=self.decision_key, claims=StoreClaims(self.store))
 
     def close(self) -> None:
         """Stop the read API and close the store (idempotent)."""

@@ -8,13 +8,28 @@ decisions topic (`DECISIONS_TOPIC`, keyed by approval id), which waiting gates r
 taken while no gate was running, before a paused run is resumed in a new process, is found there),
 keeps the decisions by approval id, and wakes waiters when one arrives. It fits
 `interceptor_core.approvals.DecisionSource`; `RemoteApprovals(KafkaDecisions(...))` is an approval
-handler. Who may write to the decisions topic may approve: give only the desk write access (Kafka
-ACLs), and every gate read access.
+handler. Without signed decisions (below), who may write to the decisions topic may approve: give
+only the desk write access (Kafka ACLs), and every gate read access.
 
 `ApiDecisions` is the other way for a gate that cannot reach Kafka: it asks the read API for the
 requests it waits for (the named query `approval_request`, whose `decision` column is the deciding
 event) every `interval_s`, with a token that may read them (a `tenant:<id>`, `auditor` or `reviewer`
-role).
+role). It also claims an approval before the call runs (`claim`: `POST /v1/approvals/{id}/claim`),
+which the read API grants once per approval id for the whole deployment.
+
+**Signed decisions.** The desk signs each decision it takes with its Ed25519 key (`callgate keygen`;
+`callgate materialize --decision-key FILE`): `sign_decision` puts into the event's `signature` the
+signature lines of a C2SP signed note whose body is
+
+    callgate decision v1
+    <approval id>
+    <SHA-256 hex of the canonical JSON of the event, without its chain fields and signature>
+
+so the signature covers every field a gate reads (approved, by, note, the binding to the call, the
+time) and none the desk's chain adds. `decision_problem(event, keys)` says why a decision is not
+signed by one of `keys` (unsigned, malformed, altered, forged or unknown signer), or None; a gate's
+`RemoteApprovals(..., trusted_keys=...)` ignores, logs and counts such decisions. With signed
+decisions, writing to the decisions topic no longer lets anyone approve.
 
 Imports aiokafka (for `KafkaDecisions` and `DecisionPublisher`) when they start; import this module
 only where decisions are read or written.
@@ -24,25 +39,74 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
+import os
+import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any, Final
 
+from events.chain import canonical_json
 from events.codec import encode_event, parse_event
 from events.kafka import DEFAULT_TOPIC
 from events.models import ApprovalResolvedEvent
+from events.signing import SigningError, SigningKey, VerifyingKey, open_signed_note, signed_note
 
-__all__ = ["DECISIONS_TOPIC", "ApiDecisions", "DecisionPublisher", "KafkaDecisions"]
+__all__ = [
+    "DECISIONS_TOPIC",
+    "ApiDecisions",
+    "DecisionPublisher",
+    "KafkaDecisions",
+    "decision_problem",
+    "sign_decision",
+]
 
 log = logging.getLogger(__name__)
 
 DECISIONS_TOPIC: Final = "callgate.decisions"
 """The default decisions topic (one partition: decisions are few, and read whole)."""
+
+DECISION_NOTE_HEADER: Final = "callgate decision v1"
+"""The first line of the note a decision's signature is over."""
+
+_UNSIGNED_FIELDS: Final = frozenset({"hash", "prev_hash", "seq", "producer_id", "schema_version", "signature"})
+
+
+def _decision_body(event: ApprovalResolvedEvent) -> bytes:
+    data = {k: v for k, v in event.model_dump(mode="json").items() if k not in _UNSIGNED_FIELDS}
+    digest = hashlib.sha256(canonical_json(data)).hexdigest()
+    return f"{DECISION_NOTE_HEADER}\n{event.approval_id}\n{digest}\n".encode()
+
+
+def sign_decision(event: ApprovalResolvedEvent, key: SigningKey) -> str:
+    """The value of `event`'s `signature` field: the signature lines of the signed note of its body
+    (module docstring). `event`'s chain fields and signature do not matter (the desk signs before
+    it seals)."""
+    body = _decision_body(event)
+    return signed_note(body, key)[len(body) + 1 :].decode("utf-8")
+
+
+def decision_problem(event: ApprovalResolvedEvent, keys: Mapping[str, VerifyingKey]) -> str | None:
+    """Why `event` is not a decision signed by one of `keys` (keyed by key id, as
+    `events.signing.load_trusted_keys` gives them), or None when it is. Never raises."""
+    if not event.signature:
+        return "it is not signed"
+    note = _decision_body(event) + b"\n" + event.signature.encode("utf-8")
+    try:
+        _, verified = open_signed_note(note, keys)
+    except SigningError as exc:
+        return f"its signature is malformed ({exc})"
+    if not verified:
+        return "its signature is not a trusted key's (forged, altered, or by a key not trusted)"
+    return None
 
 
 class KafkaDecisions:
@@ -228,7 +292,15 @@ class ApiDecisions:
     Call everything from one event loop; `close()` is idempotent.
     """
 
-    def __init__(self, url: str, *, token: str | None = None, interval_s: float = 0.5, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        interval_s: float = 0.5,
+        timeout_s: float = 5.0,
+        claimant: str | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"the read API's URL must look like http://HOST:PORT, got {url!r}")
@@ -238,6 +310,8 @@ class ApiDecisions:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._token = token
+        self.claimant = claimant or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        """Who claims approvals (recorded with each claim): by default host, process id and a nonce."""
         self._watched: set[str] = set()
         self._found: dict[str, list[ApprovalResolvedEvent]] = {}
         self._changed = asyncio.Event()
@@ -296,6 +370,57 @@ class ApiDecisions:
         if not isinstance(event, ApprovalResolvedEvent) or event.approval_id != approval_id:
             raise ValueError(f"the stored decision of {approval_id} is not an ApprovalResolved of it")
         return event
+
+    async def claim(self, request: Any, decision: ApprovalResolvedEvent) -> str | None:
+        """Claim the approval of `request` (an `interceptor_core.ApprovalRequest`) for this process,
+        just before its call runs (`interceptor_core.approvals.ApprovalClaims`): None when the read
+        API granted it, else why not. An unreachable API or a 5xx is asked again every `interval_s`
+        until the request expires (at most `timeout_s` without an expiry); then the claim is
+        refused: the call never runs on an unrecorded claim."""
+        deadline = time.monotonic() + (
+            max(0.0, request.expires_at.timestamp() - time.time()) if request.expires_at else self.timeout_s
+        )
+        while True:
+            try:
+                status, body = await asyncio.to_thread(self._post_claim, request)
+            except Exception as exc:
+                status, body = 0, {"error": f"{type(exc).__name__}: {exc}"}
+            if status == 200:
+                return None
+            error = str(body.get("error") or body)
+            if 0 < status < 500:
+                return error
+            if time.monotonic() >= deadline:
+                return f"its claim could not be recorded ({error})"
+            log.warning(
+                "read API %s: claim of approval %s not recorded (%s); asking again",
+                self.url,
+                request.approval_id,
+                error,
+            )
+            await asyncio.sleep(self.interval_s)
+
+    def _post_claim(self, request: Any) -> tuple[int, dict[str, Any]]:
+        body = json.dumps(
+            {"call_id": request.call_id, "args_digest": request.args_digest, "claimant": self.claimant}
+        ).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        path = f"/v1/approvals/{urllib.parse.quote(request.approval_id, safe='')}/claim"
+        post = urllib.request.Request(self.url + path, data=body, headers=headers, method="POST")  # noqa: S310
+        try:
+            with urllib.request.urlopen(post, timeout=self.timeout_s) as response:  # noqa: S310
+                status, raw = int(response.status), response.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = int(exc.code), exc.read()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            # Not the claim route's answer: an API without a reviewers' desk, or something else.
+            shown = raw[:200].decode("utf-8", "replace")
+            data = {"error": f"{self.url} has no claim route (a read API with the reviewers' desk?): {shown}"}
+        return status, data if isinstance(data, dict) else {"error": str(data)}
 
     async def close(self) -> None:
         """Stop asking; idempotent."""

@@ -289,6 +289,12 @@ class ApprovalResolvedEvent(EventBase):
     policy_version: str | None = Field(
         default=None, exclude_if=_absent, description="The request's policy_version, repeated."
     )
+    signature: str | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="The desk's signature of the decision: the signature lines of a C2SP signed note "
+        "(`events.decisions.sign_decision`), which gates given the desk's public key check.",
+    )
 
 
 class UnmediatedEvent(EventBase):

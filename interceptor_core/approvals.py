@@ -6,9 +6,11 @@ version (`approval_id_for`), so the same call asked again, in this process or af
 another one, asks for the same id, and a call whose arguments changed asks for a new one.
 
 `RemoteApprovals` is an approval handler that waits for a reviewer's decision arriving from outside
-the process (a `DecisionSource`: the decisions topic on Kafka, `events.decisions.KafkaDecisions`, or
-any other) and honours it only for the exact call: same approval id, call id, argument digest and
-policy version, decided before the request expires, used once.
+the process (a `DecisionSource`: the decisions topic on Kafka, `events.decisions.KafkaDecisions`, the
+read API, `events.decisions.ApiDecisions`, or any other) and honours it only for the exact call: same
+approval id, call id, argument digest and policy version, decided before the request expires, signed
+by a trusted key (when given `trusted_keys`), and used once: once per process always, and once per
+deployment when an `ApprovalClaims` (the read API's claim route) grants it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -27,9 +30,11 @@ from interceptor_core.context import RunContext
 
 if TYPE_CHECKING:
     from events.models import ApprovalResolvedEvent
+    from events.signing import VerifyingKey
 
 __all__ = [
     "Approval",
+    "ApprovalClaims",
     "ApprovalHandler",
     "ApprovalRequest",
     "DecisionSource",
@@ -110,31 +115,80 @@ class DecisionSource(Protocol):
     def changed(self) -> asyncio.Event: ...
 
 
+_UNTRUSTED = "not a trusted desk's decision"
+
+
+class ApprovalClaims(Protocol):
+    """The arbiter of "used once" across processes (`events.decisions.ApiDecisions`: the read API's
+    claim route, recorded in the store). `claim` is awaited from the gate's loop just before an
+    approved call runs; it returns None when this process may run it, else why not (claimed by
+    another process, not reachable in time: the call is then refused)."""
+
+    async def claim(self, request: ApprovalRequest, decision: ApprovalResolvedEvent) -> str | None: ...
+
+
 class RemoteApprovals:
     """An approval handler waiting for a reviewer's decision from a `DecisionSource`.
 
     A decision is honoured only when its `approval_id`, `call_id`, `args_digest` and `policy_version`
-    equal the request's, it was taken before the request's `expires_at`, and this handler has not
-    honoured that approval id before (once). Anything else is ignored (and logged) and the wait goes
-    on, until the request expires: then it answers nothing and the gate records the refusal. The
-    wait is cancelled with its run. Safe for many concurrent calls on one loop.
+    equal the request's, it was taken before the request's `expires_at`, it is signed by one of
+    `trusted_keys` (when given: key id -> `events.signing.VerifyingKey`, or the path of a `.pub`
+    file or directory, as `callgate keygen` writes them), and this handler has not honoured that
+    approval id before. Anything else is ignored (logged, and counted in `ignored`; unsigned or
+    forged ones also in `forged`) and the wait goes on, until the request expires: then it answers
+    nothing and the gate records the refusal. The wait is cancelled with its run.
+
+    An approval is then claimed from `claims` (default: the source itself when it can claim, as
+    `ApiDecisions` can; None for `KafkaDecisions`, which alone holds "once" per process only): a
+    refused claim refuses the call, with a note saying the approval was used elsewhere, so the
+    model can ask again. Safe for many concurrent calls on one loop.
     """
 
-    def __init__(self, source: DecisionSource) -> None:
+    def __init__(
+        self,
+        source: DecisionSource,
+        *,
+        trusted_keys: Mapping[str, VerifyingKey] | str | os.PathLike[str] | None = None,
+        claims: ApprovalClaims | None = None,
+    ) -> None:
         self.source = source
+        if isinstance(trusted_keys, str | os.PathLike):
+            from events.signing import load_trusted_keys
+
+            trusted_keys = load_trusted_keys(trusted_keys)
+        self.trusted_keys = dict(trusted_keys) if trusted_keys is not None else None
+        """The desk keys a decision must be signed by (None: signatures are not checked)."""
+        if claims is None and callable(getattr(source, "claim", None)):
+            claims = source  # type: ignore[assignment]
+        self.claims = claims
+        self.ignored = 0
+        """Decisions ignored so far (for another call, expired, used, unsigned or forged)."""
+        self.forged = 0
+        """Of those, decisions not signed by a trusted key."""
         self._used: set[str] = set()
 
     async def __call__(self, request: ApprovalRequest) -> Approval:
         """Wait for the decision of `request` (see the class docstring); raises `TimeoutError` once
         the request expired (the gate records that as no answer)."""
         deadline = None if request.expires_at is None else request.expires_at.timestamp()
+        seen: set[str] = set()
         while True:
             changed = self.source.changed()
             for decision in self.source.decisions(request.approval_id):
                 if (why := self._mismatch(request, decision)) is not None:
-                    log.warning("approval %s: decision %s ignored: %s", request.approval_id, decision.event_id, why)
+                    if decision.event_id not in seen:  # each ignored decision logged and counted once
+                        seen.add(decision.event_id)
+                        self.ignored += 1
+                        self.forged += why.startswith(_UNTRUSTED)
+                        log.warning("approval %s: decision %s ignored: %s", request.approval_id, decision.event_id, why)
                     continue
                 self._used.add(request.approval_id)
+                if decision.approved and self.claims is not None:
+                    refused = await self.claims.claim(request, decision)
+                    if refused is not None:
+                        log.warning("approval %s: not run here: %s", request.approval_id, refused)
+                        by = f" by {decision.by}" if decision.by else ""
+                        return Approval(False, note=f"it was approved{by}, but {refused}; ask again")
                 return Approval(decision.approved, by=decision.by, note=decision.note, event_id=decision.event_id)
             remaining = None if deadline is None else deadline - time.time()
             if remaining is not None and remaining <= 0:
@@ -151,6 +205,11 @@ class RemoteApprovals:
             return "it was given under another policy version"
         if request.expires_at is not None and decision.time > request.expires_at:
             return "it came after the request expired"
+        if self.trusted_keys is not None:
+            from events.decisions import decision_problem
+
+            if (problem := decision_problem(decision, self.trusted_keys)) is not None:
+                return f"{_UNTRUSTED}: {problem}"
         if request.approval_id in self._used:
             return "this approval was used already"
         return None

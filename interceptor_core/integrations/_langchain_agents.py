@@ -20,7 +20,10 @@ from interceptor_core.context import RunContext
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations._langchain_calls import (
     PENDING,
+    RETRY_TAG,
+    AnsweredFailure,
     PendingCall,
+    attempt_call_id,
     call_through_gate,
     gate_tool,
     outside_loop,
@@ -33,10 +36,13 @@ __all__ = ["CallgateMiddleware"]
 
 Reply = ToolMessage | Command[Any]
 
+_ATTEMPTS = "_callgate_attempts"
 
-class ToolErrorMessage(Exception):
-    """The tool ran and LangChain answered with an error `ToolMessage` (the tool raised and the
-    ToolNode handled it, or the arguments were invalid): the call's outcome is an error."""
+
+class ToolErrorMessage(AnsweredFailure):
+    """The tool ran and LangChain answered with an error `ToolMessage` (the tool raised and its
+    `handle_tool_error` or the ToolNode handled it, or the arguments were invalid): the call's
+    outcome is an error, and the model reads LangChain's message."""
 
 
 class _HandlerCall(PendingCall):
@@ -107,10 +113,15 @@ class CallgateMiddleware(AgentMiddleware):
 
     What the ToolNode gets back: the tool's own `ToolMessage` or `Command` for an allowed call
     (with an after-interceptor's change of its content); a `ToolMessage` with `status="error"` for
-    a denial (the denial text), a tool that raised, or invalid arguments; the substitute as the
-    content of a `ToolMessage`; `Block` raises `ToolBlockedError`, which ends the run unless the
-    ToolNode was told to handle every error. LangGraph's `interrupt()` inside a tool goes on as an
-    interrupt (the call is recorded as an error; resuming calls the tool again, a new call).
+    a denial (the denial text), a failure LangChain answered (the tool's `handle_tool_error`), or
+    invalid arguments; the substitute as the content of a `ToolMessage`; `Block` raises
+    `ToolBlockedError`, which ends the run unless the ToolNode was told to handle every error. A
+    tool's own exception means what it means ungated: the gate records the call's error outcome,
+    then the exception goes on (the run raises, unless the tool's `handle_tool_error` answers it).
+    A retry middleware listed before this one (`ToolRetryMiddleware`) retries a gated tool's
+    exception; each attempt passes the chain and is its own call (`<id>#N` from the second).
+    LangGraph's `interrupt()` inside a tool goes on as an interrupt (the call is recorded as an
+    error; resuming calls the tool again, a new call).
     `RequireApproval` with no `approval_handler` on the gate pauses the run with `interrupt()`
     and `Command(resume=...)` answers it (the module docstring of
     `interceptor_core.integrations.langchain` gives the payload and the answer); the agent needs
@@ -139,6 +150,15 @@ class CallgateMiddleware(AgentMiddleware):
         """The agent scope the tools are registered in."""
         self._default_run = run if run is not None else RunContext()
 
+    @staticmethod
+    def _call_id(request: ToolCallRequest) -> str | None:
+        """The model's tool call id; from the second time the same request passes here (a retry
+        middleware around this one, `ToolRetryMiddleware`, runs its handler again), `<id>#N`, so
+        each attempt is its own call. Counted on the request itself: nothing outlives it."""
+        attempt = getattr(request, _ATTEMPTS, 0) + 1
+        object.__setattr__(request, _ATTEMPTS, attempt)  # ToolCallRequest warns on plain assignment
+        return attempt_call_id(request.tool_call["id"], (f"{RETRY_TAG}{attempt}",) if attempt > 1 else None)
+
     def _run_of(self, request: ToolCallRequest) -> RunContext:
         runtime = request.runtime
         return run_of(getattr(runtime, "config", None), self._default_run, getattr(runtime, "context", None))
@@ -148,12 +168,11 @@ class CallgateMiddleware(AgentMiddleware):
         call = _HandlerCall(request, handler, sync=True)
         tool_call = request.tool_call
         run = self._run_of(request)
+        call_id = self._call_id(request)
         token = PENDING.set(call)
         try:
             result = run_sync(
-                lambda: call_through_gate(
-                    self.scope, tool_call["name"], tool_call["args"], run=run, call_id=tool_call["id"]
-                )
+                lambda: call_through_gate(self.scope, tool_call["name"], tool_call["args"], run=run, call_id=call_id)
             )
         finally:
             PENDING.reset(token)
@@ -169,7 +188,11 @@ class CallgateMiddleware(AgentMiddleware):
         token = PENDING.set(call)
         try:
             result = await call_through_gate(
-                self.scope, tool_call["name"], tool_call["args"], run=self._run_of(request), call_id=tool_call["id"]
+                self.scope,
+                tool_call["name"],
+                tool_call["args"],
+                run=self._run_of(request),
+                call_id=self._call_id(request),
             )
         finally:
             PENDING.reset(token)

@@ -13,7 +13,7 @@ import contextvars
 import functools
 import sys
 from asyncio import events as _loops
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -58,8 +58,8 @@ class PendingCall:
         self.sync = sync
         self.taken = False
         self.escaped: BaseException | None = None
-        """An exception LangChain or LangGraph must see (an interrupt, invalid arguments), re-raised
-        once the gate has recorded the call."""
+        """An exception LangChain or LangGraph must see (the tool's own, an interrupt, invalid
+        arguments), re-raised once the gate has recorded the call."""
 
     async def execute(self, args: dict[str, Any]) -> Any:
         """Run the tool with `args` (the chain's, possibly rewritten); return what the chain's
@@ -70,12 +70,26 @@ class PendingCall:
 PENDING: ContextVar[PendingCall | None] = ContextVar("callgate_langchain_call", default=None)
 
 
-def must_escape(exc: BaseException) -> bool:
-    """True for LangGraph's control-flow exceptions (`interrupt()`, a parent `Command`), which end
-    the node rather than the tool: the gate records them as the call's error, then they go on."""
-    errors = sys.modules.get("langgraph.errors")  # loaded whenever one can be raised
-    bubble = getattr(errors, "GraphBubbleUp", None)
-    return bubble is not None and isinstance(exc, bubble)
+class AnsweredFailure(Exception):  # a signal to the gate, not an error of the caller's
+    """The tool failed and LangChain has already answered the failure (an error `ToolMessage`, as
+    the tool's `handle_tool_error` or the ToolNode made it): the gate records the call's error
+    outcome, and the adapter returns LangChain's answer instead of raising this."""
+
+
+RETRY_TAG = "retry:attempt:"
+"""How LangChain's `with_retry` tags the callbacks of each attempt after the first."""
+
+
+def attempt_call_id(tool_call_id: str | None, tags: Sequence[str] | None) -> str | None:
+    """The events' call id of one attempt of a tool call: the model's id, with `#N` for the Nth
+    attempt of a `with_retry` (each attempt is its own call, with its own outcome and approval).
+    None when the invocation carries no id (the gate makes a new one per call)."""
+    if tool_call_id is None or not tags:
+        return tool_call_id
+    for tag in tags:
+        if tag.startswith(RETRY_TAG):
+            return f"{tool_call_id}#{tag[len(RETRY_TAG) :]}"
+    return tool_call_id
 
 
 def outside_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -111,9 +125,13 @@ def gate_tool(original: BaseTool, timeout_s: float | None) -> Tool[Any, Any]:
         pending.taken = True
         try:
             return await pending.execute(args)
+        except AnsweredFailure:
+            raise
         except Exception as exc:
-            if must_escape(exc):
-                pending.escaped = exc
+            # The tool's own exception (or LangGraph's interrupt): the gate records the call's
+            # error outcome, then the adapter raises it, so LangChain meets it as it would ungated
+            # (the tool's handle_tool_error, the ToolNode's handle_tool_errors, a with_retry).
+            pending.escaped = exc
             raise
 
     schema = input_schema(original)

@@ -13,9 +13,12 @@ pydantic model), injected arguments (`InjectedToolCallId`, `InjectedState`, `Too
 `ToolCall`) through the chain before it calls the original's function (a StructuredTool's own,
 else its `_run` / `_arun`), once.
 
-On both routes the events' `call_id` is the model's `tool_call` id; a denial, a tool's exception and
-an invalid call are a `ToolMessage` with `status="error"` (the text the model reads); `Block` raises
-`ToolBlockedError`; a `Command` or an artifact the tool returns comes back as it would ungated.
+On both routes the events' `call_id` is the model's `tool_call` id (the Nth attempt of a
+`with_retry` is its own call, `<id>#N`); a denial and an invalid call are a `ToolMessage` with
+`status="error"` (the text the model reads); `Block` raises `ToolBlockedError`; a `Command` or an
+artifact the tool returns comes back as it would ungated. A tool's own exception is recorded as the
+call's error outcome and then raised, as ungated: the tool's `handle_tool_error`, the ToolNode's
+`handle_tool_errors` or a `with_retry` deal with it, and with none of them the run raises.
 The `RunContext` of a call is `config["configurable"]["callgate_run"]` when the invocation passes
 one, else (middleware) the agent's `context=` when it is a `RunContext`, else `run`.
 
@@ -73,6 +76,7 @@ from interceptor_core.integrations._langchain_calls import (
     RUN_CONFIG_KEY,
     ApprovalResume,
     PendingCall,
+    attempt_call_id,
     call_through_gate,
     gate_tool,
     input_schema,
@@ -305,11 +309,12 @@ class GatedTool(StructuredTool):
         wrapping = call.wrapping
         call.keywords = wrapping.sync_body.keywords(run_manager, config)
         run = run_of(config, wrapping.default_run)
+        call_id = attempt_call_id(call.tool_call_id, run_manager.tags if run_manager is not None else None)
         token = PENDING.set(call)
         try:
             result = run_sync(
                 lambda: call_through_gate(
-                    wrapping.scope, self.name, call.gate_args, run=run, call_id=call.tool_call_id, named_answers=True
+                    wrapping.scope, self.name, call.gate_args, run=run, call_id=call_id, named_answers=True
                 )
             )
         finally:
@@ -334,7 +339,7 @@ class GatedTool(StructuredTool):
                 self.name,
                 call.gate_args,
                 run=run_of(config, wrapping.default_run),
-                call_id=call.tool_call_id,
+                call_id=attempt_call_id(call.tool_call_id, run_manager.tags if run_manager is not None else None),
                 named_answers=True,
             )
         finally:

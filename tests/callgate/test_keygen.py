@@ -118,3 +118,25 @@ class TestKeygen:
             assert done.stderr.startswith("error: "), done.stderr
             assert message in done.stderr, done.stderr
         assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_materialize_refuses_a_decision_key_it_cannot_sign_with(tmp_path: Path) -> None:
+    """`callgate materialize --decision-key` given the public half exits 2 with one line naming the
+    option and the file, before it opens the store or reaches Kafka."""
+    assert keygen("--out", str(tmp_path), "--name", "callgate-desk").returncode == 0
+    for given, message in [(tmp_path / "callgate-desk.pub", "is a public key")]:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "callgate.cli", "materialize", "--bootstrap", "127.0.0.1:1"),
+                *("--db", str(tmp_path / "audit.duckdb"), "--decision-key", str(given)),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"error: --decision-key: {given}: {message}"), done.stderr
+    assert not (tmp_path / "audit.duckdb").exists()

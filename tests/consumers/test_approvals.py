@@ -8,10 +8,12 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +23,16 @@ from pydantic import BaseModel
 
 from callgate.broker import EmbeddedBroker
 from callgate.tokens import add_token
-from consumers.approvals import ApprovalDesk, DecisionConflict, RequestNotFound
+from consumers.approvals import ApprovalDesk, DecisionConflict, RequestNotFound, StoreClaims
 from consumers.auth import Forbidden, Identity, TokenFile
 from consumers.materializer import Materializer
-from events.decisions import ApiDecisions, KafkaDecisions
+from consumers.store import AuditStore
+from events.chain import Producer, new_event_id
+from events.codec import encode_event, parse_event
+from events.decisions import ApiDecisions, KafkaDecisions, decision_problem, sign_decision
 from events.kafka import KafkaSink
-from events.models import ApprovalResolvedEvent
+from events.models import ZERO_HASH, ApprovalResolvedEvent
+from events.signing import SigningKey
 from interceptor_core import Gate, RequireApproval, RunContext, before_tool_call, tool
 from interceptor_core.approvals import RemoteApprovals
 
@@ -48,12 +54,23 @@ class Refund(BaseModel):
 class Desk:
     """A materializer serving the read API with a reviewers' desk, and a gate waiting on decisions."""
 
-    def __init__(self, api: str, tokens: dict[str, str], scope: Any, ran: list[int], sink: KafkaSink) -> None:
+    def __init__(
+        self,
+        api: str,
+        tokens: dict[str, str],
+        scope: Any,
+        ran: list[int],
+        sink: KafkaSink,
+        remote: RemoteApprovals,
+        topics: tuple[str, str, str],
+    ) -> None:
         self.api = api
         self.tokens = tokens
         self.scope = scope
         self.ran = ran
         self.sink = sink
+        self.remote = remote
+        self.bootstrap, self.topic, self.decisions_topic = topics
 
     async def get(self, query: str, subject: str = "admin-1", **params: Any) -> list[dict[str, Any]]:
         async with httpx.AsyncClient() as client:
@@ -109,9 +126,15 @@ async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: 
 
 @asynccontextmanager
 async def desk(
-    broker: EmbeddedBroker, tmp_path: Path, timeout_s: float = 60.0, *, poll_api: bool = False
+    broker: EmbeddedBroker,
+    tmp_path: Path,
+    timeout_s: float = 60.0,
+    *,
+    poll_api: bool = False,
+    decision_key: SigningKey | None = None,
 ) -> AsyncIterator[Desk]:
-    """The stack; the gate learns decisions from the decisions topic, or (`poll_api`) by asking the read API."""
+    """The stack; the gate learns decisions from the decisions topic, or (`poll_api`) by asking the
+    read API. With `decision_key` the desk signs its decisions and the gate trusts only its key."""
     topic = f"events-{uuid.uuid4().hex[:8]}"
     decisions_topic = f"decisions-{uuid.uuid4().hex[:8]}"
     token_file = tmp_path / "tokens.yaml"
@@ -123,6 +146,7 @@ async def desk(
         api=("127.0.0.1", 0),
         api_auth=TokenFile(token_file),
         decisions_topic=decisions_topic,
+        decision_key=decision_key,
         poll_ms=50,
     )
     task = asyncio.create_task(materializer.run())
@@ -142,15 +166,12 @@ async def desk(
 
     ask = before_tool_call(name="big-refunds")(lambda call: RequireApproval("refunds over 100.00 need a reviewer"))
     sink = KafkaSink(broker.bootstrap, topic, tmp_path / "spool", linger_ms=1)
-    gate = Gate(
-        "shop",
-        interceptors=[ask],
-        sinks=[sink],
-        approval_handler=RemoteApprovals(decisions),
-        approval_timeout_s=timeout_s,
-    )
+    trusted = None if decision_key is None else {decision_key.key_id: decision_key.public()}
+    remote = RemoteApprovals(decisions, trusted_keys=trusted)
+    gate = Gate("shop", interceptors=[ask], sinks=[sink], approval_handler=remote, approval_timeout_s=timeout_s)
     try:
-        yield Desk(materializer.api.url, tokens, gate.agent("desk", tools=[refund]), ran, sink)
+        scope = gate.agent("desk", tools=[refund])
+        yield Desk(materializer.api.url, tokens, scope, ran, sink, remote, (broker.bootstrap, topic, decisions_topic))
     finally:
         await sink.close(timeout=5)
         await decisions.close()
@@ -377,3 +398,274 @@ class TestTheDeskRules:
             ApprovalDesk(lambda _: pending_request(), FakePublisher()).decide(
                 Identity("admin-1", frozenset({"admin"})), "x", approved=True
             )
+
+
+# -- signed decisions and claims ------------------------------------------------------------------
+
+
+def decision_for(
+    request: dict[str, Any], *, key: SigningKey | None = None, by: str = "mallory"
+) -> ApprovalResolvedEvent:
+    """An approving decision of `request` as anyone could write it: unsigned, or signed by `key`."""
+    producer = Producer()
+    fields: dict[str, Any] = {
+        "event_id": new_event_id(),
+        "time": datetime.now(UTC),
+        "gate": "callgate-desk",
+        "tool": request["tool"],
+        "call_id": request["call_id"],
+        "run_id": request["run_id"],
+        "tenant": request["tenant"],
+        "principal": request["principal"],
+        "approved": True,
+        "by": by,
+        "waited_ms": 1.0,
+        "approval_id": request["approval_id"],
+        "args_digest": request["args_digest"],
+        "policy_version": request["policy_version"],
+    }
+    if key is not None:
+        unsigned = ApprovalResolvedEvent(
+            **fields, producer_id=producer.producer_id, seq=1, prev_hash=ZERO_HASH, hash=ZERO_HASH
+        )
+        fields["signature"] = sign_decision(unsigned, key)
+    return producer.seal(ApprovalResolvedEvent, fields)
+
+
+async def write_straight(bootstrap: str, topic: str, *events: ApprovalResolvedEvent, by_producer: bool = False) -> None:
+    """Records written to `topic` by someone who is not the desk (no callgate code in the way),
+    keyed by approval id as on the decisions topic, or (`by_producer`) as on the events topic."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for event in events:
+            key = event.producer_id if by_producer else event.approval_id or ""
+            await producer.send_and_wait(topic, encode_event(event), key=key.encode())
+    finally:
+        await producer.stop()
+
+
+class TestSignedDecisions:
+    async def test_forged_decisions_on_the_decisions_topic_are_refused(
+        self, kafka_broker: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Approvals written straight to the decisions topic (unsigned, signed by another key under
+        the desk's name, a desk signature of another decision pasted on) are ignored, logged and
+        counted; the call waits, and the desk's signed approval then runs it once."""
+        key = SigningKey.generate("callgate-desk")
+        async with desk(kafka_broker, tmp_path, decision_key=key) as d:
+            waiting = call(d, "c-forged")
+            request = await d.pending("c-forged")
+            other_call = {**request, "approval_id": "b" * 32, "call_id": "c-other"}
+            pasted = decision_for(request).model_copy(update={"signature": decision_for(other_call, key=key).signature})
+            forgeries = [decision_for(request), decision_for(request, key=SigningKey.generate("callgate-desk")), pasted]
+            await write_straight(kafka_broker.bootstrap, d.decisions_topic, *forgeries)
+            await until(lambda: asyncio.sleep(0, d.remote.forged == 3), 20, "three forged decisions refused")
+            assert (d.remote.ignored, waiting.done(), d.ran) == (3, False, [])
+            assert caplog.text.count("ignored: not a trusted desk's decision") == 3
+            response = await d.decide("rev-1", request["approval_id"], "approve")
+            assert response.status_code == 200, response.text
+            assert (await asyncio.wait_for(waiting, 20)).ok
+            assert d.ran == [20000]
+            assert d.remote.forged == 3
+            await d.events_of("c-forged", 3)  # the desk's decision is stored, beside the request and the use
+            (detail,) = await d.get("approval_request", approval_id=request["approval_id"])
+            stored = detail["decision"]
+            genuine = parse_event(stored if isinstance(stored, str) else json.dumps(stored))
+            assert isinstance(genuine, ApprovalResolvedEvent)
+            assert decision_problem(genuine, {key.key_id: key.public()}) is None
+
+    async def test_a_forged_decision_in_the_store_approves_nothing(
+        self, kafka_broker: EmbeddedBroker, tmp_path: Path
+    ) -> None:
+        """An approval written straight to the events topic reaches the store; the gate polling the
+        read API refuses it (not the desk's signature), the claim route refuses it too, and the
+        call never runs (it expires: writing to the topic can stop an approval, not make one)."""
+        key = SigningKey.generate("callgate-desk")
+        async with desk(kafka_broker, tmp_path, timeout_s=4, poll_api=True, decision_key=key) as d:
+            waiting = call(d, "c-stored-forgery")
+            request = await d.pending("c-stored-forgery")
+            await write_straight(kafka_broker.bootstrap, d.topic, decision_for(request), by_producer=True)
+            await until(lambda: asyncio.sleep(0, d.remote.forged == 1), 20, "the stored forgery refused")
+            async with httpx.AsyncClient() as client:
+                claim = await client.post(
+                    f"{d.api}/v1/approvals/{request['approval_id']}/claim",
+                    json={"call_id": "c-stored-forgery", "args_digest": request["args_digest"]},
+                    headers=d.auth("auditor-1"),
+                    timeout=10,
+                )
+            assert claim.status_code == 409
+            assert "not approved" in claim.json()["error"]
+            result = await asyncio.wait_for(waiting, 20)
+            assert result.kind == "denied"
+            assert d.ran == []
+
+
+def racer(d: Desk, tmp_path: Path, name: str, mode: str, keys: Path) -> subprocess.Popen[str]:
+    script = Path(__file__).with_name("approval_racer.py")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            d.bootstrap,
+            d.topic,
+            d.decisions_topic,
+            d.api,
+            d.tokens["auditor-1"],
+            str(keys),
+            str(tmp_path / f"spool-{name}"),
+            str(tmp_path / "ran.txt"),
+            "c-race",
+            mode,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+class TestClaims:
+    async def test_two_processes_with_the_same_approved_call_run_it_once(
+        self, kafka_broker: EmbeddedBroker, tmp_path: Path
+    ) -> None:
+        """Two agent processes ask for the same call (same call id, arguments, policy: one approval
+        id); one signed approval reaches both, one learning it from the read API, the other from
+        the decisions topic; both claim it from the read API, the store grants one claim: exactly
+        one process runs the call, the other is refused with a message saying the approval was
+        used, and a third claim is refused naming the holder. (About 10 s on a loaded machine: two
+        agent processes start.)"""
+        key = SigningKey.generate("callgate-desk")
+        _, public = key.write(tmp_path / "keys")
+        async with desk(kafka_broker, tmp_path, decision_key=key) as d:
+            agents = [racer(d, tmp_path, mode, mode, public) for mode in ("api", "kafka")]
+            try:
+                for agent in agents:
+                    line = await asyncio.to_thread(agent.stdout.readline)  # type: ignore[union-attr]
+                    assert json.loads(line)["waiting"], line
+                request = await d.pending("c-race")
+                assert (await d.decide("rev-1", request["approval_id"], "approve")).status_code == 200
+                outs = [json.loads((await asyncio.to_thread(a.communicate, timeout=60))[0]) for a in agents]
+            finally:
+                for agent in agents:
+                    agent.kill() if agent.poll() is None else None
+            assert sorted(o["kind"] for o in outs) == ["denied", "ok"]
+            refused = next(o for o in outs if o["kind"] == "denied")
+            assert "was approved by rev-1, but the approval of request" in refused["message"]
+            assert "already used" in refused["message"]
+            assert (tmp_path / "ran.txt").read_text().splitlines() == ["c-race 20000"]
+            async with httpx.AsyncClient() as client:
+                third = await client.post(
+                    f"{d.api}/v1/approvals/{request['approval_id']}/claim",
+                    json={"call_id": "c-race", "args_digest": request["args_digest"], "claimant": "late"},
+                    headers=d.auth("auditor-1"),
+                    timeout=10,
+                )
+            assert third.status_code == 409
+            assert "already used (claimed by" in third.json()["error"]
+            log = await d.get("access_log")
+            claims = [(r["status"]) for r in log if r["query"] == "approval:claim"]
+            assert sorted(claims) == [200, 409, 409]
+
+    def test_the_store_grants_one_claim_among_racing_threads(self, tmp_path: Path) -> None:
+        """Sixteen threads claim one approved request at once on a real store: one wins; the others
+        are told who holds it; a claim for other arguments or of a pending request is refused."""
+        store = AuditStore(str(tmp_path / "audit.duckdb"))
+        try:
+            key = SigningKey.generate("callgate-desk")
+            request = pending_request(run_id="r-1")
+            approved = {**request, "status": "approved"}
+            decision = decision_for(request, key=key, by="rev-1")
+            approved["decision"] = decision.model_dump_json()
+            claims_desk = ApprovalDesk(lambda _: approved, FakePublisher(), signing_key=key, claims=StoreClaims(store))
+            gate = Identity("gate-1", frozenset({"tenant:acme"}))
+            barrier = threading.Barrier(16)
+            results: list[str] = []
+
+            def claim(n: int) -> None:
+                barrier.wait()
+                try:
+                    claims_desk.claim(gate, "a" * 32, call_id="c-1", args_digest="d" * 64, claimant=f"p{n}")
+                    results.append("won")
+                except DecisionConflict as exc:
+                    results.append(str(exc))
+
+            threads = [threading.Thread(target=claim, args=(n,)) for n in range(16)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert results.count("won") == 1
+            assert all("already used (claimed by p" in r for r in results if r != "won")
+            with pytest.raises(DecisionConflict, match="other arguments"):
+                claims_desk.claim(gate, "a" * 32, call_id="c-1", args_digest="e" * 64)
+            with pytest.raises(RequestNotFound):
+                claims_desk.claim(
+                    Identity("gate-2", frozenset({"tenant:globex"})), "a" * 32, call_id="c-1", args_digest="d" * 64
+                )
+            pending = ApprovalDesk(lambda _: request, FakePublisher(), signing_key=key, claims=StoreClaims(store))
+            with pytest.raises(DecisionConflict, match="pending, not approved"):
+                pending.claim(gate, "a" * 32, call_id="c-1", args_digest="d" * 64)
+            (count,) = store.cursor().execute("SELECT count(*) FROM approval_claims").fetchone() or (0,)
+            assert count == 1
+        finally:
+            store.close()
+
+
+def test_a_desk_with_a_key_signs_what_it_decides() -> None:
+    """The desk's decision verifies with its key, and with no other; any change to it breaks it."""
+    key = SigningKey.generate("callgate-desk")
+    event = ApprovalDesk(lambda _: pending_request(), FakePublisher(), signing_key=key).decide(
+        Identity("rev-1", frozenset({"reviewer"})), "a" * 32, approved=True, note="ok"
+    )
+    trusted = {key.key_id: key.public()}
+    assert decision_problem(event, trusted) is None
+    assert decision_problem(parse_event(encode_event(event)), trusted) is None  # type: ignore[arg-type]
+    other = SigningKey.generate("callgate-desk")
+    assert decision_problem(event, {other.key_id: other.public()}) is not None
+    for change in ({"note": "ok!"}, {"by": "rev-2"}, {"args_digest": "e" * 64}, {"approved": False}):
+        assert "not a trusted key" in (decision_problem(event.model_copy(update=change), trusted) or "")
+    unsigned = ApprovalDesk(lambda _: pending_request(), FakePublisher()).decide(
+        Identity("rev-1", frozenset({"reviewer"})), "a" * 32, approved=True
+    )
+    assert decision_problem(unsigned, trusted) == "it is not signed"
+
+
+def test_two_lake_writers_grant_one_claim(new_lake: Any) -> None:
+    """Two stores writing one lake (two materializers' read APIs) take claims of one approval at
+    once from three threads each: the lake's commit check makes exactly one of them win. (Opening
+    two lake stores takes most of its 5 to 15 s.)"""
+    lake = new_lake()
+    stores = [AuditStore(lake), AuditStore(lake)]
+    try:
+        key = SigningKey.generate("callgate-desk")
+        request = pending_request(run_id="r-1")
+        approved = {**request, "status": "approved", "decision": decision_for(request, key=key).model_dump_json()}
+        desks = [
+            ApprovalDesk(lambda _: approved, FakePublisher(), signing_key=key, claims=StoreClaims(s)) for s in stores
+        ]
+        gate = Identity("gate-1", frozenset({"tenant:acme"}))
+        barrier = threading.Barrier(6)
+        won: list[str] = []
+        lost: list[str] = []
+
+        def claim(n: int) -> None:
+            barrier.wait()
+            try:
+                desks[n % 2].claim(gate, "a" * 32, call_id="c-1", args_digest="d" * 64, claimant=f"p{n}")
+                won.append(f"p{n}")
+            except DecisionConflict as exc:
+                lost.append(str(exc))
+
+        threads = [threading.Thread(target=claim, args=(n,)) for n in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(won) == 1, (won, lost)
+        assert len(lost) == 5
+        assert all(f"already used (claimed by {won[0]})" in reason for reason in lost)
+    finally:
+        for store in stores:
+            store.close()

@@ -274,3 +274,70 @@ async def test_a_plain_interceptors_request_has_no_policy_version() -> None:
     assert requested.approval_id == approval_id_for("c", requested.args_digest or "", None)
     (resolved,) = [e for e in sink.events if isinstance(e, ApprovalResolvedEvent)]
     assert (resolved.approved, resolved.approval_id) == (True, requested.approval_id)
+
+
+class OneClaim:
+    """An `ApprovalClaims` that grants each approval id to its first claimant, as the read API's store does."""
+
+    def __init__(self) -> None:
+        self.holders: dict[str, int] = {}
+        self.asked = 0
+
+    async def claim(self, request: ApprovalRequest, decision: ApprovalResolvedEvent) -> str | None:
+        self.asked += 1
+        holder = self.holders.setdefault(request.approval_id, self.asked)
+        return None if holder == self.asked else f"the approval was already used (claimed by claimant {holder})"
+
+
+async def test_a_claim_refused_elsewhere_refuses_the_call() -> None:
+    """Two gates (as two processes would) get the same approval; the claims arbiter grants it to
+    one: the other refuses its call, and the model reads that the approval was used, to ask again."""
+    claims, source, runs = OneClaim(), ListedDecisions(), []
+    args = {"order_id": "ACME-1", "amount_cents": 20000}
+    tasks, asks = [], []
+    for _ in ("first", "second"):
+
+        @tool
+        def refund(args: Refund) -> str:
+            runs.append(args.order_id)
+            return "refunded"
+
+        asked = Asked(RemoteApprovals(source, claims=claims))
+        gate = Gate("shop", interceptors=[Policy.from_text(POLICY)], approval_handler=asked)
+        tasks.append(
+            asyncio.create_task(gate.agent("desk", tools=[refund]).call("refund", args, run=ACME, call_id="c-9"))
+        )
+        asks.append(asked)
+    requests = [await asked.requests.get() for asked in asks]
+    assert requests[0].approval_id == requests[1].approval_id
+    source.add(requests[0])
+    results = await asyncio.gather(*tasks)
+    assert sorted(r.kind for r in results) == ["denied", "ok"]
+    assert len(runs) == 1
+    refused = next(r for r in results if r.kind == "denied")
+    assert "was approved by rev-1, but the approval was already used (claimed by claimant 1); ask again" in (
+        refused.message or ""
+    )
+
+
+async def test_an_approval_that_cannot_be_claimed_does_not_run() -> None:
+    """The read API that grants claims is out of reach (nothing listens on the port): the approved
+    call is asked again until its request expires, then refused; the tool never runs."""
+    from events.decisions import ApiDecisions
+
+    claims = ApiDecisions("http://127.0.0.1:9", interval_s=0.05, timeout_s=0.5)
+    source, runs = ListedDecisions(), []
+
+    @tool
+    def refund(args: Refund) -> str:
+        runs.append(args.order_id)
+        return "refunded"
+
+    asked = Asked(RemoteApprovals(source, claims=claims))
+    gate = Gate("shop", interceptors=[Policy.from_text(POLICY)], approval_handler=asked, approval_timeout_s=1.0)
+    args = {"order_id": "ACME-1", "amount_cents": 20000}
+    task = asyncio.create_task(gate.agent("desk", tools=[refund]).call("refund", args, run=ACME, call_id="c-10"))
+    source.add(await asked.requests.get())
+    result = await task
+    assert result.kind == "denied"
+    assert runs == []

@@ -13,11 +13,12 @@ from typing import Annotated, Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain.agents.middleware import ToolRetryMiddleware
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, tool
+from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import InjectedState, ToolNode, ToolRuntime, tools_condition
@@ -41,7 +42,6 @@ from interceptor_core.integrations.langchain import (
     APPROVAL_INTERRUPT,
     RUN_CONFIG_KEY,
     CallgateMiddleware,
-    GatedTool,
     gate_tools,
 )
 
@@ -74,6 +74,19 @@ def read_file(path: str) -> str:
     raise FileNotFoundError(path)
 
 
+def _missing(exc: ToolException) -> str:
+    return f"cannot read: {exc}"
+
+
+@tool
+def read_note(path: str) -> str:
+    """Reads a note (there is none: it fails, and the tool's own handle_tool_error answers)."""
+    raise ToolException(f"no note {path}")
+
+
+read_note.handle_tool_error = _missing
+
+
 class ScriptedChat(GenericFakeChatModel):
     """langchain-core's fake chat model, which `create_agent` can bind tools to."""
 
@@ -93,7 +106,7 @@ def turn(*calls: tuple[str, str, dict[str, Any]]) -> AIMessage:
 TIDY_UP = turn(
     ("c1", "write_file", {"path": "note.txt", "text": "hi"}),
     ("c2", "delete_file", {"path": "precious.txt"}),
-    ("c3", "read_file", {"path": "missing.txt"}),
+    ("c3", "read_note", {"path": "missing.txt"}),
 )
 
 
@@ -114,18 +127,20 @@ def outcomes(memory: MemorySink) -> dict[str, str]:
 
 
 def assert_tidy_up(root: Path, done: list[str], messages: Sequence[AnyMessage], memory: MemorySink) -> None:
-    """The write ran, the denied delete had no effect and the model read the denial, the raising
-    read is an error message; one outcome per call, under the model's ids; the chain verifies."""
+    """The write ran, the denied delete had no effect and the model read the denial, the failing
+    read is the error message its own handle_tool_error made; one outcome per call, under the
+    model's ids; the chain verifies."""
     assert (root / "note.txt").read_text() == "hi"
     assert (root / "precious.txt").read_text() == "keep me"
     assert done == ["write note.txt"]
     got = replies(messages)
     assert got["c1"] == ("success", "wrote note.txt")
     assert got["c2"] == ("error", DENIAL)
-    assert got["c3"][0] == "error"
-    assert "FileNotFoundError" in got["c3"][1]
+    assert got["c3"] == ("error", "cannot read: no note missing.txt")
     assert outcomes(memory) == {"c1": "ToolUse", "c2": "ToolDenied", "c3": "ToolUse"}
-    assert next(e for e in memory.events if e.call_id == "c3").outcome == "error"  # type: ignore[attr-defined]
+    failed = next(e for e in memory.events if e.call_id == "c3")
+    assert failed.outcome == "error"  # type: ignore[attr-defined]
+    assert "no note missing.txt" in (failed.error or "")  # type: ignore[attr-defined]
     assert verify_chain(memory.events).ok
 
 
@@ -138,7 +153,7 @@ class TestCallgateMiddleware:
         """Three parallel calls of one model turn: allowed, denied, raising; the run goes on."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
-        agent = agent_for(chat(TIDY_UP), [*file_tools(root, done), read_file], gate)
+        agent = agent_for(chat(TIDY_UP), [*file_tools(root, done), read_note], gate)
         out = await agent.ainvoke({"messages": [HumanMessage("tidy up")]})
         assert out["messages"][-1].content == "done"
         assert_tidy_up(root, done, out["messages"], memory)
@@ -147,7 +162,7 @@ class TestCallgateMiddleware:
         """`agent.invoke` takes the sync hook, with the same answers and events."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
-        agent = agent_for(chat(TIDY_UP), [*file_tools(root, done), read_file], gate)
+        agent = agent_for(chat(TIDY_UP), [*file_tools(root, done), read_note], gate)
         out = agent.invoke({"messages": [HumanMessage("tidy up")]})
         assert_tidy_up(root, done, out["messages"], memory)
 
@@ -155,9 +170,53 @@ class TestCallgateMiddleware:
         """A sync `agent.invoke` from async code (a loop runs in the thread) does not raise."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
-        agent = agent_for(chat(TIDY_UP), [*file_tools(root, done), read_file], gate)
+        agent = agent_for(chat(TIDY_UP), [*file_tools(root, done), read_note], gate)
         out = agent.invoke({"messages": [HumanMessage("tidy up")]})
         assert_tidy_up(root, done, out["messages"], memory)
+
+    @pytest.mark.parametrize("sync", [False, True])
+    async def test_a_raising_tool_ends_the_run_as_it_does_ungated(self, root: Path, sync: bool) -> None:
+        """A tool's own exception ends a `create_agent` run, gated as ungated; the gate recorded
+        the call's error outcome first, and the denied call of the same turn still reached the
+        model as a denial."""
+        read = ("c1", "read_file", {"path": "missing.txt"})
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        ungated = create_agent(chat(turn(read)), tools=[read_file])
+        both = turn(read, ("c2", "delete_file", {"path": "precious.txt"}))
+        gated = agent_for(chat(both), [*file_tools(root, []), read_file], gate)
+        for agent in (ungated, gated):
+            given = {"messages": [HumanMessage("read it")]}
+            with pytest.raises(FileNotFoundError, match=r"missing\.txt"):
+                agent.invoke(given) if sync else await agent.ainvoke(given)
+        assert outcomes(memory) == {"c1": "ToolUse", "c2": "ToolDenied"}
+        assert memory.of_type("ToolUse")[0].outcome == "error"
+        assert (root / "precious.txt").read_text() == "keep me"
+
+    @pytest.mark.parametrize("sync", [False, True])
+    async def test_a_retry_middleware_retries_and_each_attempt_is_a_call(self, sync: bool) -> None:
+        """`ToolRetryMiddleware` listed before the gate's retries a gated tool's exception; each
+        attempt passes the chain and is its own call (`c1`, `c1#2`, `c1#3`)."""
+        tries: list[str] = []
+
+        @tool
+        def flaky(key: str) -> str:
+            """Fails twice, then answers."""
+            tries.append(key)
+            if len(tries) < 3:
+                raise ConnectionError("try again")
+            return f"value of {key}"
+
+        memory = MemorySink()
+        retry = ToolRetryMiddleware(max_retries=2, initial_delay=0, jitter=False)
+        gated = CallgateMiddleware([flaky], gate=Gate("g", sinks=[memory]))
+        agent = create_agent(chat(turn(("c1", "flaky", {"key": "k"}))), tools=[flaky], middleware=[retry, gated])
+        given = {"messages": [HumanMessage("get it")]}
+        out = agent.invoke(given) if sync else await agent.ainvoke(given)
+        assert replies(out["messages"]) == {"c1": ("success", "value of k")}
+        assert tries == ["k", "k", "k"]
+        used = [(e.call_id, e.outcome) for e in memory.of_type("ToolUse")]
+        assert used == [("c1", "error"), ("c1#2", "error"), ("c1#3", "ok")]
 
     async def test_registration_and_coverage(self, root: Path) -> None:
         """The tools are registered in the scope when the middleware is built, before any call;
@@ -251,15 +310,18 @@ class TestCallgateMiddleware:
         assert used == {"c1": "acme", "c2": "globex"}
 
 
-def tool_node_graph(model: ScriptedChat, tools: list[GatedTool], checkpointer: InMemorySaver | None = None) -> Any:
-    """The classic LangGraph agent: a model node, and a ToolNode while the model calls tools."""
+def tool_node_graph(
+    model: ScriptedChat, tools: Sequence[BaseTool], checkpointer: InMemorySaver | None = None, *, handle: bool = False
+) -> Any:
+    """The classic LangGraph agent: a model node, and a ToolNode while the model calls tools (one
+    that answers every tool error when `handle`, else LangGraph's default: invalid arguments only)."""
 
     def call_model(state: MessagesState) -> dict[str, list[AnyMessage]]:
         return {"messages": [model.invoke(state["messages"])]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", call_model)
-    graph.add_node("tools", ToolNode(tools))
+    graph.add_node("tools", ToolNode(tools, handle_tool_errors=True) if handle else ToolNode(tools))
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition, ["tools", END])
     graph.add_edge("tools", "agent")
@@ -271,7 +333,7 @@ class TestToolNode:
         """A LangGraph graph whose ToolNode holds the gated tools: the same answers and events."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
-        tools = gate_tools([*file_tools(root, done), read_file], gate=gate, agent="writer")
+        tools = gate_tools([*file_tools(root, done), read_note], gate=gate, agent="writer")
         out = await tool_node_graph(chat(TIDY_UP), tools).ainvoke({"messages": [HumanMessage("tidy up")]})
         assert out["messages"][-1].content == "done"
         assert_tidy_up(root, done, out["messages"], memory)
@@ -280,9 +342,29 @@ class TestToolNode:
         """The sync graph runs the calls on its worker threads, through the gate's sync path."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
-        tools = gate_tools([*file_tools(root, done), read_file], gate=gate, agent="writer")
+        tools = gate_tools([*file_tools(root, done), read_note], gate=gate, agent="writer")
         out = tool_node_graph(chat(TIDY_UP), tools).invoke({"messages": [HumanMessage("tidy up")]})
         assert_tidy_up(root, done, out["messages"], memory)
+
+    @pytest.mark.parametrize("handle", [False, True])
+    async def test_a_raising_tool_in_a_tool_node_as_ungated(self, handle: bool) -> None:
+        """A ToolNode told to handle every tool error gives the model its own error text for the
+        gated tool as for the original; a default ToolNode raises, gated as ungated."""
+        memory = MemorySink()
+        gated = gate_tools([read_file], gate=Gate("g", sinks=[memory]))
+        answers = []
+        for tools in ([read_file], gated):
+            graph = tool_node_graph(chat(turn(("r1", "read_file", {"path": "missing.txt"}))), tools, handle=handle)
+            given = {"messages": [HumanMessage("read it")]}
+            if handle:
+                answers.append(replies((await graph.ainvoke(given))["messages"]))
+            else:
+                with pytest.raises(FileNotFoundError):
+                    await graph.ainvoke(given)
+        if handle:
+            assert answers[0] == answers[1]
+            assert answers[0]["r1"][0] == "error"
+        assert [(e.call_id, e.outcome) for e in memory.of_type("ToolUse")] == [("r1", "error")]
 
 
 class Shout(BaseModel):
@@ -466,16 +548,80 @@ class TestGatedTool:
         assert outcomes(memory)["c1"] == "ToolUse"
 
     @pytest.mark.parametrize("route", ["invoke", "ainvoke"])
-    async def test_a_raising_tool_is_an_error_message(self, route: str) -> None:
-        """An exception of the tool is an error ToolMessage with the model's id, on both paths."""
+    async def test_a_raising_tool_raises_as_it_does_ungated(self, route: str) -> None:
+        """A tool's own exception reaches the caller, as ungated, after the gate recorded the call's
+        error outcome under the model's id."""
         memory = MemorySink()
         (gated,) = gate_tools([read_file], gate=Gate("g", sinks=[memory]))
         call = a_call("read_file", {"path": "x"}, "r1")
-        got = gated.invoke(call) if route == "invoke" else await gated.ainvoke(call)
-        assert isinstance(got, ToolMessage)
-        assert (got.tool_call_id, got.status) == ("r1", "error")
-        assert "FileNotFoundError" in str(got.content)
+        for tool_ in (read_file, gated):
+            with pytest.raises(FileNotFoundError, match="x"):
+                tool_.invoke(call) if route == "invoke" else await tool_.ainvoke(call)
         assert outcomes(memory) == {"r1": "ToolUse"}
+        used = memory.of_type("ToolUse")[0]
+        assert (used.outcome, "FileNotFoundError" in (used.error or "")) == ("error", True)
+
+    @pytest.mark.parametrize("route", ["invoke", "ainvoke"])
+    async def test_the_tools_handle_tool_error_answers(self, route: str) -> None:
+        """A ToolException the tool's `handle_tool_error` answers is that answer, as ungated; the
+        outcome records the failure."""
+        memory = MemorySink()
+        (gated,) = gate_tools([read_note], gate=Gate("g", sinks=[memory]))
+        call = a_call("read_note", {"path": "x"}, "r1")
+        got = [tool_.invoke(call) if route == "invoke" else await tool_.ainvoke(call) for tool_ in (read_note, gated)]
+        assert [(m.status, m.content) for m in got] == [("error", "cannot read: no note x")] * 2
+        assert [(e.call_id, e.outcome) for e in memory.of_type("ToolUse")] == [("r1", "error")]
+
+    async def test_the_gates_timeout_is_a_message_not_an_exception(self) -> None:
+        """A tool cut off by the gate's `timeout_s` is the gate's decision: an error ToolMessage the
+        model reads, never an exception, and a `ToolUse` with outcome timeout."""
+
+        @tool
+        async def hang(key: str) -> str:
+            """Never answers."""
+            await asyncio.Event().wait()
+            return key
+
+        memory = MemorySink()
+        (gated,) = gate_tools([hang], gate=Gate("g", sinks=[memory]), timeout_s=0.05)
+        got = await gated.ainvoke(a_call("hang", {"key": "k"}, "h1"))
+        assert (got.tool_call_id, got.status) == ("h1", "error")
+        assert [(e.call_id, e.outcome) for e in memory.of_type("ToolUse")] == [("h1", "timeout")]
+
+    @pytest.mark.parametrize("given", ["call", "args"])
+    def test_with_retry_retries_and_records_each_attempt(self, given: str) -> None:
+        """A gated tool under `with_retry` is retried on its exception; each attempt passes the
+        chain and is its own call (a tool call's id gets `#N` from the second attempt)."""
+        tries: list[str] = []
+
+        @tool
+        def flaky(key: str) -> str:
+            """Fails twice, then answers."""
+            tries.append(key)
+            if len(tries) < 3:
+                raise ConnectionError("try again")
+            return f"value of {key}"
+
+        memory = MemorySink()
+        (gated,) = gate_tools([flaky], gate=Gate("g", sinks=[memory]))
+        retrying = gated.with_retry(stop_after_attempt=3, wait_exponential_jitter=False)
+        got = retrying.invoke(a_call("flaky", {"key": "k"}, "f1") if given == "call" else {"key": "k"})
+        assert (got.content if given == "call" else got) == "value of k"
+        assert tries == ["k", "k", "k"]
+        used = [(e.call_id, e.outcome) for e in memory.of_type("ToolUse")]
+        assert [outcome for _, outcome in used] == ["error", "error", "ok"]
+        assert len({call_id for call_id, _ in used}) == 3
+        if given == "call":
+            assert [call_id for call_id, _ in used] == ["f1", "f1#2", "f1#3"]
+        assert verify_chain(memory.events).ok
+
+    def test_a_denial_under_with_retry_is_an_answer_not_retried(self, root: Path) -> None:
+        """A denial is what the model reads, not an exception: `with_retry` does not run it again."""
+        memory = MemorySink()
+        _, delete = gate_tools(file_tools(root, []), gate=Gate("files", interceptors=[ProtectFiles()], sinks=[memory]))
+        got = delete.with_retry(stop_after_attempt=3).invoke(a_call("delete_file", {"path": "precious.txt"}, "d1"))
+        assert (got.status, got.content) == ("error", DENIAL)
+        assert outcomes(memory) == {"d1": "ToolDenied"}
 
 
 def _events_of(memory: MemorySink, type_: str) -> list[EventBase]:
