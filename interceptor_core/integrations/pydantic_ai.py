@@ -390,7 +390,9 @@ class ScopeToolset(AbstractToolset[Any]):
     when they were added. A denial is Pydantic AI's `ToolDenied` (`outcome='denied'`, the model
     reads it); a tool error is a `ToolFailed` ("Tool error: ..." with `outcome='failed'`) and
     arguments the tool's schema refuses a `ModelRetry`; `Block` raises `ToolBlockedError` and ends
-    the run; `RequireApproval` is Pydantic AI's approval flow as for `GatedToolset`. `run` is as
+    the run; `RequireApproval` is Pydantic AI's approval flow as for `GatedToolset`, except that
+    the pause is recorded as `Blocked` (cause "approval_required"): the tools are the scope's own,
+    so a refusal given later could not be recorded without the chain deciding the call again. `run` is as
     for `GatedToolset`. Events carry Pydantic AI's `tool_call_id`. Safe to share between runs.
     """
 

@@ -39,7 +39,7 @@ from interceptor_core import (
     ToolBlockedError,
     ToolCall,
 )
-from interceptor_core.integrations.openai_agents import GatedMCPServer, gate_function_tools
+from interceptor_core.integrations.openai_agents import GatedMCPServer, gate_function_tools, reject
 
 from .conftest import effects, upstream_command
 from .files_policy import DENIAL, ProtectFiles
@@ -278,9 +278,10 @@ class TestApprovals:
 
     async def test_require_approval_interrupts_and_resumes_approved(self, root: Path) -> None:
         """With no approval handler, `RequireApproval` is the SDK's interruption: the run pauses
-        with the call in `interruptions` (the other call ran), nothing deleted; approved on the
-        run's state, the resumed run passes the chain again and deletes. The gate recorded the
-        pause (`Blocked`, "approval_required") and then the approval and the call."""
+        with the call in `interruptions` (the other call ran), nothing deleted, the pause recorded as
+        the durable `ApprovalRequested` and no outcome; approved on the run's state, the resumed run
+        passes the chain again (the request asked again under the same approval id), deletes, and
+        the call leaves one outcome."""
         memory, done = MemorySink(), []
         agent, paused = await self.gated_run(root, done, memory)
         (pending,) = paused.interruptions
@@ -296,16 +297,18 @@ class TestApprovals:
         assert not (root / "old.txt").exists()
         assert "deleted old.txt" in str(resumed.final_output)
         calls = [(e.type, e.tool, e.call_id) for e in memory.events if e.type != "ToolsRegistered"]
-        assert sorted(calls[:2]) == [("Blocked", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
+        assert sorted(calls[:2]) == [("ApprovalRequested", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
         assert calls[2:] == [
             ("ApprovalRequested", "delete_file", "c1-1"),
             ("ApprovalResolved", "delete_file", "c1-1"),
             ("ToolUse", "delete_file", "c1-1"),
         ]
-        blocked = next(e for e in memory.events if e.type == "Blocked")
-        assert (blocked.cause, blocked.tenant) == ("approval_required", "acme")
+        paused_request = next(e for e in memory.events if e.type == "ApprovalRequested")
+        assert (paused_request.tenant, paused_request.requested_by) == ("acme", ("delete-needs-approval",))
         resolved = next(e for e in memory.events if e.type == "ApprovalResolved")
         assert resolved.approved is True
+        assert {e.approval_id for e in memory.of_type("ApprovalRequested")} == {resolved.approval_id}
+        assert outcomes(memory).count(("ToolUse", "delete_file", "c1-1")) == 1
         assert_chain_whole(memory)
 
     async def test_streamed_run_interrupts_too(self, root: Path) -> None:
@@ -327,9 +330,34 @@ class TestApprovals:
         assert done == ["delete old.txt"]
         assert resumed.final_output == "deleted old.txt"
 
-    async def test_rejected_never_runs(self, root: Path) -> None:
-        """Rejected on the run's state, the call never reaches the gate again nor the tool: the
-        model reads the SDK's rejection message."""
+    async def test_rejected_never_runs_and_is_recorded(self, root: Path) -> None:
+        """Rejected with `reject(state, item, by=, note=)`, the call never reaches the tool: the
+        model reads the gate's refusal naming the reviewer and the note, and the call leaves the
+        request under the pause's approval id, the refusal and one `ToolDenied`."""
+        memory, done = MemorySink(), []
+        agent, paused = await self.gated_run(root, done, memory)
+        (pending,) = paused.interruptions
+        state = paused.to_state()
+        refusal = await reject(state, pending, by="alice", note="not today")
+        resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert (
+            refusal
+            == "The call to delete_file needs approval (deleting needs a human) and was refused by alice: not today"
+        )
+        assert refusal in str(resumed.final_output)
+        assert done == ["write note.txt"]
+        assert (root / "old.txt").exists()
+        assert sorted(outcomes(memory)) == [("ToolDenied", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
+        delete = [e.type for e in memory.events if e.call_id == "c1-1"]
+        assert delete == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.by, resolved.note) == (False, "alice", "not today")
+        assert {e.approval_id for e in memory.of_type("ApprovalRequested")} == {resolved.approval_id}
+        assert_chain_whole(memory)
+
+    async def test_a_plain_sdk_rejection_leaves_the_request_pending(self, root: Path) -> None:
+        """`state.reject(item)` is the SDK's alone: the call never reaches the gate again, so its
+        record stays the pause's request, with no outcome (it expires in the store)."""
         memory, done = MemorySink(), []
         agent, paused = await self.gated_run(root, done, memory)
         (pending,) = paused.interruptions
@@ -338,8 +366,7 @@ class TestApprovals:
         resumed = await Runner.run(agent, state, run_config=OFFLINE)
         assert "not today" in str(resumed.final_output)
         assert done == ["write note.txt"]
-        assert (root / "old.txt").exists()
-        assert sorted(outcomes(memory)) == [("Blocked", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
+        assert [e.type for e in memory.events if e.call_id == "c1-1"] == ["ApprovalRequested"]
 
     async def test_state_survives_serialization(self, root: Path) -> None:
         """The paused run's state, written to JSON and read back, resumes like the original."""
@@ -376,6 +403,34 @@ class TestApprovals:
             await run_agent(tools, script([("delete_file", {"path": "old.txt"})]))
         assert isinstance(stopped.value.__cause__, ToolApprovalRequiredError)
         assert (root / "old.txt").exists()
+
+    @pytest.mark.parametrize("approved", [True, False], ids=["approved", "rejected"])
+    async def test_the_tools_own_needs_approval_is_recorded(self, root: Path, approved: bool) -> None:
+        """A tool's own `needs_approval=True` interrupts as ungated, and the gate records it: the
+        pause is the request (asked by "openai-agents-approval"); approved, the call runs once after
+        the request and the approval; rejected with `reject`, it never reaches the tool and leaves
+        the refusal and one `ToolDenied`."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        tools = gate_function_tools(file_tools(root, done, needs_approval=True), gate=gate)
+        agent = Agent(name="writer", tools=tools, model=script([("delete_file", {"path": "old.txt"})]))
+        paused = await Runner.run(agent, "go", run_config=OFFLINE)
+        (pending,) = paused.interruptions
+        assert [e.type for e in memory.events if e.call_id == "c1-0"] == ["ApprovalRequested"]
+        assert memory.of_type("ApprovalRequested")[0].requested_by == ("openai-agents-approval",)
+        state = paused.to_state()
+        if approved:
+            state.approve(pending)
+        else:
+            await reject(state, pending, by="bob")
+        await Runner.run(agent, state, run_config=OFFLINE)
+        assert done == (["delete old.txt"] if approved else [])
+        outcome = "ToolUse" if approved else "ToolDenied"
+        trail = [e.type for e in memory.events if e.call_id == "c1-0"]
+        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", outcome]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.by) == (approved, None if approved else "bob")
+        assert_chain_whole(memory)
 
     async def test_tool_own_needs_approval_is_kept(self, root: Path) -> None:
         """A tool's own `needs_approval` still interrupts, before the gate sees the call; approved,
@@ -496,9 +551,28 @@ class TestGatedMCPServer:
             resumed = await Runner.run(agent, state, run_config=OFFLINE)
         assert resumed.interruptions == []
         assert effects(root) == ["delete old.txt"]
-        assert outcomes(memory) == [("Blocked", "delete_file", "c1-0"), ("ToolUse", "delete_file", "c1-0")]
+        assert outcomes(memory) == [("ToolUse", "delete_file", "c1-0")]
+        trail = [e.type for e in memory.events if e.call_id == "c1-0"]
+        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolUse"]
         assert next(e for e in memory.events if e.type == "ApprovalResolved").approved is True
         assert_chain_whole(memory)
+
+    async def test_a_rejection_is_recorded(self, root: Path) -> None:
+        """Rejected with `reject`, the MCP call never reaches the server and leaves the request, the
+        refusal and one `ToolDenied`."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+        async with GatedMCPServer(mcp_server(root), gate=gate, agent="writer") as files:
+            agent = Agent(name="writer", mcp_servers=[files], model=script([("delete_file", {"path": "old.txt"})]))
+            paused = await Runner.run(agent, "tidy up", run_config=OFFLINE)
+            (pending,) = paused.interruptions
+            state = paused.to_state()
+            assert await reject(state, pending, by="alice") is not None
+            resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert "refused by alice" in str(resumed.final_output)
+        assert effects(root) == []
+        trail = [e.type for e in memory.events if e.call_id == "c1-0"]
+        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
 
     async def test_block_ends_the_run(self, root: Path) -> None:
         """A Block ends the run even though the SDK turns MCP tool failures into text for the
