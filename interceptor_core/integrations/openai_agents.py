@@ -50,7 +50,7 @@ from pydantic import ValidationError
 
 from interceptor_core.approvals import Approval
 from interceptor_core.context import RunContext, ToolContext
-from interceptor_core.exceptions import ToolApprovalRequiredError, ToolBlockedError
+from interceptor_core.exceptions import ConfigurationError, ToolApprovalRequiredError, ToolBlockedError
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations._approval_probe import approval_asked
 from interceptor_core.integrations._framework_approval import FrameworkApproval, framework_asks
@@ -150,14 +150,69 @@ def gate_function_tools(
     other arguments ask for approval first. A tool's own `needs_approval` is recorded the same way
     (asked by `FrameworkApproval`, "openai-agents-approval", after the rest of the chain). False
     leaves `needs_approval` as it is; such a call then raises `ToolApprovalRequiredError`, as on the
-    gate's other routes."""
-    scope = gate.agent(
+    gate's other routes.
+
+    An agent made a tool (`agent.as_tool()`) runs its own tools in a run of its own, which the gate
+    would not see: so its function tools are replaced, in place (its `tools` list), by gated copies
+    in an agent scope of their own, named `<agent>/<tool name>` (and so on down, for agents nested
+    deeper), with the same `run`, `interceptors`, `timeout_s` and `sdk_approvals`. A nested agent
+    whose effects the gate cannot reach raises `ConfigurationError` naming it: a tool that is not a
+    `FunctionTool`, an MCP server that is not a `GatedMCPServer`, a handoff."""
+    options = _Options(gate, run, tuple(interceptors), timeout_s, sdk_approvals)
+    return _gate_function_tools(tools, agent, options, set())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Options:
+    gate: Gate | Workflow
+    run: RunContext | None
+    interceptors: tuple[object, ...]
+    timeout_s: float | None
+    sdk_approvals: bool
+
+
+def _gate_function_tools(
+    tools: Sequence[FunctionTool], agent: str, options: _Options, seen: set[int]
+) -> list[FunctionTool]:
+    for tool in tools:
+        _gate_nested_agent(tool, agent, options, seen)
+    scope = options.gate.agent(
         agent,
-        tools=[_gate_tool(t, timeout_s) for t in tools],
-        interceptors=(*interceptors, FrameworkApproval(_FRAMEWORK)),
+        tools=[_gate_tool(t, options.timeout_s) for t in tools],
+        interceptors=(*options.interceptors, FrameworkApproval(_FRAMEWORK)),
     )
-    default_run = run if run is not None else RunContext()
-    return [_wrap(t, scope, default_run, sdk_approvals) for t in tools]
+    default_run = options.run if options.run is not None else RunContext()
+    return [_wrap(t, scope, default_run, options.sdk_approvals) for t in tools]
+
+
+def _gate_nested_agent(tool: FunctionTool, outer: str, options: _Options, seen: set[int]) -> None:
+    """Gate, in place, the tools of the agent `tool` runs when it is an agent made a tool (see
+    `gate_function_tools`); an agent met again (a cycle, or one agent behind two tools) is gated once."""
+    inner = getattr(tool, "_agent_instance", None) if getattr(tool, "_is_agent_tool", False) else None
+    if inner is None or id(inner) in seen:
+        return
+    seen.add(id(inner))
+    where = f"agent {inner.name!r} (the tool {tool.name!r} of {outer!r})"
+    for server in inner.mcp_servers:
+        if not isinstance(server, GatedMCPServer):
+            raise ConfigurationError(
+                f"{where} calls the MCP server {server.name!r} ungated: wrap it in GatedMCPServer first"
+            )
+    if inner.handoffs:
+        raise ConfigurationError(f"{where} has handoffs, whose agents' tools the gate cannot see from here")
+    ungated: list[FunctionTool] = []
+    for own in inner.tools:
+        if not isinstance(own, FunctionTool):
+            raise ConfigurationError(
+                f"{where} has the tool {own.name!r}, which is not a FunctionTool the gate can wrap"
+            )
+        if not isinstance(own.on_invoke_tool, _GatedInvocation):
+            ungated.append(own)
+    if not ungated:
+        return
+    gated = iter(_gate_function_tools(ungated, f"{outer}/{tool.name}", options, seen))
+    replaced = {id(t) for t in ungated}
+    inner.tools[:] = [next(gated) if id(t) in replaced else t for t in inner.tools]
 
 
 def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sdk_approvals: bool) -> FunctionTool:

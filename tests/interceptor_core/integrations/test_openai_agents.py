@@ -30,6 +30,7 @@ from events import MemorySink, verify_chain
 from interceptor_core import (
     Approval,
     ApprovalRequest,
+    ConfigurationError,
     Deny,
     Gate,
     RequireApproval,
@@ -500,7 +501,124 @@ class TestAgentAsTool:
         assert len(inner_model.calls) == 2  # one inner run: its tool call, then its answer
         assert done == ["write note.txt"]
         assert (root / "precious.txt").read_text() == "keep me"
-        assert sorted(outcomes(memory)) == [("ToolDenied", "clerk", "c1-1"), ("ToolUse", "clerk", "c1-0")]
+        # The inner agent's own write passed the gate too, in the scope boss/clerk.
+        assert sorted(outcomes(memory)) == [
+            ("ToolDenied", "clerk", "c1-1"),
+            ("ToolUse", "clerk", "c1-0"),
+            ("ToolUse", "write_file", "c1-0"),
+        ]
+
+
+class TestNestedAgentsTools:
+    """Gating an agent made a tool gates the tools of the agents nested in it."""
+
+    @staticmethod
+    def support_agent(closed: list[str], model: ScriptedModel) -> Agent[Any]:
+        @function_tool
+        def delete_account(account: str) -> str:
+            """Deletes a customer account."""
+            closed.append(account)
+            return f"deleted {account}"
+
+        @function_tool
+        def lookup(account: str) -> str:
+            """Looks an account up."""
+            return f"{account}: active"
+
+        return Agent(name="support", tools=[lookup, delete_account], model=model)
+
+    async def test_a_nested_delete_is_decided_and_recorded(self) -> None:
+        """The nested agent's `delete_account` passes the gate in a scope of its own (`boss/support`,
+        registered with the outer tools): denied, it never runs, the nested model reads the denial,
+        and the events record both the outer call and the nested one."""
+        memory, closed = MemorySink(), []
+
+        class NoDeletes:
+            name = "no-deletes"
+
+            def before_tool_call(self, call: ToolCall) -> Deny | None:
+                return Deny("accounts are closed by people") if call.tool_name == "delete_account" else None
+
+        inner_model = script([("lookup", {"account": "7"}), ("delete_account", {"account": "7"})])
+        support = self.support_agent(closed, inner_model)
+        gate = Gate("shop", interceptors=[NoDeletes()], sinks=[memory])
+        tools = gate_function_tools([support.as_tool("support", "Handles accounts")], gate=gate, agent="boss")
+        model = script([("support", {"input": "close account 7"})])
+        result = await Runner.run(Agent(name="boss", tools=tools, model=model), "go", run_config=OFFLINE)
+        assert closed == []
+        assert result.final_output == "7: active | accounts are closed by people"
+        registered = {e.agent: sorted(t.name for t in e.tools) for e in memory.of_type("ToolsRegistered")}
+        assert registered == {"boss": ["support"], "boss/support": ["delete_account", "lookup"]}
+        decided = sorted((e.type, e.agent, e.tool) for e in memory.events if e.type in OUTCOMES)
+        assert decided == [
+            ("ToolDenied", "boss/support", "delete_account"),
+            ("ToolUse", "boss", "support"),
+            ("ToolUse", "boss/support", "lookup"),
+        ]
+        assert gate.coverage().registered == {"support", "lookup", "delete_account"}
+        assert_chain_whole(memory)
+
+    async def test_agents_nested_deeper_are_gated_once(self) -> None:
+        """An agent two levels down is gated in `boss/desk/support`; gating again leaves the gated
+        tools as they are (no second scope)."""
+        memory, closed = MemorySink(), []
+        support = self.support_agent(closed, script([("delete_account", {"account": "9"})]))
+        desk = Agent(
+            name="desk", tools=[support.as_tool("support", "Accounts")], model=script([("support", {"input": "x"})])
+        )
+        gate = Gate("shop", sinks=[memory])
+        tools = gate_function_tools([desk.as_tool("desk", "The desk")], gate=gate, agent="boss")
+        gate_function_tools([desk.as_tool("desk", "The desk")], gate=gate, agent="boss-again")
+        await Runner.run(
+            Agent(name="boss", tools=tools, model=script([("desk", {"input": "y"})])), "go", run_config=OFFLINE
+        )
+        assert closed == ["9"]
+        scopes = [e.agent for e in memory.of_type("ToolsRegistered")]
+        assert sorted(scopes) == ["boss", "boss-again", "boss/desk", "boss/desk/support"]
+        assert [(e.agent, e.tool) for e in memory.of_type("ToolUse") if e.tool == "delete_account"] == [
+            ("boss/desk/support", "delete_account")
+        ]
+
+    @pytest.mark.parametrize("approved", [True, False], ids=["approved", "rejected"])
+    async def test_a_nested_call_paused_for_approval_is_decided_from_the_outer_run(self, approved: bool) -> None:
+        """A nested call the chain requires approval for interrupts the outer run (the SDK carries
+        nested interruptions up); approved or rejected there (`reject` finds the nested gated tool),
+        it leaves its request, the decision and one outcome, in the nested scope."""
+        memory, closed = MemorySink(), []
+
+        class AskBeforeDeleting:
+            name = "ask-before-deleting"
+
+            def before_tool_call(self, call: ToolCall) -> RequireApproval | None:
+                return RequireApproval("closing needs a human") if call.tool_name == "delete_account" else None
+
+        support = self.support_agent(closed, script([("delete_account", {"account": "7"})]))
+        gate = Gate("shop", interceptors=[AskBeforeDeleting()], sinks=[memory])
+        tools = gate_function_tools([support.as_tool("support", "Handles accounts")], gate=gate, agent="boss")
+        boss = Agent(name="boss", tools=tools, model=script([("support", {"input": "close account 7"})]))
+        paused = await Runner.run(boss, "go", run_config=OFFLINE)
+        (pending,) = paused.interruptions
+        assert (pending.tool_name, closed) == ("delete_account", [])
+        state = paused.to_state()
+        if approved:
+            state.approve(pending)
+        else:
+            await reject(state, pending, by="alice")
+        await Runner.run(boss, state, run_config=OFFLINE)
+        assert closed == (["7"] if approved else [])
+        nested = [
+            (e.type, e.agent) for e in memory.events if e.tool == "delete_account" and e.type != "ToolsRegistered"
+        ]
+        outcome = "ToolUse" if approved else "ToolDenied"
+        assert nested == [
+            (kind, "boss/support") for kind in ("ApprovalRequested", "ApprovalRequested", "ApprovalResolved", outcome)
+        ]
+
+    def test_an_ungated_mcp_server_inside_is_refused(self) -> None:
+        """A nested agent with an MCP server the gate cannot see is a configuration error naming it."""
+        inner = Agent(name="files", mcp_servers=[MCPServerStdio({"command": "true"}, name="disk")])
+        with pytest.raises(ConfigurationError, match=r"'files'.*MCP server 'disk'.*GatedMCPServer"):
+            gate_function_tools([inner.as_tool("files", "Files")], gate=Gate("shop"), agent="boss")
 
 
 def mcp_server(root: Path) -> MCPServerStdio:
