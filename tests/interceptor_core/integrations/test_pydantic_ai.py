@@ -464,7 +464,9 @@ class TestFrameworksOwnApprovals:
     """A tool registered with `requires_approval=True` asks through Pydantic AI whatever the chain
     says; the gate records the request, the answer and the one outcome."""
 
-    def agent(self, root: Path, memory: MemorySink, done: list[str]) -> Agent[None, str | DeferredToolRequests]:
+    def agent(
+        self, root: Path, memory: MemorySink, done: list[str], **gate_options: Any
+    ) -> Agent[None, str | DeferredToolRequests]:
         def delete_file(path: str) -> str:
             """Deletes a file under the root."""
             (root / path).unlink()
@@ -473,7 +475,7 @@ class TestFrameworksOwnApprovals:
 
         tools = FunctionToolset[Any]()
         tools.add_function(delete_file, requires_approval=True)
-        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory], **gate_options)
         toolset = GatedToolset(tools, gate=gate, agent="cleaner")
         model = scripted([ToolCallPart("delete_file", {"path": "old.txt"}, tool_call_id="c1")])
         return Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
@@ -521,6 +523,21 @@ class TestFrameworksOwnApprovals:
         ]
         resolved = memory.of_type("ApprovalResolved")[0]
         assert (resolved.approved, resolved.note) == (False, "keep it")
+
+    async def test_the_gates_handler_answers_the_tools_own_request(self, root: Path) -> None:
+        """With an approval handler on the gate, the tool's own request is put to it inside the
+        call: approved, the run is not deferred and the tool runs once."""
+        memory, done = MemorySink(), []
+        asked: list[tuple[str, ...]] = []
+
+        def approve(request: ApprovalRequest) -> Approval:
+            asked.append(request.requested_by)
+            return Approval(approved=True, by="ops")
+
+        result = await self.agent(root, memory, done, approval_handler=approve).run("clean up")
+        assert result.output == "delete_file: deleted old.txt"
+        assert (done, asked) == (["delete old.txt"], [("pydantic-ai-approval",)])
+        assert [kind for kind, _, _ in calls(memory.events)] == ["ApprovalRequested", "ApprovalResolved", "ToolUse"]
 
     async def test_a_call_the_chain_denies_is_not_put_to_a_human(self, root: Path) -> None:
         """The chain runs before the framework's request is honoured: a denied call is never
