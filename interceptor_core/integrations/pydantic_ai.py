@@ -206,12 +206,13 @@ async def _record_refusal(
 ) -> None:
     """Record a refusal Pydantic AI gave without calling the toolset: the call passes the chain with
     that refusal as its answer (`ApprovalRequested`, `ApprovalResolved`, `ToolDenied`), so its
-    approval id is the pause's. The framework's request is added only where the chain itself would
-    not ask (a tool's own `requires_approval`, or a chain that changed since the pause). A chain
+    approval id is the pause's. Only a call that asks for approval is recorded (the tool's own
+    `requires_approval`, or a chain that asks): any other denied call in the history was not paused
+    for approval by this toolset (a deferred call, `CallDeferred`, answered with a denial). A chain
     that now blocks the call records that instead; nothing is raised into the run, which goes on."""
     args = call.args_as_dict()
     if own is None and await approval_asked(scope, call.tool_name, args, run, call.tool_call_id) is None:
-        own = "refused in Pydantic AI's approval flow"
+        return
     refusal = Approval(approved=False, note=message)
     token = _pending.set(None)  # the body must not run, whatever the chain says
     try:
