@@ -1,5 +1,6 @@
 """OpenAI Agents SDK through the gate: `gate_function_tools` gates `FunctionTool`s (an agent's
-`as_tool()` included), `GatedMCPServer` gates an SDK MCP server.
+`as_tool()` included, with the tools of the agents nested in it), `GatedMCPServer` gates an SDK MCP
+server, and `reject` rejects a call paused for approval and records the refusal.
 
 ```python
 tools = gate_function_tools([write_file, delete_file], gate=gate, agent="writer")
