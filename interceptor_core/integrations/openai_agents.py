@@ -36,6 +36,7 @@ from typing import Any, assert_never
 import mcp_types as types
 from agents import FunctionTool
 from agents.agent import AgentBase
+from agents.agent_tool_state import get_agent_tool_state_scope, peek_agent_tool_run_result
 from agents.exceptions import ModelBehaviorError
 from agents.mcp import MCPServer, MCPToolMetaContext
 from agents.run_context import RunContextWrapper
@@ -86,6 +87,9 @@ class _InFlight:
     """The arguments the gate was given, validated here from `input` (None when they could not be)."""
     input: str = ""
     """The model's arguments as it sent them: what the body passes on while no interceptor rewrote them."""
+    nested_pause: Any = None
+    """For an agent made a tool whose own run paused for approval: what its invocation returned."""
+    nested_paused: bool = False
 
 
 _in_flight: contextvars.ContextVar[_InFlight | None] = contextvars.ContextVar(
@@ -111,6 +115,7 @@ def _gate_tool(original: FunctionTool, timeout_s: float | None) -> Tool[Any, Any
     model = type(shown.__name__, (shown,), {"__module__": shown.__module__, "validate_schema": None})
     invoke = _sdk_invocation(original)
     name = original.name
+    runs_an_agent = bool(getattr(original, "_is_agent_tool", False))
 
     async def run(args: SchemaArgs, ctx: ToolContext) -> Any:
         flight = _in_flight.get()
@@ -119,14 +124,34 @@ def _gate_tool(original: FunctionTool, timeout_s: float | None) -> Tool[Any, Any
         # Unchanged by the chain: the model's own text, as the SDK would parse it ungated.
         payload = flight.input if args is flight.args else json.dumps(args.model_dump())
         try:
-            return await invoke(flight.ctx, payload)
+            value = await invoke(flight.ctx, payload)
         except Exception as exc:
             flight.error = exc  # the SDK's failure handling wants the exception, not its text
             raise
+        if runs_an_agent and _nested_run_paused(flight.ctx):
+            # The nested run stopped on a call waiting for approval: this call pauses with it (no
+            # outcome yet), and the SDK resumes both from the outer run's state.
+            flight.nested_pause, flight.nested_paused = value, True
+            raise ToolApprovalRequiredError(
+                f"a call of the agent run by {name!r} waits for approval",
+                tool=name,
+                call_id=ctx.call_id,
+                interceptor=name,
+            )
+        return value
 
     run.__annotations__ = {"args": model, "ctx": ToolContext, "return": Any}
     run.__qualname__ = run.__name__ = f"{name}_via_openai_agents"
     return Tool(run, name=name, description=original.description, timeout_s=timeout_s)
+
+
+def _nested_run_paused(ctx: SdkToolContext[Any]) -> bool:
+    """Whether the nested run of the agent-tool call `ctx` stopped on interruptions (the SDK keeps
+    that run's result by the call, to resume it)."""
+    if ctx.tool_call is None:
+        return False
+    result = peek_agent_tool_run_result(ctx.tool_call, scope_id=get_agent_tool_state_scope(ctx))
+    return bool(getattr(result, "interruptions", None))
 
 
 def gate_function_tools(
@@ -230,6 +255,7 @@ def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sd
         isinstance(invoker, _FailureHandlingFunctionToolInvoker),
         handled,
         own_approval=original.needs_approval,
+        pauses_with_nested=sdk_approvals and bool(getattr(original, "_is_agent_tool", False)),
     )
     if not sdk_approvals:
         return dataclasses.replace(original, on_invoke_tool=gated)
@@ -263,10 +289,13 @@ class _GatedInvocation:
         tool: FunctionTool | None = None,
         *,
         own_approval: bool | NeedsApproval = False,
+        pauses_with_nested: bool = False,
     ) -> None:
         self.scope = scope
         self.own_approval = own_approval
         """The original tool's own `needs_approval`: whether an approval the SDK gave answered it."""
+        self.pauses_with_nested = pauses_with_nested
+        """An agent made a tool, with the SDK's approvals on: its call pauses when its run does."""
         self.name = name
         self.default_run = default_run
         self.handles_failures = handles_failures
@@ -287,6 +316,7 @@ class _GatedInvocation:
             self.on_handled_error,
             tool,
             own_approval=self.own_approval,
+            pauses_with_nested=self.pauses_with_nested,
         )
 
     async def __call__(self, ctx: SdkToolContext[Any], input: str) -> Any:
@@ -325,7 +355,18 @@ class _GatedInvocation:
         token = _in_flight.set(flight)
         try:
             with framework_asks(asks):
-                result = await scope.call(self.name, gate_args, run=run, call_id=ctx.tool_call_id, approval=approval)
+                result = await scope.call(
+                    self.name,
+                    gate_args,
+                    run=run,
+                    call_id=ctx.tool_call_id,
+                    approval=approval,
+                    pause_for_approval=self.pauses_with_nested,
+                )
+        except ToolApprovalRequiredError:
+            if flight.nested_paused:
+                return flight.nested_pause  # what the SDK's agent tool returns for a paused run
+            raise
         finally:
             _in_flight.reset(token)
         match result.kind:

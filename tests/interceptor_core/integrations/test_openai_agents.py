@@ -583,7 +583,8 @@ class TestNestedAgentsTools:
     async def test_a_nested_call_paused_for_approval_is_decided_from_the_outer_run(self, approved: bool) -> None:
         """A nested call the chain requires approval for interrupts the outer run (the SDK carries
         nested interruptions up); approved or rejected there (`reject` finds the nested gated tool),
-        it leaves its request, the decision and one outcome, in the nested scope."""
+        it leaves its request, the decision and one outcome, in the nested scope. The outer call
+        that ran the nested agent paused with it, and leaves one outcome, once resumed."""
         memory, closed = MemorySink(), []
 
         class AskBeforeDeleting:
@@ -599,6 +600,7 @@ class TestNestedAgentsTools:
         paused = await Runner.run(boss, "go", run_config=OFFLINE)
         (pending,) = paused.interruptions
         assert (pending.tool_name, closed) == ("delete_account", [])
+        assert outcomes(memory) == []
         state = paused.to_state()
         if approved:
             state.approve(pending)
@@ -613,6 +615,10 @@ class TestNestedAgentsTools:
         assert nested == [
             (kind, "boss/support") for kind in ("ApprovalRequested", "ApprovalRequested", "ApprovalResolved", outcome)
         ]
+        assert [(e.type, e.agent) for e in memory.events if e.tool == "support" and e.type in OUTCOMES] == [
+            ("ToolUse", "boss")
+        ]
+        assert_chain_whole(memory)
 
     def test_an_ungated_mcp_server_inside_is_refused(self) -> None:
         """A nested agent with an MCP server the gate cannot see is a configuration error naming it."""
