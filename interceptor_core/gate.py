@@ -630,7 +630,10 @@ class Gate:
         except BaseException as exc:
             # Cancellation (or a bug) mid-call: the call still leaves its one outcome event.
             if not state.concluded:
-                audit.interrupted(state, exc)
+                if state.pausable and isinstance(exc, ToolApprovalRequiredError):
+                    audit.paused(state)  # its body paused (see `_run_tool`): the resumed call has it
+                else:
+                    audit.interrupted(state, exc)
             raise
 
     async def _run_call(self, state: _CallState, args: Mapping[str, Any] | BaseModel | str) -> ToolResult:
@@ -1112,6 +1115,12 @@ class Gate:
             # A tool body that is itself an agent (`Agent.as_tool`) was blocked: the run it shares
             # with its caller must stop too, so this is not turned into an error result.
             raise
+        except ToolApprovalRequiredError as exc:
+            # A tool body that is itself an agent whose own call paused for approval: a caller
+            # that pauses (`pause_for_approval`) pauses with it, and resumes the call later.
+            if state.pausable:
+                raise
+            return True, f"{type(exc).__name__}: {exc}"
         except TimeoutError as exc:
             if scope is not None and scope.expired():
                 state.timed_out = True
@@ -1398,7 +1407,9 @@ class AgentScope:
         `pause_for_approval`: the caller pauses its run when approval is needed and nobody can give
         it now, and resumes the call later with the same call id and the answer (a framework's
         interrupt): the call then records the durable `ApprovalRequested` and no outcome before
-        raising `ToolApprovalRequiredError` (without it, the outcome is `Blocked`).
+        raising `ToolApprovalRequiredError` (without it, the outcome is `Blocked`). A tool body
+        that raises `ToolApprovalRequiredError` itself (an agent run as a tool, whose own call
+        paused) pauses such a call too: no outcome, the error raised; otherwise it is an error.
         """
         # A plain function returning the gate's coroutine: one coroutine less per call.
         if tool_name not in self._tools:

@@ -1,5 +1,6 @@
 """OpenAI Agents SDK through the gate: `gate_function_tools` gates `FunctionTool`s (an agent's
-`as_tool()` included), `GatedMCPServer` gates an SDK MCP server.
+`as_tool()` included, with the tools of the agents nested in it), `GatedMCPServer` gates an SDK MCP
+server, and `reject` rejects a call paused for approval and records the refusal.
 
 ```python
 tools = gate_function_tools([write_file, delete_file], gate=gate, agent="writer")
@@ -35,6 +36,7 @@ from typing import Any, assert_never
 import mcp_types as types
 from agents import FunctionTool
 from agents.agent import AgentBase
+from agents.agent_tool_state import get_agent_tool_state_scope, peek_agent_tool_run_result
 from agents.exceptions import ModelBehaviorError
 from agents.mcp import MCPServer, MCPToolMetaContext
 from agents.run_context import RunContextWrapper
@@ -50,20 +52,26 @@ from pydantic import ValidationError
 
 from interceptor_core.approvals import Approval
 from interceptor_core.context import RunContext, ToolContext
-from interceptor_core.exceptions import ToolApprovalRequiredError, ToolBlockedError
+from interceptor_core.exceptions import ConfigurationError, ToolApprovalRequiredError, ToolBlockedError
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations._approval_probe import approval_asked
+from interceptor_core.integrations._framework_approval import FrameworkApproval, framework_asks
 from interceptor_core.integrations._schema import SchemaArgs, schema_model, schema_tool
 from interceptor_core.integrations.mcp import McpToolError, error_text, result_from_gate
 from interceptor_core.tools import Tool
 
-__all__ = ["GatedMCPServer", "gate_function_tools"]
+__all__ = ["GatedMCPServer", "gate_function_tools", "reject"]
 
 # The SDK's invocation pipeline is private API (`_FailureHandlingFunctionToolInvoker` and its
 # `_invoke_tool_impl`, `_parse_function_tool_json_input`): the `openai-agents` extra pins 0.24.x,
 # and the tests run the real runner over every path that uses them.
 
 _SDK_APPROVED = Approval(approved=True, note="approved in the OpenAI Agents SDK run (RunState.approve)")
+
+_FRAMEWORK = "openai-agents"
+
+_OWN_APPROVAL = "the tool requires approval in the OpenAI Agents SDK (needs_approval)"
+"""Why a call asks when the tool's own `needs_approval` does, as the gate records it."""
 
 _STOPPING = (ToolBlockedError, ToolApprovalRequiredError)
 
@@ -79,6 +87,9 @@ class _InFlight:
     """The arguments the gate was given, validated here from `input` (None when they could not be)."""
     input: str = ""
     """The model's arguments as it sent them: what the body passes on while no interceptor rewrote them."""
+    nested_pause: Any = None
+    """For an agent made a tool whose own run paused for approval: what its invocation returned."""
+    nested_paused: bool = False
 
 
 _in_flight: contextvars.ContextVar[_InFlight | None] = contextvars.ContextVar(
@@ -104,6 +115,7 @@ def _gate_tool(original: FunctionTool, timeout_s: float | None) -> Tool[Any, Any
     model = type(shown.__name__, (shown,), {"__module__": shown.__module__, "validate_schema": None})
     invoke = _sdk_invocation(original)
     name = original.name
+    runs_an_agent = bool(getattr(original, "_is_agent_tool", False))
 
     async def run(args: SchemaArgs, ctx: ToolContext) -> Any:
         flight = _in_flight.get()
@@ -112,14 +124,34 @@ def _gate_tool(original: FunctionTool, timeout_s: float | None) -> Tool[Any, Any
         # Unchanged by the chain: the model's own text, as the SDK would parse it ungated.
         payload = flight.input if args is flight.args else json.dumps(args.model_dump())
         try:
-            return await invoke(flight.ctx, payload)
+            value = await invoke(flight.ctx, payload)
         except Exception as exc:
             flight.error = exc  # the SDK's failure handling wants the exception, not its text
             raise
+        if runs_an_agent and _nested_run_paused(flight.ctx):
+            # The nested run stopped on a call waiting for approval: this call pauses with it (no
+            # outcome yet), and the SDK resumes both from the outer run's state.
+            flight.nested_pause, flight.nested_paused = value, True
+            raise ToolApprovalRequiredError(
+                f"a call of the agent run by {name!r} waits for approval",
+                tool=name,
+                call_id=ctx.call_id,
+                interceptor=name,
+            )
+        return value
 
     run.__annotations__ = {"args": model, "ctx": ToolContext, "return": Any}
     run.__qualname__ = run.__name__ = f"{name}_via_openai_agents"
     return Tool(run, name=name, description=original.description, timeout_s=timeout_s)
+
+
+def _nested_run_paused(ctx: SdkToolContext[Any]) -> bool:
+    """Whether the nested run of the agent-tool call `ctx` stopped on interruptions (the SDK keeps
+    that run's result by the call, to resume it)."""
+    if ctx.tool_call is None:
+        return False
+    result = peek_agent_tool_run_result(ctx.tool_call, scope_id=get_agent_tool_state_scope(ctx))
+    return bool(getattr(result, "interruptions", None))
 
 
 def gate_function_tools(
@@ -136,15 +168,77 @@ def gate_function_tools(
     before this returns. Raises `ConfigurationError` for a name or schema the gate cannot take.
 
     `sdk_approvals` (default True): when the gate has no `approval_handler`, a call its chain
-    requires approval for interrupts the SDK's run (`RunResult.interruptions`; approve or reject
-    it on the run's state and run again), as a tool's own `needs_approval` does. The chain is then
-    asked at the SDK's approval step too (recording nothing), and the tools' `needs_approval` is a
-    function, which the SDK asks only for arguments that are a JSON object: other arguments ask for
-    approval first. False leaves `needs_approval` as it is; such a call then raises
-    `ToolApprovalRequiredError`, as on the gate's other routes."""
-    scope = gate.agent(agent, tools=[_gate_tool(t, timeout_s) for t in tools], interceptors=interceptors)
-    default_run = run if run is not None else RunContext()
-    return [_wrap(t, scope, default_run, sdk_approvals) for t in tools]
+    requires approval for interrupts the SDK's run (`RunResult.interruptions`; approve it on the
+    run's state, or reject it with `reject(state, item)`, and run again), as a tool's own
+    `needs_approval` does. The chain is then asked at the SDK's approval step too, and the pause is
+    recorded as the durable `ApprovalRequested` (no outcome: the resumed call has it); the tools'
+    `needs_approval` is a function, which the SDK asks only for arguments that are a JSON object:
+    other arguments ask for approval first. A tool's own `needs_approval` is recorded the same way
+    (asked by `FrameworkApproval`, "openai-agents-approval", after the rest of the chain). False
+    leaves `needs_approval` as it is; such a call then raises `ToolApprovalRequiredError`, as on the
+    gate's other routes.
+
+    An agent made a tool (`agent.as_tool()`) runs its own tools in a run of its own, which the gate
+    would not see: so its function tools are replaced, in place (its `tools` list), by gated copies
+    in an agent scope of their own, named `<agent>/<tool name>` (and so on down, for agents nested
+    deeper), with the same `run`, `interceptors`, `timeout_s` and `sdk_approvals`. A nested agent
+    whose effects the gate cannot reach raises `ConfigurationError` naming it: a tool that is not a
+    `FunctionTool`, an MCP server that is not a `GatedMCPServer`, a handoff."""
+    options = _Options(gate, run, tuple(interceptors), timeout_s, sdk_approvals)
+    return _gate_function_tools(tools, agent, options, set())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Options:
+    gate: Gate | Workflow
+    run: RunContext | None
+    interceptors: tuple[object, ...]
+    timeout_s: float | None
+    sdk_approvals: bool
+
+
+def _gate_function_tools(
+    tools: Sequence[FunctionTool], agent: str, options: _Options, seen: set[int]
+) -> list[FunctionTool]:
+    for tool in tools:
+        _gate_nested_agent(tool, agent, options, seen)
+    scope = options.gate.agent(
+        agent,
+        tools=[_gate_tool(t, options.timeout_s) for t in tools],
+        interceptors=(*options.interceptors, FrameworkApproval(_FRAMEWORK)),
+    )
+    default_run = options.run if options.run is not None else RunContext()
+    return [_wrap(t, scope, default_run, options.sdk_approvals) for t in tools]
+
+
+def _gate_nested_agent(tool: FunctionTool, outer: str, options: _Options, seen: set[int]) -> None:
+    """Gate, in place, the tools of the agent `tool` runs when it is an agent made a tool (see
+    `gate_function_tools`); an agent met again (a cycle, or one agent behind two tools) is gated once."""
+    inner = getattr(tool, "_agent_instance", None) if getattr(tool, "_is_agent_tool", False) else None
+    if inner is None or id(inner) in seen:
+        return
+    seen.add(id(inner))
+    where = f"agent {inner.name!r} (the tool {tool.name!r} of {outer!r})"
+    for server in inner.mcp_servers:
+        if not isinstance(server, GatedMCPServer):
+            raise ConfigurationError(
+                f"{where} calls the MCP server {server.name!r} ungated: wrap it in GatedMCPServer first"
+            )
+    if inner.handoffs:
+        raise ConfigurationError(f"{where} has handoffs, whose agents' tools the gate cannot see from here")
+    ungated: list[FunctionTool] = []
+    for own in inner.tools:
+        if not isinstance(own, FunctionTool):
+            raise ConfigurationError(
+                f"{where} has the tool {own.name!r}, which is not a FunctionTool the gate can wrap"
+            )
+        if not isinstance(own.on_invoke_tool, _GatedInvocation):
+            ungated.append(own)
+    if not ungated:
+        return
+    gated = iter(_gate_function_tools(ungated, f"{outer}/{tool.name}", options, seen))
+    replaced = {id(t) for t in ungated}
+    inner.tools[:] = [next(gated) if id(t) in replaced else t for t in inner.tools]
 
 
 def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sdk_approvals: bool) -> FunctionTool:
@@ -155,7 +249,13 @@ def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sd
         else None
     )
     gated = _GatedInvocation(
-        scope, original.name, default_run, isinstance(invoker, _FailureHandlingFunctionToolInvoker), handled
+        scope,
+        original.name,
+        default_run,
+        isinstance(invoker, _FailureHandlingFunctionToolInvoker),
+        handled,
+        own_approval=original.needs_approval,
+        pauses_with_nested=sdk_approvals and bool(getattr(original, "_is_agent_tool", False)),
     )
     if not sdk_approvals:
         return dataclasses.replace(original, on_invoke_tool=gated)
@@ -187,8 +287,15 @@ class _GatedInvocation:
         handles_failures: bool,
         on_handled_error: Callable[..., None] | None,
         tool: FunctionTool | None = None,
+        *,
+        own_approval: bool | NeedsApproval = False,
+        pauses_with_nested: bool = False,
     ) -> None:
         self.scope = scope
+        self.own_approval = own_approval
+        """The original tool's own `needs_approval`: whether an approval the SDK gave answered it."""
+        self.pauses_with_nested = pauses_with_nested
+        """An agent made a tool, with the SDK's approvals on: its call pauses when its run does."""
         self.name = name
         self.default_run = default_run
         self.handles_failures = handles_failures
@@ -202,7 +309,14 @@ class _GatedInvocation:
         if tool is self.tool:
             return self
         return _GatedInvocation(
-            self.scope, self.name, self.default_run, self.handles_failures, self.on_handled_error, tool
+            self.scope,
+            self.name,
+            self.default_run,
+            self.handles_failures,
+            self.on_handled_error,
+            tool,
+            own_approval=self.own_approval,
+            pauses_with_nested=self.pauses_with_nested,
         )
 
     async def __call__(self, ctx: SdkToolContext[Any], input: str) -> Any:
@@ -226,8 +340,11 @@ class _GatedInvocation:
         context = ctx.context
         run = context if isinstance(context, RunContext) else self.default_run
         approval = None
+        asks = None
         if scope.gate.approval_handler is None and ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
             approval = _SDK_APPROVED
+            # The SDK's approval answers the tool's own request too: record it as one.
+            asks = await _own_request(self.own_approval, ctx, input, ctx.tool_call_id)
         text = input or "{}"
         flight = _InFlight(ctx, input=text)
         gate_args: Any = text
@@ -237,7 +354,19 @@ class _GatedInvocation:
             gate_args = flight.args = self.input_model.model_validate_json(text)
         token = _in_flight.set(flight)
         try:
-            result = await scope.call(self.name, gate_args, run=run, call_id=ctx.tool_call_id, approval=approval)
+            with framework_asks(asks):
+                result = await scope.call(
+                    self.name,
+                    gate_args,
+                    run=run,
+                    call_id=ctx.tool_call_id,
+                    approval=approval,
+                    pause_for_approval=self.pauses_with_nested,
+                )
+        except ToolApprovalRequiredError:
+            if flight.nested_paused:
+                return flight.nested_pause  # what the SDK's agent tool returns for a paused run
+            raise
         finally:
             _in_flight.reset(token)
         match result.kind:
@@ -260,6 +389,39 @@ class _GatedInvocation:
 NeedsApproval = Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]
 
 
+async def _own_request(
+    own: bool | NeedsApproval, run_ctx: RunContextWrapper[Any], input: str, call_id: str
+) -> str | None:
+    """Why the tool's own `needs_approval` asks about this call (None: it does not)."""
+    if own is True:
+        return _OWN_APPROVAL
+    if not callable(own):
+        return None
+    try:
+        params = json.loads(input or "{}")
+    except ValueError:
+        return _OWN_APPROVAL  # the SDK asks for approval of arguments it cannot read
+    if not isinstance(params, dict):
+        return _OWN_APPROVAL
+    return _OWN_APPROVAL if await evaluate_needs_approval_setting(own, run_ctx, params, call_id) else None
+
+
+async def _pause(scope: AgentScope, name: str, params: Any, run: RunContext, call_id: str, asks: str | None) -> bool:
+    """Record that the call waits for approval (the durable `ApprovalRequested`, no outcome) when the
+    chain, with the tool's own request `asks` added, would ask about it; True if it would."""
+    with framework_asks(asks):
+        if await approval_asked(scope, name, params, run, call_id) is None:
+            return False
+        token = _in_flight.set(_InFlight(None))  # the body must not run now, whatever the chain says
+        try:
+            await scope.call(name, params, run=run, call_id=call_id, pause_for_approval=True)
+        except ToolApprovalRequiredError:
+            return True
+        finally:
+            _in_flight.reset(token)
+    return False  # the chain changed its mind; the call itself decides again
+
+
 def _needs_approval(
     own: bool | NeedsApproval,
     invoker: _FailureHandlingFunctionToolInvoker | None,
@@ -268,37 +430,110 @@ def _needs_approval(
     default_run: RunContext,
 ) -> NeedsApproval:
     """The gated tool's `needs_approval`: the tool's own setting, or else (when the gate has no
-    approval handler) whether the chain requires approval for the call. Then the gate records what
-    it records when nobody can approve a call (`Blocked`, cause "approval_required"), and the SDK
-    interrupts the run; the resumed run passes the whole chain again, with the SDK's approval."""
+    approval handler) whether the chain requires approval for the call. Either way, with no
+    handler, the gate records the pause as the durable `ApprovalRequested` (the tool's own request
+    asked by `FrameworkApproval`, "openai-agents-approval") and the SDK interrupts the run; the
+    resumed run passes the whole chain again, with the SDK's approval as the answer."""
 
     async def needs_approval(run_ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
+        asks = None
         if own is True:
-            return True
-        if callable(own):
+            asks = _OWN_APPROVAL
+        elif callable(own):
             # As the SDK does for its own tools: a policy sees the arguments only when the tool's
             # validation leaves them as they are (no default filled in, nothing coerced).
             prepared = invoker.prepare_arguments(json.dumps(params), name) if invoker is not None else None
             if (prepared is not None and not prepared.unchanged) or await evaluate_needs_approval_setting(
                 own, run_ctx, params, call_id
             ):
-                return True
+                asks = _OWN_APPROVAL
         if scope.gate.approval_handler is not None:
-            return False
+            return asks is not None
         context = run_ctx.context
         run = context if isinstance(context, RunContext) else default_run
-        if await approval_asked(scope, name, params, run, call_id) is None:
-            return False
-        token = _in_flight.set(_InFlight(None))  # the body must not run now, whatever the chain says
-        try:
-            await scope.call(name, params, run=run, call_id=call_id)
-        except ToolApprovalRequiredError:
-            return True
-        finally:
-            _in_flight.reset(token)
-        return False  # the chain changed its mind; the call itself decides again
+        return await _pause(scope, name, params, run, call_id, asks) or asks is not None
 
     return needs_approval
+
+
+async def reject(
+    state: Any,
+    item: Any,
+    *,
+    by: str | None = None,
+    note: str | None = None,
+    run: RunContext | None = None,
+    always_reject: bool = False,
+) -> str | None:
+    """Reject an interrupted call on the run's state, as `state.reject(item)` does, and record the
+    refusal: a call the SDK rejects never reaches its tool again, so the gate records it here
+    (`ApprovalRequested` under the pause's approval id, `ApprovalResolved` refused `by`, with
+    `note`, and the call's one outcome, `ToolDenied`). The model reads the gate's refusal (which
+    names `by` and `note`). Returns that text, or None when `item` is not a call of a gated tool
+    (then it is rejected with `note` as the message, and nothing is recorded).
+
+    `state` is a `RunState` (`result.to_state()` or `RunState.from_string(...)`), `item` one of
+    its `interruptions`. The `RunContext` is `run`, else the run's context when that is one, else
+    the tool's default. Raises `ToolBlockedError` if the chain now blocks the call (the SDK's
+    rejection is not given then: the block ends the run).
+    """
+    target = _gated_target(item)
+    if target is None:
+        state.reject(item, always_reject=always_reject, rejection_message=note)
+        return None
+    params: Any = item.arguments or "{}"
+    with contextlib.suppress(ValueError):
+        params = json.loads(params)
+    if run is None:
+        wrapper = getattr(state, "_context", None)  # the state's own RunContextWrapper (no public accessor)
+        context = getattr(wrapper, "context", None)
+        run = context if isinstance(context, RunContext) else target.default_run
+    scope, name, call_id = target.scope, target.name, item.call_id or ""
+    asks = None
+    if not isinstance(params, dict) or await approval_asked(scope, name, params, run, call_id) is None:
+        asks = _OWN_APPROVAL  # the tool's own request (or a chain that no longer asks) was refused
+    token = _in_flight.set(_InFlight(None))  # the body must not run, whatever the chain says
+    try:
+        with framework_asks(asks):
+            result = await scope.call(
+                name, params, run=run, call_id=call_id, approval=Approval(approved=False, by=by, note=note)
+            )
+    finally:
+        _in_flight.reset(token)
+    text = result.to_model_text()
+    state.reject(item, always_reject=always_reject, rejection_message=text)
+    return text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _GatedTarget:
+    """Where an interrupted call of a gated tool is decided: its scope, its name there, its default run."""
+
+    scope: AgentScope
+    name: str
+    default_run: RunContext
+
+
+def _gated_target(item: Any) -> _GatedTarget | None:
+    """The gated tool `item` (a `ToolApprovalItem`) interrupted, among its agent's function tools
+    or the tools of its agent's `GatedMCPServer`s; None when it is not gated."""
+    agent = getattr(item, "agent", None)
+    origin = getattr(item, "tool_origin", None)
+    server_name = getattr(origin, "mcp_server_name", None)
+    if server_name is not None:
+        for server in getattr(agent, "mcp_servers", None) or ():
+            scope = server._scope if isinstance(server, GatedMCPServer) else None
+            if scope is not None and server.name == server_name and item.tool_name in scope.tools:
+                default_run = server.run if server.run is not None else server._default_run
+                return _GatedTarget(scope, item.tool_name, default_run)
+        return None
+    for tool in getattr(agent, "tools", None) or ():
+        if isinstance(tool, FunctionTool) and tool.name == item.tool_name:
+            invoker = tool.on_invoke_tool
+            if isinstance(invoker, _GatedInvocation):
+                return _GatedTarget(invoker.scope, invoker.name, invoker.default_run)
+            return None
+    return None
 
 
 # -- MCP servers ----------------------------------------------------------------------------------
@@ -375,6 +610,8 @@ class GatedMCPServer(MCPServer):
         self.interceptors = tuple(interceptors)
         self.timeout_s = timeout_s
         self.sdk_approvals = sdk_approvals
+        self._own_approvals: dict[str, bool | NeedsApproval] = {}
+        """The wrapped server's own approval setting of each tool, as the SDK last asked for it."""
         self._scope: AgentScope | None = None
         self._output_schemas: dict[str, dict[str, Any] | None] = {}
         self._default_run = RunContext()
@@ -422,7 +659,8 @@ class GatedMCPServer(MCPServer):
             self._output_schemas[definition.name] = definition.output_schema
             new.append(self._gate_tool(definition))
         if self._scope is None:
-            self._scope = self.gate.agent(self.agent, tools=new, interceptors=self.interceptors)
+            interceptors = (*self.interceptors, FrameworkApproval(_FRAMEWORK))
+            self._scope = self.gate.agent(self.agent, tools=new, interceptors=interceptors)
         elif new:
             self._scope.add_tools(new)
         return tools
@@ -471,13 +709,17 @@ class GatedMCPServer(MCPServer):
             run = self.run if self.run is not None else self._default_run
         call_id: str | None = None
         approval: Approval | None = None
+        asks = None
         if isinstance(sdk_ctx, SdkToolContext):
             call_id = sdk_ctx.tool_call_id
             if scope.gate.approval_handler is None and sdk_ctx.is_tool_approved(sdk_ctx.tool_name, call_id):
                 approval = _SDK_APPROVED
+                own = self._own_approvals.get(tool_name, False)
+                asks = await _own_request(own, sdk_ctx, json.dumps(arguments or {}), call_id)
         token = _mcp_meta.set(meta)
         try:
-            result = await scope.call(tool_name, dict(arguments or {}), run=run, call_id=call_id, approval=approval)
+            with framework_asks(asks):
+                result = await scope.call(tool_name, dict(arguments or {}), run=run, call_id=call_id, approval=approval)
         finally:
             _mcp_meta.reset(token)
         return result_from_gate(result, self._output_schemas.get(tool_name))
@@ -489,6 +731,7 @@ class GatedMCPServer(MCPServer):
         self, tool: types.Tool, agent: AgentBase | None
     ) -> bool | Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]:
         own = self.server._get_needs_approval_for_tool(tool, agent)
+        self._own_approvals[tool.name] = own
         scope = self._scope
         if not self.sdk_approvals or scope is None or tool.name not in scope.tools:
             return own

@@ -12,7 +12,15 @@ from pydantic import BaseModel
 from events import MemorySink
 from events.chain import Producer, new_event_id
 from events.models import ApprovalRequestedEvent, ApprovalResolvedEvent, ToolDeniedEvent, ToolUseEvent
-from interceptor_core import ApprovalRequest, Gate, RequireApproval, RunContext, before_tool_call, tool
+from interceptor_core import (
+    ApprovalRequest,
+    Gate,
+    RequireApproval,
+    RunContext,
+    ToolApprovalRequiredError,
+    before_tool_call,
+    tool,
+)
 from interceptor_core.approvals import RemoteApprovals, approval_id_for, args_digest
 from interceptor_core.policy import Policy
 
@@ -341,3 +349,31 @@ async def test_an_approval_that_cannot_be_claimed_does_not_run() -> None:
     result = await task
     assert result.kind == "denied"
     assert runs == []
+
+
+class TestABodyThatPauses:
+    """A tool body that is itself an agent run whose own call paused (it raises
+    `ToolApprovalRequiredError`) pauses a call made with `pause_for_approval=True`."""
+
+    @staticmethod
+    def scope(memory: MemorySink) -> Any:
+        @tool(description="Runs a nested agent whose call waits for approval")
+        async def delegate(task: str) -> str:
+            raise ToolApprovalRequiredError("a nested call waits", tool="delegate", call_id="n1", interceptor="nested")
+
+        return Gate("shop", sinks=[memory]).agent("boss", tools=[delegate])
+
+    async def test_a_pausable_call_pauses_with_no_outcome(self) -> None:
+        """The call records no outcome and raises, so that its caller resumes it later."""
+        memory = MemorySink()
+        with contextlib.suppress(ToolApprovalRequiredError):
+            await self.scope(memory).call("delegate", {"task": "x"}, call_id="o1", pause_for_approval=True)
+            raise AssertionError("the call did not pause")
+        assert [e.type for e in of(memory, "o1")] == []
+
+    async def test_otherwise_it_is_an_error(self) -> None:
+        """Without `pause_for_approval` the body's error is the call's error result, recorded once."""
+        memory = MemorySink()
+        result = await self.scope(memory).call("delegate", {"task": "x"}, call_id="o1")
+        assert (result.kind, "ToolApprovalRequiredError" in (result.message or "")) == ("error", True)
+        assert [e.type for e in of(memory, "o1")] == ["ToolUse"]

@@ -30,6 +30,7 @@ from events import MemorySink, verify_chain
 from interceptor_core import (
     Approval,
     ApprovalRequest,
+    ConfigurationError,
     Deny,
     Gate,
     RequireApproval,
@@ -39,7 +40,7 @@ from interceptor_core import (
     ToolBlockedError,
     ToolCall,
 )
-from interceptor_core.integrations.openai_agents import GatedMCPServer, gate_function_tools
+from interceptor_core.integrations.openai_agents import GatedMCPServer, gate_function_tools, reject
 
 from .conftest import effects, upstream_command
 from .files_policy import DENIAL, ProtectFiles
@@ -278,9 +279,10 @@ class TestApprovals:
 
     async def test_require_approval_interrupts_and_resumes_approved(self, root: Path) -> None:
         """With no approval handler, `RequireApproval` is the SDK's interruption: the run pauses
-        with the call in `interruptions` (the other call ran), nothing deleted; approved on the
-        run's state, the resumed run passes the chain again and deletes. The gate recorded the
-        pause (`Blocked`, "approval_required") and then the approval and the call."""
+        with the call in `interruptions` (the other call ran), nothing deleted, the pause recorded as
+        the durable `ApprovalRequested` and no outcome; approved on the run's state, the resumed run
+        passes the chain again (the request asked again under the same approval id), deletes, and
+        the call leaves one outcome."""
         memory, done = MemorySink(), []
         agent, paused = await self.gated_run(root, done, memory)
         (pending,) = paused.interruptions
@@ -296,16 +298,18 @@ class TestApprovals:
         assert not (root / "old.txt").exists()
         assert "deleted old.txt" in str(resumed.final_output)
         calls = [(e.type, e.tool, e.call_id) for e in memory.events if e.type != "ToolsRegistered"]
-        assert sorted(calls[:2]) == [("Blocked", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
+        assert sorted(calls[:2]) == [("ApprovalRequested", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
         assert calls[2:] == [
             ("ApprovalRequested", "delete_file", "c1-1"),
             ("ApprovalResolved", "delete_file", "c1-1"),
             ("ToolUse", "delete_file", "c1-1"),
         ]
-        blocked = next(e for e in memory.events if e.type == "Blocked")
-        assert (blocked.cause, blocked.tenant) == ("approval_required", "acme")
+        paused_request = next(e for e in memory.events if e.type == "ApprovalRequested")
+        assert (paused_request.tenant, paused_request.requested_by) == ("acme", ("delete-needs-approval",))
         resolved = next(e for e in memory.events if e.type == "ApprovalResolved")
         assert resolved.approved is True
+        assert {e.approval_id for e in memory.of_type("ApprovalRequested")} == {resolved.approval_id}
+        assert outcomes(memory).count(("ToolUse", "delete_file", "c1-1")) == 1
         assert_chain_whole(memory)
 
     async def test_streamed_run_interrupts_too(self, root: Path) -> None:
@@ -327,9 +331,34 @@ class TestApprovals:
         assert done == ["delete old.txt"]
         assert resumed.final_output == "deleted old.txt"
 
-    async def test_rejected_never_runs(self, root: Path) -> None:
-        """Rejected on the run's state, the call never reaches the gate again nor the tool: the
-        model reads the SDK's rejection message."""
+    async def test_rejected_never_runs_and_is_recorded(self, root: Path) -> None:
+        """Rejected with `reject(state, item, by=, note=)`, the call never reaches the tool: the
+        model reads the gate's refusal naming the reviewer and the note, and the call leaves the
+        request under the pause's approval id, the refusal and one `ToolDenied`."""
+        memory, done = MemorySink(), []
+        agent, paused = await self.gated_run(root, done, memory)
+        (pending,) = paused.interruptions
+        state = paused.to_state()
+        refusal = await reject(state, pending, by="alice", note="not today")
+        resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert (
+            refusal
+            == "The call to delete_file needs approval (deleting needs a human) and was refused by alice: not today"
+        )
+        assert refusal in str(resumed.final_output)
+        assert done == ["write note.txt"]
+        assert (root / "old.txt").exists()
+        assert sorted(outcomes(memory)) == [("ToolDenied", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
+        delete = [e.type for e in memory.events if e.call_id == "c1-1"]
+        assert delete == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.by, resolved.note) == (False, "alice", "not today")
+        assert {e.approval_id for e in memory.of_type("ApprovalRequested")} == {resolved.approval_id}
+        assert_chain_whole(memory)
+
+    async def test_a_plain_sdk_rejection_leaves_the_request_pending(self, root: Path) -> None:
+        """`state.reject(item)` is the SDK's alone: the call never reaches the gate again, so its
+        record stays the pause's request, with no outcome (it expires in the store)."""
         memory, done = MemorySink(), []
         agent, paused = await self.gated_run(root, done, memory)
         (pending,) = paused.interruptions
@@ -338,8 +367,7 @@ class TestApprovals:
         resumed = await Runner.run(agent, state, run_config=OFFLINE)
         assert "not today" in str(resumed.final_output)
         assert done == ["write note.txt"]
-        assert (root / "old.txt").exists()
-        assert sorted(outcomes(memory)) == [("Blocked", "delete_file", "c1-1"), ("ToolUse", "write_file", "c1-0")]
+        assert [e.type for e in memory.events if e.call_id == "c1-1"] == ["ApprovalRequested"]
 
     async def test_state_survives_serialization(self, root: Path) -> None:
         """The paused run's state, written to JSON and read back, resumes like the original."""
@@ -376,6 +404,34 @@ class TestApprovals:
             await run_agent(tools, script([("delete_file", {"path": "old.txt"})]))
         assert isinstance(stopped.value.__cause__, ToolApprovalRequiredError)
         assert (root / "old.txt").exists()
+
+    @pytest.mark.parametrize("approved", [True, False], ids=["approved", "rejected"])
+    async def test_the_tools_own_needs_approval_is_recorded(self, root: Path, approved: bool) -> None:
+        """A tool's own `needs_approval=True` interrupts as ungated, and the gate records it: the
+        pause is the request (asked by "openai-agents-approval"); approved, the call runs once after
+        the request and the approval; rejected with `reject`, it never reaches the tool and leaves
+        the refusal and one `ToolDenied`."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory])
+        tools = gate_function_tools(file_tools(root, done, needs_approval=True), gate=gate)
+        agent = Agent(name="writer", tools=tools, model=script([("delete_file", {"path": "old.txt"})]))
+        paused = await Runner.run(agent, "go", run_config=OFFLINE)
+        (pending,) = paused.interruptions
+        assert [e.type for e in memory.events if e.call_id == "c1-0"] == ["ApprovalRequested"]
+        assert memory.of_type("ApprovalRequested")[0].requested_by == ("openai-agents-approval",)
+        state = paused.to_state()
+        if approved:
+            state.approve(pending)
+        else:
+            await reject(state, pending, by="bob")
+        await Runner.run(agent, state, run_config=OFFLINE)
+        assert done == (["delete old.txt"] if approved else [])
+        outcome = "ToolUse" if approved else "ToolDenied"
+        trail = [e.type for e in memory.events if e.call_id == "c1-0"]
+        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", outcome]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.by) == (approved, None if approved else "bob")
+        assert_chain_whole(memory)
 
     async def test_tool_own_needs_approval_is_kept(self, root: Path) -> None:
         """A tool's own `needs_approval` still interrupts, before the gate sees the call; approved,
@@ -445,7 +501,130 @@ class TestAgentAsTool:
         assert len(inner_model.calls) == 2  # one inner run: its tool call, then its answer
         assert done == ["write note.txt"]
         assert (root / "precious.txt").read_text() == "keep me"
-        assert sorted(outcomes(memory)) == [("ToolDenied", "clerk", "c1-1"), ("ToolUse", "clerk", "c1-0")]
+        # The inner agent's own write passed the gate too, in the scope boss/clerk.
+        assert sorted(outcomes(memory)) == [
+            ("ToolDenied", "clerk", "c1-1"),
+            ("ToolUse", "clerk", "c1-0"),
+            ("ToolUse", "write_file", "c1-0"),
+        ]
+
+
+class TestNestedAgentsTools:
+    """Gating an agent made a tool gates the tools of the agents nested in it."""
+
+    @staticmethod
+    def support_agent(closed: list[str], model: ScriptedModel) -> Agent[Any]:
+        @function_tool
+        def delete_account(account: str) -> str:
+            """Deletes a customer account."""
+            closed.append(account)
+            return f"deleted {account}"
+
+        @function_tool
+        def lookup(account: str) -> str:
+            """Looks an account up."""
+            return f"{account}: active"
+
+        return Agent(name="support", tools=[lookup, delete_account], model=model)
+
+    async def test_a_nested_delete_is_decided_and_recorded(self) -> None:
+        """The nested agent's `delete_account` passes the gate in a scope of its own (`boss/support`,
+        registered with the outer tools): denied, it never runs, the nested model reads the denial,
+        and the events record both the outer call and the nested one."""
+        memory, closed = MemorySink(), []
+
+        class NoDeletes:
+            name = "no-deletes"
+
+            def before_tool_call(self, call: ToolCall) -> Deny | None:
+                return Deny("accounts are closed by people") if call.tool_name == "delete_account" else None
+
+        inner_model = script([("lookup", {"account": "7"}), ("delete_account", {"account": "7"})])
+        support = self.support_agent(closed, inner_model)
+        gate = Gate("shop", interceptors=[NoDeletes()], sinks=[memory])
+        tools = gate_function_tools([support.as_tool("support", "Handles accounts")], gate=gate, agent="boss")
+        model = script([("support", {"input": "close account 7"})])
+        result = await Runner.run(Agent(name="boss", tools=tools, model=model), "go", run_config=OFFLINE)
+        assert closed == []
+        assert result.final_output == "7: active | accounts are closed by people"
+        registered = {e.agent: sorted(t.name for t in e.tools) for e in memory.of_type("ToolsRegistered")}
+        assert registered == {"boss": ["support"], "boss/support": ["delete_account", "lookup"]}
+        decided = sorted((e.type, e.agent, e.tool) for e in memory.events if e.type in OUTCOMES)
+        assert decided == [
+            ("ToolDenied", "boss/support", "delete_account"),
+            ("ToolUse", "boss", "support"),
+            ("ToolUse", "boss/support", "lookup"),
+        ]
+        assert gate.coverage().registered == {"support", "lookup", "delete_account"}
+        assert_chain_whole(memory)
+
+    async def test_agents_nested_deeper_are_gated_once(self) -> None:
+        """An agent two levels down is gated in `boss/desk/support`; gating again leaves the gated
+        tools as they are (no second scope)."""
+        memory, closed = MemorySink(), []
+        support = self.support_agent(closed, script([("delete_account", {"account": "9"})]))
+        desk = Agent(
+            name="desk", tools=[support.as_tool("support", "Accounts")], model=script([("support", {"input": "x"})])
+        )
+        gate = Gate("shop", sinks=[memory])
+        tools = gate_function_tools([desk.as_tool("desk", "The desk")], gate=gate, agent="boss")
+        gate_function_tools([desk.as_tool("desk", "The desk")], gate=gate, agent="boss-again")
+        await Runner.run(
+            Agent(name="boss", tools=tools, model=script([("desk", {"input": "y"})])), "go", run_config=OFFLINE
+        )
+        assert closed == ["9"]
+        scopes = [e.agent for e in memory.of_type("ToolsRegistered")]
+        assert sorted(scopes) == ["boss", "boss-again", "boss/desk", "boss/desk/support"]
+        assert [(e.agent, e.tool) for e in memory.of_type("ToolUse") if e.tool == "delete_account"] == [
+            ("boss/desk/support", "delete_account")
+        ]
+
+    @pytest.mark.parametrize("approved", [True, False], ids=["approved", "rejected"])
+    async def test_a_nested_call_paused_for_approval_is_decided_from_the_outer_run(self, approved: bool) -> None:
+        """A nested call the chain requires approval for interrupts the outer run (the SDK carries
+        nested interruptions up); approved or rejected there (`reject` finds the nested gated tool),
+        it leaves its request, the decision and one outcome, in the nested scope. The outer call
+        that ran the nested agent paused with it, and leaves one outcome, once resumed."""
+        memory, closed = MemorySink(), []
+
+        class AskBeforeDeleting:
+            name = "ask-before-deleting"
+
+            def before_tool_call(self, call: ToolCall) -> RequireApproval | None:
+                return RequireApproval("closing needs a human") if call.tool_name == "delete_account" else None
+
+        support = self.support_agent(closed, script([("delete_account", {"account": "7"})]))
+        gate = Gate("shop", interceptors=[AskBeforeDeleting()], sinks=[memory])
+        tools = gate_function_tools([support.as_tool("support", "Handles accounts")], gate=gate, agent="boss")
+        boss = Agent(name="boss", tools=tools, model=script([("support", {"input": "close account 7"})]))
+        paused = await Runner.run(boss, "go", run_config=OFFLINE)
+        (pending,) = paused.interruptions
+        assert (pending.tool_name, closed) == ("delete_account", [])
+        assert outcomes(memory) == []
+        state = paused.to_state()
+        if approved:
+            state.approve(pending)
+        else:
+            await reject(state, pending, by="alice")
+        await Runner.run(boss, state, run_config=OFFLINE)
+        assert closed == (["7"] if approved else [])
+        nested = [
+            (e.type, e.agent) for e in memory.events if e.tool == "delete_account" and e.type != "ToolsRegistered"
+        ]
+        outcome = "ToolUse" if approved else "ToolDenied"
+        assert nested == [
+            (kind, "boss/support") for kind in ("ApprovalRequested", "ApprovalRequested", "ApprovalResolved", outcome)
+        ]
+        assert [(e.type, e.agent) for e in memory.events if e.tool == "support" and e.type in OUTCOMES] == [
+            ("ToolUse", "boss")
+        ]
+        assert_chain_whole(memory)
+
+    def test_an_ungated_mcp_server_inside_is_refused(self) -> None:
+        """A nested agent with an MCP server the gate cannot see is a configuration error naming it."""
+        inner = Agent(name="files", mcp_servers=[MCPServerStdio({"command": "true"}, name="disk")])
+        with pytest.raises(ConfigurationError, match=r"'files'.*MCP server 'disk'.*GatedMCPServer"):
+            gate_function_tools([inner.as_tool("files", "Files")], gate=Gate("shop"), agent="boss")
 
 
 def mcp_server(root: Path) -> MCPServerStdio:
@@ -496,9 +675,28 @@ class TestGatedMCPServer:
             resumed = await Runner.run(agent, state, run_config=OFFLINE)
         assert resumed.interruptions == []
         assert effects(root) == ["delete old.txt"]
-        assert outcomes(memory) == [("Blocked", "delete_file", "c1-0"), ("ToolUse", "delete_file", "c1-0")]
+        assert outcomes(memory) == [("ToolUse", "delete_file", "c1-0")]
+        trail = [e.type for e in memory.events if e.call_id == "c1-0"]
+        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolUse"]
         assert next(e for e in memory.events if e.type == "ApprovalResolved").approved is True
         assert_chain_whole(memory)
+
+    async def test_a_rejection_is_recorded(self, root: Path) -> None:
+        """Rejected with `reject`, the MCP call never reaches the server and leaves the request, the
+        refusal and one `ToolDenied`."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+        async with GatedMCPServer(mcp_server(root), gate=gate, agent="writer") as files:
+            agent = Agent(name="writer", mcp_servers=[files], model=script([("delete_file", {"path": "old.txt"})]))
+            paused = await Runner.run(agent, "tidy up", run_config=OFFLINE)
+            (pending,) = paused.interruptions
+            state = paused.to_state()
+            assert await reject(state, pending, by="alice") is not None
+            resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert "refused by alice" in str(resumed.final_output)
+        assert effects(root) == []
+        trail = [e.type for e in memory.events if e.call_id == "c1-0"]
+        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
 
     async def test_block_ends_the_run(self, root: Path) -> None:
         """A Block ends the run even though the SDK turns MCP tool failures into text for the

@@ -359,9 +359,10 @@ class TestApprovals:
         return Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
 
     async def test_approved_in_the_next_run(self, root: Path) -> None:
-        """The run ends with the call in DeferredToolRequests.approvals and nothing deleted; the next
-        run brings the approval, the call passes the chain again and runs, and the events tell it all
-        under one call id."""
+        """The run ends with the call in DeferredToolRequests.approvals and nothing deleted, the pause
+        recorded as the durable `ApprovalRequested` (no outcome); the next run brings the approval
+        (who gave it in the results' metadata), the call asks again under the same approval id, runs,
+        and leaves one outcome."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[AskForDeletes()], sinks=[memory])
         agent = self.agent(root, gate, done)
@@ -370,12 +371,10 @@ class TestApprovals:
         assert [c.tool_call_id for c in first.output.approvals] == ["c1"]
         assert first.output.metadata == {"c1": {"reason": "deletes need a human", "requested_by": "ask-for-deletes"}}
         assert (root / "old.txt").exists()
-        assert calls(memory.events) == [("Blocked", "delete_file", "c1")]
-        assert memory.events[-1].cause == "approval_required"
+        assert calls(memory.events) == [("ApprovalRequested", "delete_file", "c1")]
 
-        second = await agent.run(
-            message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={"c1": True})
-        )
+        answers = DeferredToolResults(approvals={"c1": True}, metadata={"c1": {"by": "alice", "note": "fine"}})
+        second = await agent.run(message_history=first.all_messages(), deferred_tool_results=answers)
         assert second.output == "delete_file: deleted old.txt"
         assert outcomes(second.all_messages()) == {"c1": "success"}
         assert done == ["delete old.txt"]
@@ -385,24 +384,59 @@ class TestApprovals:
             ("ToolUse", "delete_file", "c1"),
         ]
         resolved = memory.of_type("ApprovalResolved")[0]
-        assert resolved.approved
-        assert "Pydantic AI" in (resolved.note or "")
+        assert (resolved.approved, resolved.by, resolved.note) == (True, "alice", "fine")
+        assert len({e.approval_id for e in memory.of_type("ApprovalRequested")} | {resolved.approval_id}) == 1
         assert verify_chain(memory.events).ok
 
-    async def test_refused_in_the_next_run(self, root: Path) -> None:
-        """A refusal is Pydantic AI's own `denied` outcome; the tool never runs."""
+    @pytest.mark.parametrize("answer", [False, ToolDenied("not today")])
+    async def test_refused_in_the_next_run(self, root: Path, answer: Any) -> None:
+        """A refusal is Pydantic AI's own `denied` outcome and the tool never runs; it never reaches
+        the toolset, which records it at the next step: the request asked again, refused with the
+        message the model read as the note, and one `ToolDenied`."""
         memory, done = MemorySink(), []
         gate = Gate("files", interceptors=[AskForDeletes()], sinks=[memory])
         agent = self.agent(root, gate, done)
         first = await agent.run("clean up")
         second = await agent.run(
-            message_history=first.all_messages(),
-            deferred_tool_results=DeferredToolResults(approvals={"c1": ToolDenied("not today")}),
+            message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={"c1": answer})
         )
-        assert second.output == "delete_file: not today"
+        shown = "not today" if isinstance(answer, ToolDenied) else "The tool call was denied."
+        assert second.output == f"delete_file: {shown}"
         assert outcomes(second.all_messages()) == {"c1": "denied"}
         assert done == []
         assert (root / "old.txt").exists()
+        assert [kind for kind, _, _ in calls(memory.events)] == [
+            "ApprovalRequested",
+            "ApprovalRequested",
+            "ApprovalResolved",
+            "ToolDenied",
+        ]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.note) == (False, shown)
+        assert memory.of_type("ToolDenied")[0].call_id == "c1"
+        assert len({e.approval_id for e in memory.of_type("ApprovalRequested")} | {resolved.approval_id}) == 1
+        assert verify_chain(memory.events).ok
+
+    async def test_a_refusal_is_recorded_once_over_later_steps(self, root: Path) -> None:
+        """After a refusal the run goes on (here a write in the next turn): the refusal is recorded
+        once, and the write is recorded as itself."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[AskForDeletes()], sinks=[memory])
+        toolset = GatedToolset(file_tools(root, done), gate=gate, agent="cleaner")
+        model = scripted(
+            [ToolCallPart("delete_file", {"path": "old.txt"}, tool_call_id="c1")],
+            [ToolCallPart("write_file", {"path": "note.txt", "text": "kept"}, tool_call_id="c2")],
+        )
+        agent = Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
+        first = await agent.run("clean up")
+        await agent.run(
+            message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={"c1": False})
+        )
+        assert done == ["write note.txt"]
+        assert [(kind, call_id) for kind, _, call_id in calls(memory.events) if kind in ("ToolDenied", "ToolUse")] == [
+            ("ToolDenied", "c1"),
+            ("ToolUse", "c2"),
+        ]
 
     async def test_the_gates_handler_answers_instead(self, root: Path) -> None:
         """A gate with its own approval handler asks it: the run is not deferred, and a refusal is a
@@ -424,6 +458,100 @@ class TestApprovals:
         assert [r.call_id for r in asked] == ["c1"]
         assert done == []
         assert [kind for kind, _, _ in calls(memory.events)] == ["ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+
+
+class TestFrameworksOwnApprovals:
+    """A tool registered with `requires_approval=True` asks through Pydantic AI whatever the chain
+    says; the gate records the request, the answer and the one outcome."""
+
+    def agent(
+        self, root: Path, memory: MemorySink, done: list[str], **gate_options: Any
+    ) -> Agent[None, str | DeferredToolRequests]:
+        def delete_file(path: str) -> str:
+            """Deletes a file under the root."""
+            (root / path).unlink()
+            done.append(f"delete {path}")
+            return f"deleted {path}"
+
+        tools = FunctionToolset[Any]()
+        tools.add_function(delete_file, requires_approval=True)
+        gate = Gate("files", interceptors=[ProtectFiles()], sinks=[memory], **gate_options)
+        toolset = GatedToolset(tools, gate=gate, agent="cleaner")
+        model = scripted([ToolCallPart("delete_file", {"path": "old.txt"}, tool_call_id="c1")])
+        return Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
+
+    async def test_the_pause_is_a_request_and_the_approval_runs_the_call_once(self, root: Path) -> None:
+        """The run defers the call as ungated; the gate records the framework's request (asked by
+        "pydantic-ai-approval"), and on approval the request again, the approval and the `ToolUse`."""
+        memory, done = MemorySink(), []
+        agent = self.agent(root, memory, done)
+        first = await agent.run("clean up")
+        assert isinstance(first.output, DeferredToolRequests)
+        assert [c.tool_call_id for c in first.output.approvals] == ["c1"]
+        assert calls(memory.events) == [("ApprovalRequested", "delete_file", "c1")]
+        assert memory.of_type("ApprovalRequested")[0].requested_by == ("pydantic-ai-approval",)
+        answers = DeferredToolResults(approvals={"c1": True}, metadata={"c1": {"by": "bob"}})
+        second = await agent.run(message_history=first.all_messages(), deferred_tool_results=answers)
+        assert second.output == "delete_file: deleted old.txt"
+        assert done == ["delete old.txt"]
+        assert [kind for kind, _, _ in calls(memory.events)] == [
+            "ApprovalRequested",
+            "ApprovalRequested",
+            "ApprovalResolved",
+            "ToolUse",
+        ]
+        assert memory.of_type("ApprovalResolved")[0].by == "bob"
+        assert verify_chain(memory.events).ok
+
+    async def test_a_rejection_that_never_reaches_the_tool_is_recorded(self, root: Path) -> None:
+        """Rejected, the tool never runs, the model reads Pydantic AI's denial, and the gate records
+        the refusal and a `ToolDenied`."""
+        memory, done = MemorySink(), []
+        agent = self.agent(root, memory, done)
+        first = await agent.run("clean up")
+        second = await agent.run(
+            message_history=first.all_messages(),
+            deferred_tool_results=DeferredToolResults(approvals={"c1": ToolDenied("keep it")}),
+        )
+        assert second.output == "delete_file: keep it"
+        assert done == []
+        assert [kind for kind, _, _ in calls(memory.events)] == [
+            "ApprovalRequested",
+            "ApprovalRequested",
+            "ApprovalResolved",
+            "ToolDenied",
+        ]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.note) == (False, "keep it")
+
+    async def test_the_gates_handler_answers_the_tools_own_request(self, root: Path) -> None:
+        """With an approval handler on the gate, the tool's own request is put to it inside the
+        call: approved, the run is not deferred and the tool runs once."""
+        memory, done = MemorySink(), []
+        asked: list[tuple[str, ...]] = []
+
+        def approve(request: ApprovalRequest) -> Approval:
+            asked.append(request.requested_by)
+            return Approval(approved=True, by="ops")
+
+        result = await self.agent(root, memory, done, approval_handler=approve).run("clean up")
+        assert result.output == "delete_file: deleted old.txt"
+        assert (done, asked) == (["delete old.txt"], [("pydantic-ai-approval",)])
+        assert [kind for kind, _, _ in calls(memory.events)] == ["ApprovalRequested", "ApprovalResolved", "ToolUse"]
+
+    async def test_a_call_the_chain_denies_is_not_put_to_a_human(self, root: Path) -> None:
+        """The chain runs before the framework's request is honoured: a denied call is never
+        deferred, the model reads the denial, and no request is recorded."""
+        memory, done = MemorySink(), []
+        agent = self.agent(root, memory, done)
+        agent = Agent(
+            scripted([ToolCallPart("delete_file", {"path": "precious.txt"}, tool_call_id="c1")]),
+            toolsets=agent.toolsets,
+            output_type=[str, DeferredToolRequests],
+        )
+        result = await agent.run("clean up")
+        assert result.output == f"delete_file: {DENIAL}"
+        assert calls(memory.events) == [("ToolDenied", "delete_file", "c1")]
 
 
 def mcp_toolset(root: Path, **options: Any) -> MCPToolset[Any]:
@@ -550,7 +678,7 @@ class TestGatedMcpToolset:
         assert second.output == "delete_file: deleted old.txt"
         assert effects(root) == ["delete old.txt"]
         assert [kind for kind, _, _ in calls(memory.events)] == [
-            "Blocked",
+            "ApprovalRequested",
             "ApprovalRequested",
             "ApprovalResolved",
             "ToolUse",
