@@ -95,9 +95,11 @@ class Lake:
 def lake_from_options(catalog: str, data: str, *, as_of: datetime | None = None) -> Lake:
     """The `Lake` of `--lake CATALOG --data PATH [--as-of TIME]`; a local data directory is made
     absolute and created when missing. Raises `LakeError` naming what is wrong (a time without its
-    zone among it: a snapshot time is an instant)."""
+    zone among it: a snapshot time is an instant; and a time after now)."""
     if as_of is not None and as_of.tzinfo is None:
         raise LakeError(f"--as-of {as_of.isoformat()} has no time zone; give one (2026-12-01T00:00:00Z)")
+    if as_of is not None and as_of > datetime.now(UTC):
+        raise LakeError(f"--as-of {as_of.isoformat()} is in the future: the lake answers for past times only")
     for name, text in (("--lake", catalog), ("--data", data)):
         if any(c in text for c in "\x00\r\n"):
             raise LakeError(f"{name} must be one line of text without NUL bytes, got {text!r}")
