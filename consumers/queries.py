@@ -32,6 +32,7 @@ from consumers.lake import LakeError, at_snapshot
 from events.models import EVENT_TYPES, OUTCOME_TYPES
 
 __all__ = [
+    "AS_OF_PARAM",
     "MAX_LIMIT",
     "MAX_REPLAY_LIMIT",
     "QUERIES",
