@@ -2,6 +2,7 @@
 DuckDB file, and the named queries on the lake against the file.
 
     python bench/lake.py [--events N] [--batch B] [--rounds K]
+    python bench/lake.py --queries-at 1000000 [--runs R]
 
 1. Ingest: the same N events (default 30,000: three producers of N/3, each on a partition of its
    own) are staged by each writer process before it starts (parsing is not measured: it is the same
@@ -20,6 +21,13 @@ DuckDB file, and the named queries on the lake against the file.
    --lake` processes on the embedded broker, events sealed as they are emitted through a KafkaSink at
    2,000 and then 10,000 events/s; the lag of an event is from its decision (`time`) to its commit in
    the lake (`ingested_at`): p50 and p99, and how many were stored once all were in.
+4. Queries at scale (`--queries-at N`, alone): N synthetic events generated in SQL (bench/queries.py's
+   week of traffic, with its dead letters, chain breaks and offsets) into a DuckDB file, then copied
+   into a lake over PostgreSQL in bulk, 10 inserts of a tenth of the week each (10 snapshots, a few
+   Parquet files each: the shape a compacted lake has). Every named query, with the first case bench/queries.py
+   gives it, is timed on both (median of R runs after one warm-up, default 5), and on the lake
+   `as_of` its snapshot halfway through the load (time travel: half the rows); the ratio lake/file
+   per query and the median ratio.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import shutil
 import signal
@@ -189,6 +198,92 @@ def query_times(store: Any) -> dict[str, float]:
     return times
 
 
+def queries_at_scale(n: int, runs: int, scratch_dir: str | None = None) -> None:
+    """Section 4 of the module docstring: every named query on a file and a lake of `n` events."""
+    import duckdb
+    from queries import fill, query_params
+
+    from consumers.lake import lake_from_options
+    from consumers.queries import QUERIES, run_query
+    from consumers.store import AuditStore, connect
+
+    tables = ("events", "dead_letters", "chain_breaks", "kafka_offsets")
+    with postgres() as dsn, tempfile.TemporaryDirectory(prefix="callgate-bench-scale-") as scratch:
+        tmp = Path(scratch)
+        # --scratch DIR keeps the generated file between runs (generating a million events takes minutes).
+        file = Path(scratch_dir or scratch) / f"audit-{n}.duckdb"
+        began = time.perf_counter()
+        if not file.exists():
+            fill(file, n)
+        file_load = time.perf_counter() - began
+        print(f"file: {n:,} events generated in {file_load:.1f} s ({file.stat().st_size / 1e6:.0f} MB)", flush=True)
+        lake = lake_from_options(new_database(dsn), str(tmp / "lake"))
+        AuditStore(lake).close()
+        began = time.perf_counter()
+        con = connect(lake)
+        # Loading is not what is measured: it may use more memory than the store's readers get.
+        con.execute("SET memory_limit = '2GB'").fetchall()
+        con.execute("SET preserve_insertion_order = false").fetchall()
+        con.execute(f"ATTACH '{file}' AS source (READ_ONLY)").fetchall()
+        # Events in time order, as materializers store them: ten slices of the week (the generator spreads
+        # them evenly over it), the first half of the week first; no sort of the whole table in memory.
+        ((first, last),) = con.execute("SELECT min(time), max(time) FROM source.main.events").fetchall()
+        step = (last - first) / 10
+        halfway = 0
+        for part in range(10):
+            low, high = first + step * part, (first + step * (part + 1) if part < 9 else None)
+            con.execute(
+                "INSERT INTO events SELECT * FROM source.main.events "
+                "WHERE time >= $low AND ($high IS NULL OR time < $high)",
+                {"low": low, "high": high},
+            ).fetchall()
+            if part == 4:
+                halfway = int(con.execute("SELECT max(snapshot_id) FROM ducklake_snapshots('lake')").fetchall()[0][0])
+        for table in tables[1:]:
+            con.execute(f"INSERT INTO {table} SELECT * FROM source.main.{table}").fetchall()  # noqa: S608 (fixed names)
+        con.close()
+        lake_load = time.perf_counter() - began
+        parquet = len(list(Path(lake.data).rglob("*.parquet")))
+        print(f"lake: copied in {lake_load:.1f} s ({parquet} Parquet files); as_of snapshot {halfway}", flush=True)
+        cases = {name: query_params(datetime.now(UTC))[name][0] for name in QUERIES}
+
+        def timed(store: Any, extra: dict[str, Any]) -> dict[str, float]:
+            cursor = store.cursor()
+            times: dict[str, float] = {}
+            for name, params in cases.items():
+                runs_s = []
+                for _ in range(runs + 1):  # the first run warms the caches and is not counted
+                    started = time.perf_counter()
+                    try:
+                        run_query(cursor, name, {**params, **extra})
+                    except duckdb.OutOfMemoryException:
+                        runs_s = [math.inf] * 2  # within the store's memory limit, as readers run
+                        break
+                    runs_s.append(time.perf_counter() - started)
+                times[name] = statistics.median(runs_s[1:])
+            return times
+
+        with AuditStore(file, read_only=True) as on_file:
+            file_times = timed(on_file, {})
+        with AuditStore(lake, read_only=True) as on_lake:
+            lake_times = timed(on_lake, {})
+            past_times = timed(on_lake, {"as_of": halfway})
+    ratios = {name: lake_times[name] / file_times[name] for name in cases if math.isfinite(file_times[name])}
+    print(f"\n{n:,} events; median of {runs} runs per query (ms)")
+    print(f"{'query':<26} {'file':>8} {'lake':>8} {'lake/file':>9} {'as_of':>8}")
+    for name in cases:
+        print(
+            f"{name:<26} {file_times[name] * 1000:>8.1f} {lake_times[name] * 1000:>8.1f} "
+            f"{ratios[name]:>9.2f} {past_times[name] * 1000:>8.1f}"
+        )
+    median = statistics.median(ratios.values())
+    print(f"median ratio lake/file over {len(ratios)} queries: {median:.2f}")
+    print(f"load: file {file_load:.1f} s, lake copy {lake_load:.1f} s")
+    slowest = max(lake_times, key=lambda q: lake_times[q])
+    report(f"named queries lake/file at {n} events", median, "ratio")
+    report(f"slowest named query on the lake at {n} events ({slowest})", lake_times[slowest] * 1000, "ms")
+
+
 async def lake_lag(dsn: str, tmp: Path, rate: int, seconds: float) -> tuple[float, float, int]:
     """p50 and p99 (s) of decision-to-commit at `rate` events/s into a lake three materializers write."""
     import asyncio
@@ -294,12 +389,20 @@ def main() -> None:
     parser.add_argument("--lag", action="store_true", help="Also measure lag into a lake of three materializers.")
     parser.add_argument("--lag-seconds", type=float, default=10.0)
     parser.add_argument("--only-lag", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--queries-at", type=int, metavar="N", help="Only time every named query on a file and a lake of N events."
+    )
+    parser.add_argument("--runs", type=int, default=5, help="With --queries-at: timed runs per query.")
+    parser.add_argument("--scratch", help="With --queries-at: keep the generated DuckDB file in this directory.")
     parser.add_argument("--writer", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--producers", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.writer:
         writer(args.writer, args.data or None, [int(p) for p in args.producers.split(",")], args.events, args.batch)
+        return
+    if args.queries_at:
+        queries_at_scale(args.queries_at, args.runs, args.scratch)
         return
 
     from consumers.lake import lake_from_options

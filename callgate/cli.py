@@ -238,7 +238,11 @@ def _store_home(
             typer.echo(f"error: --as-of {as_of!r} is not an ISO 8601 time (2026-12-01T00:00:00Z)", err=True)
             raise typer.Exit(exit_code) from None
         if lake is None:
-            typer.echo("error: --as-of reads a lake's past snapshot: give --lake and --data", err=True)
+            typer.echo(
+                "error: --as-of reads a lake's past snapshot: give --lake and --data "
+                "(a DuckDB file keeps no snapshots)",
+                err=True,
+            )
             raise typer.Exit(exit_code)
     if lake is None and data is None:
         return db
@@ -254,6 +258,14 @@ def _store_home(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exit_code) from None
 
+
+AsOfOption = Annotated[
+    str | None,
+    typer.Option(
+        help="With --lake: read the lake as it was at this time (ISO 8601 with a zone): time travel. "
+        "A DuckDB file keeps no snapshots."
+    ),
+]
 
 TokenOption = Annotated[
     str | None,
@@ -621,10 +633,7 @@ def coverage(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
     lake: LakeOption = None,
     data: DataOption = None,
-    as_of: Annotated[
-        str | None,
-        typer.Option(help="With --lake: check the lake as it was at this time (ISO 8601 with a zone): time travel."),
-    ] = None,
+    as_of: AsOfOption = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     require_exercised: Annotated[
         bool, typer.Option(help="Also fail when a registered tool was never called through the gate.")
@@ -669,6 +678,7 @@ def verify(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
     lake: LakeOption = None,
     data: DataOption = None,
+    as_of: AsOfOption = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     event: Annotated[str | None, typer.Option(help="The event to prove (its event_id), with --db or --api.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the proof here instead of printing it.")] = None,
@@ -683,7 +693,7 @@ def verify(
     def err(line: str) -> None:
         typer.echo(line, err=True)
 
-    db = _store_home(db, lake, data, exit_code=EXIT_CANNOT_READ)
+    db = _store_home(db, lake, data, exit_code=EXIT_CANNOT_READ, as_of=as_of)
     if proof is not None and key is not None and db is None and api is None and event is None and out is None:
         raise typer.Exit(run_check(proof=proof, key=key, echo=typer.echo, err=err))
     if event is not None and proof is None and key is None:
@@ -701,6 +711,7 @@ def replay(
     db: Annotated[Path | None, typer.Option(help="An audit store file nobody is writing (opened read-only).")] = None,
     lake: LakeOption = None,
     data: DataOption = None,
+    as_of: AsOfOption = None,
     api: Annotated[str | None, typer.Option(help="A running materializer's read API, http://HOST:PORT.")] = None,
     since: Annotated[str, typer.Option(help="From this time: ISO 8601, a duration back (24h, 7d), or all.")] = "7d",
     until: Annotated[str | None, typer.Option(help="Before this time: ISO 8601 or a duration back.")] = None,
@@ -723,7 +734,7 @@ def replay(
     cannot check."""
     from callgate.replay import run_replay
 
-    home = _store_home(db, lake, data)
+    home = _store_home(db, lake, data, as_of=as_of)
     code = run_replay(
         policy=policy, interceptor=interceptor, db=home, api=api, since=since, until=until, gate=gate,
         workflow=workflow, agent=agent, tool=tool, tenant=tenant, max_new_blocks=max_new_blocks,

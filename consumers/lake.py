@@ -19,18 +19,32 @@ addresses it by path, without TLS when the URL says http).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import os
 import re
+import threading
+import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 import duckdb
 
-__all__ = ["LAKE_ALIAS", "Lake", "LakeError", "attach_lake", "extension_file", "lake_from_options"]
+__all__ = [
+    "LAKE_ALIAS",
+    "Lake",
+    "LakeError",
+    "NoSnapshotsError",
+    "at_snapshot",
+    "attach_lake",
+    "extension_file",
+    "lake_from_options",
+]
 
 LAKE_ALIAS: Final = "lake"
 """The name a store's connection gives the attached lake (its `current_database()`)."""
@@ -49,6 +63,10 @@ _CATALOG_EXTENSIONS: Final = {"postgres": "postgres_scanner", "sqlite": "sqlite_
 class LakeError(ValueError):
     """A lake that cannot be used as given: a catalog or data path of an unknown kind, text that
     cannot be passed on whole, or an extension that cannot be loaded. The message names the culprit."""
+
+
+class NoSnapshotsError(LakeError):
+    """Time travel asked of a store that keeps no snapshots: a DuckDB file holds only what it holds now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +95,11 @@ class Lake:
 def lake_from_options(catalog: str, data: str, *, as_of: datetime | None = None) -> Lake:
     """The `Lake` of `--lake CATALOG --data PATH [--as-of TIME]`; a local data directory is made
     absolute and created when missing. Raises `LakeError` naming what is wrong (a time without its
-    zone among it: a snapshot time is an instant)."""
+    zone among it: a snapshot time is an instant; and a time after now)."""
     if as_of is not None and as_of.tzinfo is None:
         raise LakeError(f"--as-of {as_of.isoformat()} has no time zone; give one (2026-12-01T00:00:00Z)")
+    if as_of is not None and as_of > datetime.now(UTC):
+        raise LakeError(f"--as-of {as_of.isoformat()} is in the future: the lake answers for past times only")
     for name, text in (("--lake", catalog), ("--data", data)):
         if any(c in text for c in "\x00\r\n"):
             raise LakeError(f"{name} must be one line of text without NUL bytes, got {text!r}")
@@ -148,6 +168,124 @@ def attach_lake(con: duckdb.DuckDBPyConnection, lake: Lake, *, read_only: bool =
     if read_only or lake.as_of is not None:
         options.append("READ_ONLY")
     con.execute(f"ATTACH {_text('ducklake:' + lake.catalog)} AS {LAKE_ALIAS} ({', '.join(options)})").fetchall()
+
+
+KEPT_SNAPSHOTS: Final = 4
+"""How many past snapshots a DuckDB instance keeps attached for `at_snapshot` when none is in use
+(attaching one reads the catalog again: about 0.1 to 0.3 s over PostgreSQL, measured in bench/lake.py)."""
+
+# Attached snapshots in use, by alias (across this process's DuckDB instances: an alias busy in one
+# is kept in every one, which only delays its detach), and when each was last asked for.
+_snapshot_lock = threading.Lock()
+_snapshots_in_use: dict[str, int] = {}
+_snapshot_last_used: dict[str, float] = {}
+
+
+@contextlib.contextmanager
+def at_snapshot(con: duckdb.DuckDBPyConnection, as_of: datetime | int) -> Iterator[int]:
+    """On `con`, for the duration of the block, the current database is the lake `con` reads as it was
+    at `as_of`: its last snapshot committed at or before that time, or the snapshot of that id. Yields
+    the snapshot id. Every table and view the store's SQL names unqualified answers from it, read-only.
+
+    Raises `NoSnapshotsError` when `con`'s current database is not a lake (a DuckDB file), and
+    `LakeError` for a time after now or before the oldest snapshot the lake keeps (older ones
+    expired), or a snapshot id the lake does not hold; the message names the range it holds.
+    Blocks for the attach of the snapshot the first time it is asked for (the catalog is read
+    again); a snapshot stays attached for the next reader, up to `KEPT_SNAPSHOTS` unused ones.
+    Safe from several threads, each with its own cursor.
+    """
+    found = con.execute(
+        "SELECT database_name, type, path FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchall()
+    if not found or found[0][1] != "ducklake":
+        raise NoSnapshotsError(
+            "this store is a DuckDB file, which keeps no snapshots (time travel reads a lake's past snapshots; "
+            "callgate migrate moves a file into a lake)"
+        )
+    database, _, catalog = found[0]
+    snapshot = _snapshot_at(con, str(database), as_of)
+    # One alias per catalog and snapshot: a snapshot never changes, so every reader may share it.
+    digest = hashlib.sha256(str(catalog).encode()).hexdigest()[:12]
+    alias = f"{LAKE_ALIAS}_at_{snapshot}_{digest}"
+    with _snapshot_lock:
+        # Only a snapshot new to this process can have grown an instance's set past its bound.
+        new = alias not in _snapshot_last_used
+        _snapshots_in_use[alias] = _snapshots_in_use.get(alias, 0) + 1
+        _snapshot_last_used[alias] = time.monotonic()
+        try:
+            con.execute(
+                f"ATTACH IF NOT EXISTS {_text('ducklake:' + str(catalog))} AS {alias} "
+                f"(SNAPSHOT_VERSION {snapshot}, READ_ONLY)"
+            ).fetchall()
+        except BaseException:
+            _release(alias)
+            raise
+    try:
+        con.execute(f"USE {alias}").fetchall()
+        try:
+            yield snapshot
+        finally:
+            con.execute(f"USE {_identifier(str(database))}").fetchall()
+    finally:
+        with _snapshot_lock:
+            _release(alias)
+            if new:
+                _detach_unused(con)
+
+
+def _release(alias: str) -> None:
+    left = _snapshots_in_use.pop(alias, 1) - 1
+    if left > 0:
+        _snapshots_in_use[alias] = left
+
+
+def _detach_unused(con: duckdb.DuckDBPyConnection) -> None:
+    """Detach the least recently used snapshots of `con`'s instance that nobody uses, past `KEPT_SNAPSHOTS`."""
+    attached = [
+        str(name)
+        for (name,) in con.execute(
+            "SELECT database_name FROM duckdb_databases() WHERE database_name LIKE $prefix",
+            {"prefix": f"{LAKE_ALIAS}_at_%"},
+        ).fetchall()
+    ]
+    unused = sorted(
+        (name for name in attached if name not in _snapshots_in_use),
+        key=lambda name: _snapshot_last_used.get(name, 0.0),
+    )
+    for name in unused[: max(0, len(unused) - KEPT_SNAPSHOTS)]:
+        con.execute(f"DETACH DATABASE IF EXISTS {name}").fetchall()
+        _snapshot_last_used.pop(name, None)
+
+
+def _snapshot_at(con: duckdb.DuckDBPyConnection, database: str, as_of: datetime | int) -> int:
+    rows = con.execute(
+        "SELECT min(snapshot_id), max(snapshot_id), min(snapshot_time), max(snapshot_time), "
+        "max(snapshot_id) FILTER (WHERE snapshot_time <= $at), bool_or(snapshot_id = $id) "
+        "FROM ducklake_snapshots($database)",
+        {
+            "database": database,
+            "at": as_of if isinstance(as_of, datetime) else None,
+            "id": None if isinstance(as_of, datetime) else as_of,
+        },
+    ).fetchall()
+    first_id, last_id, first_time, last_time, at_time, known = rows[0]
+    held = f"it holds snapshots {first_id} to {last_id}, from {first_time.isoformat()} to {last_time.isoformat()}"
+    if isinstance(as_of, datetime):
+        if as_of > datetime.now(UTC):
+            raise LakeError(f"{as_of.isoformat()} is in the future: the lake answers for past times only")
+        if at_time is None:
+            raise LakeError(
+                f"{as_of.isoformat()} is before the oldest snapshot the lake keeps (older ones expired, "
+                f"or the lake is younger): {held}"
+            )
+        return int(at_time)
+    if not known:
+        raise LakeError(f"the lake holds no snapshot {as_of} (expired, or not yet taken): {held}")
+    return as_of
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _s3_secret() -> str:

@@ -7,6 +7,9 @@ default, bounds, allowed values). `run_query` checks the parameters a caller giv
 (1..1000) and `offset`, except `replay_calls`, an export paged by a cursor (up to 10,000 rows).
 The dashboard, the coverage job and the read API all go through `QUERIES`.
 
+Every query also takes `as_of` (time travel: the store as it was at a time, or at a lake snapshot's
+id; a lake only, a DuckDB file keeps no snapshots) and `include_archive` (the file's archive).
+
 Every query answers in well under a second over a million stored events (`bench/queries.py`).
 """
 
@@ -25,9 +28,11 @@ from uuid import UUID
 import duckdb
 
 from consumers.archive import ARCHIVE_PARAM, with_archive
+from consumers.lake import LakeError, at_snapshot
 from events.models import EVENT_TYPES, OUTCOME_TYPES
 
 __all__ = [
+    "AS_OF_PARAM",
     "MAX_LIMIT",
     "MAX_REPLAY_LIMIT",
     "QUERIES",
@@ -49,8 +54,9 @@ MAX_LIMIT: Final = 1000
 MAX_REPLAY_LIMIT: Final = 10_000
 """The most rows one page of `replay_calls` returns (it pages by a cursor, for large exports)."""
 
-ParamType = Literal["str", "int", "datetime", "bool", "ids"]
-"""`ids`: a JSON list of texts (["r-1", "r-2"]), passed to the SQL as that JSON text."""
+ParamType = Literal["str", "int", "datetime", "bool", "ids", "snapshot"]
+"""`ids`: a JSON list of texts (["r-1", "r-2"]), passed to the SQL as that JSON text. `snapshot`: a
+lake snapshot's id (an integer) or an ISO 8601 date-time (UTC if no zone), not after now."""
 ParamValue = str | int | bool | datetime | None
 """What a caller may pass for a parameter: the typed value, or its text (as in a URL query)."""
 
@@ -180,6 +186,7 @@ class NamedQuery:
             "description": self.description,
             "parameters": [
                 *(spec.describe(name) for name, spec in self.params.items()),
+                AS_OF.describe(AS_OF_PARAM),
                 INCLUDE_ARCHIVE.describe(ARCHIVE_PARAM),
             ],
             "scope": self.scope,
@@ -206,19 +213,34 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, Pa
 
     Raises `UnknownQueryError` (a `QueryError` and a `KeyError`) for a name not in `QUERIES`,
     `QueryError` (a `ValueError`) for a bad parameter, both before touching the database, and
-    DuckDB's errors for a database without the store's schema. Every query also takes
-    `include_archive` (default false): true reads the archive's Parquet files beside the store's
-    events (`consumers.archive`; `ArchiveError` for a listed file that is gone). Blocks for the query (well under a
-    second over a million events). Not safe to share `con` between threads: give each its own
-    (`AuditStore.cursor()`).
+    DuckDB's errors for a database without the store's schema. Every query also takes:
+
+    - `as_of` (default none: now): the answer from the lake as it was at that time (its last snapshot
+      committed then) or at that snapshot id (`consumers.lake.at_snapshot`). `QueryError` (param
+      "as_of") for a malformed value, a time after now or before the oldest snapshot kept, an
+      unknown snapshot id, and on a DuckDB file, which keeps no snapshots.
+    - `include_archive` (default false): true reads the archive's Parquet files beside the store's
+      events (`consumers.archive`; `ArchiveError` for a listed file that is gone).
+
+    Blocks for the query (well under a second over a million events; `as_of` adds the attach of the
+    snapshot). Not safe to share `con` between threads: give each its own (`AuditStore.cursor()`).
     """
     query = QUERIES.get(name)
     if query is None:
         raise UnknownQueryError(f"unknown query {name!r}; known: {', '.join(sorted(QUERIES))}", query=name)
     given = dict(params or {})
+    as_of = _coerce(name, AS_OF_PARAM, AS_OF, given.pop(AS_OF_PARAM, None))
     archived = _coerce(name, ARCHIVE_PARAM, INCLUDE_ARCHIVE, given.pop(ARCHIVE_PARAM, None))
     values = query.bind(given)
-    with with_archive(con) if archived else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        if as_of is not None:
+            try:
+                stack.enter_context(at_snapshot(con, as_of))
+            except LakeError as exc:
+                message = f"query {name!r}: parameter {AS_OF_PARAM!r}: {exc}"
+                raise QueryError(message, query=name, param=AS_OF_PARAM) from exc
+        if archived:
+            stack.enter_context(with_archive(con))
         result = con.execute(query.sql, values)
         description = result.description or []
         columns = tuple(str(d[0]) for d in description)
@@ -231,6 +253,8 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, Pa
             for row in result.fetchall()
         ]
     shown = {k: _json_safe(v) for k, v in values.items()}
+    if as_of is not None:
+        shown[AS_OF_PARAM] = _json_safe(as_of)
     if archived:
         shown[ARCHIVE_PARAM] = True
     return QueryResult(name, shown, columns, rows)
@@ -287,6 +311,20 @@ def _coerce(query: str, name: str, spec: Param, raw: ParamValue) -> Any:
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             raise bad('a JSON list of texts (["r-1", "r-2"])')
         value = json.dumps(ids)
+    elif spec.type == "snapshot":
+        if isinstance(raw, bool):
+            raise bad("a snapshot id or an ISO 8601 date-time (2024-05-01T12:00:00Z)")
+        if isinstance(raw, int) or (isinstance(raw, str) and raw.strip().isdigit()):
+            value = int(raw)
+            if not 0 <= value < 2**63:
+                raise bad("a snapshot id (0 or more, at most 64 bits) or an ISO 8601 date-time")
+            return value
+        try:
+            value = _coerce(query, name, Param("datetime", spec.description), raw)
+        except QueryError:
+            raise bad("a snapshot id or an ISO 8601 date-time (2024-05-01T12:00:00Z)") from None
+        if value > datetime.now(UTC):
+            raise bad("a time not after now (the store answers for the past)")
     elif spec.type == "bool":
         if isinstance(raw, bool):
             value = raw
@@ -340,6 +378,12 @@ UNTIL = Param("datetime", "Only what happened before this time (ISO 8601; UTC if
 LIMIT = Param("int", "How many rows at most.", default=100, minimum=1, maximum=MAX_LIMIT)
 OFFSET = Param("int", "How many rows to skip (paging).", default=0, minimum=0)
 TENANT = Param("str", "Only this tenant.")
+AS_OF_PARAM: Final = "as_of"
+AS_OF: Final = Param(
+    "snapshot",
+    "Time travel: answer from the lake as it was at this time (ISO 8601; UTC if no zone) or at this snapshot "
+    "id. A lake only: a DuckDB file keeps no snapshots.",
+)
 INCLUDE_ARCHIVE: Final = Param(
     "bool", "Read the archive's Parquet files (callgate archive) beside the store's events.", default=False
 )

@@ -902,6 +902,10 @@ def _create_lake_schema(con: duckdb.DuckDBPyConnection) -> None:
         return
     for statement in lake_schema():
         con.execute(statement)
+    # Row groups as small as the file's (`ROW_GROUP_ROWS`): DuckLake's default (122,880 rows) put a
+    # whole bulk insert's events, their JSON 98 MB a row group, in one; two threads reading two of
+    # them ran out of the store's 256 MB (bench/lake.py --queries-at 1000000: 9 of 35 named queries).
+    con.execute(f"CALL {LAKE_ALIAS}.set_option('parquet_row_group_size', {ROW_GROUP_ROWS})")
     con.execute(_CREATE_LAKE_COMMITS)
     con.execute("INSERT INTO lake_commits VALUES (0)")
     for migration in MIGRATIONS:

@@ -1,8 +1,9 @@
 """The callgate audit dashboard: `streamlit run dashboard/app.py` (or `callgate dashboard`).
 
-Reads `CALLGATE_API` or `CALLGATE_DB` (see `dashboard.config`). The sidebar's window, tenant and
-Live switch apply to every page and live in the URL (`?window=1h&tenant=acme&live=0`), as each
-page's own filters do: the address bar is a link to what the page shows. With a login configured
+Reads `CALLGATE_API` or `CALLGATE_DB` (see `dashboard.config`). The sidebar's window, tenant, Live
+switch and As of apply to every page and live in the URL (`?window=1h&tenant=acme&live=0&as_of=...`),
+as each page's own filters do: the address bar is a link to what the page shows. As of (a lake, or
+the read API over one) turns every page into a past view of the store, under a banner saying so. With a login configured
 (`--auth`, `--login`), a browser session logs in first and sees what its roles allow: a session
 limited to one tenant sees that tenant only, and not the pages that read every tenant. Each page is
 a script in `dashboard/views/`.
@@ -57,6 +58,7 @@ if not session.all_tenants and "refusal_told" not in st.session_state:
 ui.from_url("window", parse=ui.window_label)
 ui.from_url("tenant")
 ui.from_url("live", parse=lambda text: text not in ("0", "false", "off"))
+ui.from_url(ui.AS_OF_KEY)
 with st.sidebar:
     st.subheader("callgate audit")
     st.caption("Reading from")
@@ -87,9 +89,33 @@ with st.sidebar:
     if "live" not in st.session_state:
         st.session_state["live"] = True
     st.toggle("Live", key="live", help=f"Refresh the live parts every {cfg.refresh_s:g} s.")
+    no_time_travel = ui.as_of_unavailable()
+    if no_time_travel is None:
+        st.text_input(
+            "As of (ISO 8601, UTC)",
+            key=ui.AS_OF_KEY,
+            placeholder="now",
+            help="A past date and time: every page shows the store as it was then (time travel).",
+        )
+    else:
+        st.text_input("As of", value="", placeholder="now", disabled=True, key="as_of_disabled", help=no_time_travel)
+        st.caption(no_time_travel)
     st.caption("Times shown in")
     st.text(ui.zone()[1])
 ui.to_url("window", ui.window_code(st.session_state["window"]), ui.window_code(DEFAULT_WINDOW))
 ui.to_url("tenant", st.session_state.get("tenant") if session.tenant is None else None)
 ui.to_url("live", "0" if not st.session_state["live"] else None)
+try:
+    past = ui.as_of()
+except ValueError:
+    st.error("As of is not a time: give an ISO 8601 date and time (2026-12-01T09:30:00), or leave it blank for now.")
+    st.stop()
+ui.to_url(ui.AS_OF_KEY, past.isoformat() if past is not None else None)
+if past is not None:
+    shown_at = ui.local_time(past.isoformat())
+    st.warning(
+        f"Past view: every page shows the store as it was at {shown_at} ({ui.zone()[1]}), not as it is now. "
+        "Clear As of in the sidebar to see the store now.",
+        icon=":material/history:",
+    )
 navigation.run()

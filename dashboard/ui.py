@@ -24,7 +24,7 @@ import streamlit as st
 
 from consumers.auth import AuthError, Forbidden, TokenFile, scope_params
 from consumers.lake import lake_from_options
-from consumers.queries import QUERIES, QueryError
+from consumers.queries import AS_OF_PARAM, QUERIES, QueryError, QueryResult
 from consumers.reader import AccessDeniedError, ApiReader, AuditReader, FileReader, SourceUnavailableError
 from dashboard.config import DEFAULT_REFRESH_S, ENV_REFRESH, ConfigurationError, DashboardConfig, valid_zone
 from dashboard.data import (
@@ -42,7 +42,10 @@ from events.signing import SigningError, VerifyingKey, load_trusted_keys
 
 __all__ = [
     "ACCESS_KEY",
+    "AS_OF_KEY",
     "access",
+    "as_of",
+    "as_of_unavailable",
     "config",
     "coverage_report",
     "filters_tenant",
@@ -141,20 +144,21 @@ def _cached_query(
 
 def query(name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Rows of named query `name` with `params` as the session may read them, cached for one refresh
-    period. With a login the dashboard checks itself (`--db --auth`, OIDC from a file), the
-    parameters go through `consumers.auth.scope_params` first (a tenant bound, a query the roles do
-    not allow refused with `Forbidden`). Raises `SourceUnavailableError` (`AccessDeniedError` when
-    the read API refuses) and `QueryError` as the reader does (errors are never cached)."""
+    period, as of the sidebar's As of (`as_of`). With a login the dashboard checks itself (`--db
+    --auth`, OIDC from a file), the parameters go through `consumers.auth.scope_params` first (a
+    tenant bound, a query the roles do not allow refused with `Forbidden`). Raises
+    `SourceUnavailableError` (`AccessDeniedError` when the read API refuses) and `QueryError` as the
+    reader does (errors are never cached)."""
     session = access()
-    return _query_as(session, name, _chosen_tenant(session, name, params, filters_tenant()))
+    return _query_as(session, name, _chosen_tenant(session, name, params, filters_tenant()), as_of())
 
 
 def query_as(session: Access) -> Query:
-    """`query` for `session` (and the tenant picked now), usable outside the page's run: a
+    """`query` for `session` (and the tenant and As of picked now), usable outside the page's run: a
     download's deferred data runs on a thread of its own, where the session state is not this
     session's."""
-    chosen = filters_tenant()
-    return lambda name, params: _query_as(session, name, _chosen_tenant(session, name, params, chosen))
+    chosen, when = filters_tenant(), as_of()
+    return lambda name, params: _query_as(session, name, _chosen_tenant(session, name, params, chosen), when)
 
 
 def _chosen_tenant(session: Access, name: str, params: Mapping[str, Any], chosen: str | None) -> Mapping[str, Any]:
@@ -167,10 +171,13 @@ def _chosen_tenant(session: Access, name: str, params: Mapping[str, Any], chosen
     return params
 
 
-def _query_as(session: Access, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _query_as(session: Access, name: str, params: Mapping[str, Any], when: datetime | None) -> list[dict[str, Any]]:
     given: Mapping[str, Any] = params
     if session.identity is not None:
         given = scope_params(name, params, session.identity)
+    if when is not None:
+        # A past view: every query answers from the lake as it was (the named queries' as_of).
+        given = {**given, AS_OF_PARAM: when.isoformat()}
     return _cached_query(config().source, session.key, name, tuple(sorted(given.items())), session.token)
 
 
@@ -179,11 +186,30 @@ def _query_as(session: Access, name: str, params: Mapping[str, Any]) -> list[dic
 COVERAGE_TTL_S: Final = 60.0
 
 
+class _ReaderAsOf:
+    """A reader whose every query runs as of one past time (the sidebar's As of)."""
+
+    def __init__(self, inner: AuditReader, when: datetime) -> None:
+        self.inner = inner
+        self.when = when
+
+    @property
+    def source(self) -> str:
+        return self.inner.source
+
+    def query(self, name: str, params: Mapping[str, Any] | None = None) -> QueryResult:
+        return self.inner.query(name, {**(params or {}), AS_OF_PARAM: self.when.isoformat()})
+
+    def close(self) -> None:
+        pass  # the inner reader is shared: the dashboard keeps it open
+
+
 @st.cache_data(ttl=COVERAGE_TTL_S, show_spinner=False, max_entries=50)
 def _cached_coverage(
-    source: str, who: str, since: datetime | None, require_signed: bool, _token: str | None
+    source: str, who: str, since: datetime | None, require_signed: bool, when: datetime | None, _token: str | None
 ) -> dict[str, Any]:
-    return load_coverage(_reader_with(_token), since, require_signed=require_signed)
+    reader = _reader_with(_token)
+    return load_coverage(reader if when is None else _ReaderAsOf(reader, when), since, require_signed=require_signed)
 
 
 def coverage_report(since: datetime | None) -> dict[str, Any]:
@@ -194,7 +220,7 @@ def coverage_report(since: datetime | None) -> dict[str, Any]:
     session = access()
     if not session.all_tenants:
         raise Forbidden("the coverage checks read every tenant: they need the admin or auditor role")
-    return _cached_coverage(cfg.source, session.key, since, cfg.require_signed, session.token)
+    return _cached_coverage(cfg.source, session.key, since, cfg.require_signed, as_of(), session.token)
 
 
 # -- login: who this browser session reads as ----------------------------------------------------
@@ -335,9 +361,33 @@ def proof(event_id: str) -> ProofView:
 
 
 def window() -> Window:
-    """The window picked in the sidebar, its start rounded to the refresh period."""
+    """The window picked in the sidebar, its start rounded to the refresh period; in a past view
+    (`as_of`), the window before that time."""
     label = st.session_state.get("window", DEFAULT_WINDOW)
-    return Window.named(label if label in WINDOWS else DEFAULT_WINDOW, step_s=TTL_S)
+    return Window.named(label if label in WINDOWS else DEFAULT_WINDOW, now=as_of(), step_s=TTL_S)
+
+
+AS_OF_KEY: Final = "as_of"
+"""The sidebar's As of: ISO 8601 text (UTC when it names no zone), blank for now; `?as_of=` in the URL."""
+
+
+def as_of_unavailable() -> str | None:
+    """Why the sidebar offers no As of (a DuckDB file keeps no snapshots), or None when it does: a
+    lake, or the read API (which answers as_of when its store is a lake)."""
+    cfg = config()
+    if cfg.api is not None or cfg.lake is not None:
+        return None
+    return "A DuckDB file keeps no past snapshots: time travel needs the store in a lake (callgate migrate)."
+
+
+def as_of() -> datetime | None:
+    """The past time the sidebar's As of names (UTC), or None: now (blank, or no time travel here).
+    `ValueError` for text that is not an ISO 8601 time (the sidebar says so and the page stops)."""
+    text = str(st.session_state.get(AS_OF_KEY) or "").strip()
+    if not text or as_of_unavailable() is not None:
+        return None
+    when = datetime.fromisoformat(text)
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
 def filters_tenant() -> str | None:

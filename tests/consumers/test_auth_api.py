@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import jwt
+import psycopg
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -28,6 +29,7 @@ from callgate.tokens import add_token, revoke_token
 from consumers.access_log import AccessRecord, StoreAccessLog
 from consumers.api import ApiServer, HealthStatus, build_app
 from consumers.auth import JwtAuthenticator, TokenFile
+from consumers.lake import lake_from_options
 from consumers.metrics import MaterializerMetrics
 from consumers.queries import QUERIES
 from consumers.reader import AccessDeniedError, ApiReader, SourceUnavailableError
@@ -399,6 +401,95 @@ class TestAccessLog:
         finally:
             server.stop()
             store.close()
+
+
+@dataclass
+class ServedLake:
+    """A read API over a lake over PostgreSQL: the workload up to acme's second run stored before
+    `between`, the rest after."""
+
+    served: Served
+    between: dt.datetime
+    before: list[EventBase]
+
+
+@pytest.fixture(scope="module")
+def served_lake(tmp_path_factory: pytest.TempPathFactory, postgres_dsn: str) -> Iterator[ServedLake]:
+    tmp = tmp_path_factory.mktemp("auth_api_lake")
+    database = "lake_auth_api"
+    with psycopg.connect(postgres_dsn, autocommit=True) as con:
+        con.execute(f'CREATE DATABASE "{database}"')
+    lake = lake_from_options(f"postgres:{postgres_dsn.replace('dbname=postgres', f'dbname={database}')}", str(tmp))
+    events = workload()
+    wire = [RawRecord(TOPIC, 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(events)]
+    half = next(i for i, e in enumerate(events) if getattr(e, "run_id", None) == "run-acme-1")
+    store = AuditStore(lake)
+    store.ingest(wire[:half], {(TOPIC, 0): half})
+    between = dt.datetime.now(dt.UTC)
+    store.ingest(wire[half:], {(TOPIC, 0): len(events)})
+    tokens_path = tmp / "tokens.yaml"
+    tokens = {who: add_token(tokens_path, f"{who}-subject", roles) for who, roles in ROLES.items()}
+    server = start_api(store, tokens_path)
+    try:
+        yield ServedLake(Served(server.url, store, tokens_path, tokens, events), between, events[:half])
+    finally:
+        server.stop()
+        store.close()
+
+
+class TestTimeTravel:
+    def test_as_of_answers_as_the_lake_was_within_the_tokens_tenant(self, served_lake: ServedLake) -> None:
+        """?as_of=T leaves out what was stored after T; a tenant token still reads its own tenant only,
+        and is refused another's as of T as now."""
+        served, between = served_lake.served, served_lake.between.isoformat()
+        denied_then = sorted(
+            e.event_id
+            for e in served_lake.before
+            if e.type == "ToolDenied" and e.tenant == "acme"  # type: ignore[attr-defined]
+        )
+        with served.client("acme") as client:
+            then = client.get("/v1/queries/blocked_attempts", params={"as_of": between, "limit": "1000"})
+            now = client.get("/v1/queries/blocked_attempts", params={"limit": "1000"})
+            other = client.get("/v1/queries/blocked_attempts", params={"as_of": between, "tenant": "globex"})
+        assert then.status_code == now.status_code == 200
+        assert then.json()["params"]["as_of"] == between
+        then_rows = then.json()["rows"]
+        assert {r["tenant"] for r in then_rows} == {"acme"}
+        assert sorted(r["event_id"] for r in then_rows if r["type"] == "ToolDenied") == denied_then
+        assert len(then_rows) < len(now.json()["rows"])
+        assert other.status_code == 403
+
+    @pytest.mark.parametrize(
+        ("value", "words"),
+        [("2999-01-01T00:00:00Z", "not after now"), ("last tuesday", "a snapshot id or an ISO 8601 date-time")],
+    )
+    def test_a_malformed_or_future_as_of_is_400_naming_it(
+        self, served_lake: ServedLake, value: str, words: str
+    ) -> None:
+        """A value that is no time or snapshot id, and a time after now: 400, the error names as_of."""
+        with served_lake.served.client("auditor") as client:
+            response = client.get("/v1/queries/event_counts", params={"as_of": value})
+        assert response.status_code == 400
+        assert "'as_of'" in response.json()["error"]
+        assert words in response.json()["error"]
+
+    def test_a_time_travelled_read_is_in_the_access_log(self, served_lake: ServedLake) -> None:
+        """The access log records the read with its as_of, as it records every parameter."""
+        served, between = served_lake.served, served_lake.between.isoformat()
+        with served.client("acme") as client:
+            assert client.get("/v1/queries/event_counts", params={"as_of": between}).status_code == 200
+        with served.client("admin") as client:
+            logged = client.get("/v1/queries/access_log", params={"subject": "acme-subject", "limit": "1000"})
+        read = next(r for r in logged.json()["rows"] if r["query"] == "event_counts")
+        assert (read["status"], read["params"]["as_of"], read["params"]["tenant"]) == (200, between, "acme")
+
+    def test_as_of_on_a_file_is_400_saying_it_keeps_no_snapshots(self, served: Served) -> None:
+        """The file home refuses as_of with a 400 that names the parameter and says why."""
+        with served.client("auditor") as client:
+            response = client.get("/v1/queries/event_counts", params={"as_of": "2026-01-01T00:00:00Z"})
+        assert response.status_code == 400
+        assert "'as_of'" in response.json()["error"]
+        assert "keeps no snapshots" in response.json()["error"]
 
 
 class TestApiReaderToken:

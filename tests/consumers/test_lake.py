@@ -485,13 +485,14 @@ class TestTimeTravel:
                 AuditStore(past)
 
     def test_coverage_as_of_needs_a_lake_and_a_zone(self, tmp_path: Path) -> None:
-        """`callgate coverage --as-of` without a lake, or with a time that has no zone, exits 2 in one line."""
+        """`callgate coverage --as-of` without a lake, or with a time that has no zone, and `callgate
+        replay --as-of` a time after now, exit 2 in one line."""
         base = [sys.executable, "-m", "callgate.cli", "coverage"]
         alone = subprocess.run([*base, "--db", str(tmp_path / "a.duckdb"), "--as-of", "2026-12-01T00:00:00Z"],
                                capture_output=True, text=True, timeout=60)  # fmt: skip
         assert (alone.returncode, alone.stderr.strip()) == (
             2,
-            "error: --as-of reads a lake's past snapshot: give --lake and --data",
+            "error: --as-of reads a lake's past snapshot: give --lake and --data (a DuckDB file keeps no snapshots)",
         )
         lake = ["--lake", f"sqlite:{tmp_path / 'c.sqlite'}", "--data", str(tmp_path / "d")]
         naive = subprocess.run(
@@ -499,6 +500,12 @@ class TestTimeTravel:
         )
         assert naive.returncode == 2
         assert "has no time zone" in naive.stderr
+        replay = [sys.executable, "-m", "callgate.cli", "replay", "--policy", str(tmp_path / "p.yaml")]
+        future = subprocess.run(
+            [*replay, *lake, "--as-of", "2999-01-01T00:00:00Z"], capture_output=True, text=True, timeout=60
+        )
+        assert (future.returncode, future.stderr.count("\n")) == (2, 1)
+        assert "is in the future" in future.stderr
 
 
 @contextlib.contextmanager

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from consumers import QUERIES, SCHEMA_VERSION, AuditStore, RawRecord, StoreError
+from consumers import QUERIES, SCHEMA_VERSION, AuditStore, QueryError, RawRecord, StoreError
 from consumers.lake import Lake, lake_from_options
 from consumers.queries import run_query
 from events.loss import LossReport, encode_loss_report
@@ -25,6 +27,9 @@ from .test_store import TOPIC, breaks, forged, gate_events, ingest, record, reco
 
 class StoreContract(abc.ABC):
     """What every home of the audit store does; a subclass opens the store (`open`)."""
+
+    keeps_snapshots: ClassVar[bool] = True
+    """Whether the home answers `as_of` (a lake) or refuses it (a file keeps no snapshots)."""
 
     @abc.abstractmethod
     def open(self, *, read_only: bool = False) -> AuditStore:
@@ -178,9 +183,53 @@ class StoreContract(abc.ABC):
         ids = sorted(row["event_id"] for row in result.rows)
         assert ids == denied
 
+    def test_a_named_query_as_of_a_time_leaves_out_what_was_written_after(self, store: AuditStore) -> None:
+        """A denied call stored after T is absent from blocked_attempts as of T and as of the snapshot
+        then, present without as_of; the answer's params say which as_of it was. A file refuses
+        as_of, naming the parameter."""
+        events = gate_events(6)  # registered, then use, denied, substitute, use, denied, substitute
+        ingest(store, records(events[:4]))
+        con = store.cursor()
+        between = datetime.now(UTC)
+        if not self.keeps_snapshots:
+            with pytest.raises(QueryError, match="keeps no snapshots") as refused:
+                run_query(con, "blocked_attempts", {"as_of": between.isoformat()})
+            assert refused.value.param == "as_of"
+            return
+        ((snapshot,),) = con.execute("SELECT max(snapshot_id) FROM ducklake_snapshots('lake')").fetchall()
+        ingest(store, records(events[4:], start=4))
+        denied = [e.event_id for e in events if e.type == "ToolDenied"]  # type: ignore[attr-defined]
+        assert len(denied) == 2
+
+        def ids(params: dict[str, object]) -> list[str]:
+            return sorted(row["event_id"] for row in run_query(con, "blocked_attempts", params).rows)
+
+        assert ids({"as_of": between.isoformat()}) == [denied[0]]
+        assert ids({"as_of": str(snapshot)}) == [denied[0]]
+        assert ids({}) == sorted(denied)
+        shown = run_query(con, "event_counts", {"as_of": between}).params["as_of"]
+        assert shown == between.isoformat()
+        assert con.execute("SELECT current_database()").fetchall() == [("lake",)]
+
+    def test_as_of_in_the_future_or_before_the_lake_is_refused(self, store: AuditStore) -> None:
+        """A time after now, one before the oldest snapshot, an unknown snapshot id and a malformed
+        value are each refused with a QueryError naming as_of (on a file, each as the file does)."""
+        con = store.cursor()
+        for value, words in (
+            ("2999-01-01T00:00:00Z", "not after now"),
+            ("2000-01-01T00:00:00Z", "before the oldest snapshot"),
+            ("999999", "no snapshot 999999"),
+            ("yesterday", "a snapshot id or an ISO 8601 date-time"),
+        ):
+            with pytest.raises(QueryError, match=words if self.keeps_snapshots else None) as refused:
+                run_query(con, "event_counts", {"as_of": value})
+            assert refused.value.param == "as_of"
+
 
 class TestFileHome(StoreContract):
     """The embedded default: one DuckDB file."""
+
+    keeps_snapshots = False
 
     @pytest.fixture(autouse=True)
     def _home(self, tmp_path: Path) -> None:
