@@ -95,7 +95,7 @@ def ingest(store: AuditStore, events: list[EventBase], partition: int = 0) -> No
 
 def _clock(column: str) -> bool:
     """A column read off the store's own clock (when ingested, how long ago), not off the events."""
-    return "ingest" in column or column in ("lag_s", "seconds_since_commit")
+    return "ingest" in column or column in ("lag_s", "seconds_since_commit", "recent_minutes")
 
 
 def answers(con: duckdb.DuckDBPyConnection, extra: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
