@@ -346,3 +346,39 @@ def test_a_tenant_login_sent_to_a_global_page_is_told_why(
     nav(page, "Blocked attempts")
     expect(page.get_by_role("heading", name="Blocked attempts", exact=True)).to_be_visible(timeout=30_000)
     expect(page.get_by_text(f"{title} reads every tenant's events")).to_have_count(0)
+
+
+def test_a_link_to_call_or_run_asks_the_server_only_where_it_is(
+    page: Any, served: str, run_store: Any, tokens: dict[str, str], shots: Path
+) -> None:
+    """Opened directly by link, `/call?call_id=...` and `/run?run_id=...` draw their page, and no request
+    of the browser answers 404 (Streamlit's page looked for its server under the page's path first:
+    `/call/_stcore/health` and `/call/_stcore/host-config`)."""
+    from playwright.sync_api import expect
+
+    failed: list[str] = []
+    asked: list[str] = []
+    page.on(
+        "response",
+        lambda response: failed.append(f"{response.status} {response.url}") if response.status >= 400 else None,
+    )
+    page.on("request", lambda request: asked.append(request.url))
+    call_id = next(e.call_id for e in run_store.events if getattr(e, "tool", None) == "run_sql" and e.type == "Blocked")
+    page.goto(f"{served}/call?call_id={call_id}")
+    log_in(page, tokens["auditor"])
+    expect(page.get_by_role("heading", name="Call detail", exact=True)).to_be_visible(timeout=30_000)
+    expect(page.get_by_label("Call id")).to_have_value(call_id, timeout=30_000)
+    drawn(page)
+    page.screenshot(path=str(shots / "call-by-link.png"), full_page=True)
+    page.goto(f"{served}/run?run_id=run-desk")
+    log_in(page, tokens["auditor"])
+    expect(page.get_by_role("heading", name="Run", exact=True)).to_be_visible(timeout=30_000)
+    expect(page.get_by_test_id("stCode").filter(has_text="ask_research")).to_be_visible(timeout=30_000)
+    drawn(page)
+    page.screenshot(path=str(shots / "run-by-link.png"), full_page=True)
+    assert failed == [], failed
+    # The server was asked where it is at the root only.
+    health = sorted(
+        {url.removeprefix(served) for url in asked if "/_stcore/health" in url or "/_stcore/host-config" in url}
+    )
+    assert health == ["/_stcore/health", "/_stcore/host-config"], health
