@@ -44,10 +44,13 @@ def live() -> None:
             for column, (by, heading) in zip(columns, TOP_DENIED[start : start + 2], strict=False):
                 with column:
                     st.markdown(f"**{heading}**")
+                    # Half a page wide: who, how often, how lately; the messages are on Blocked attempts.
                     ui.table(
                         data.top[by],
-                        ["key", "attempts", "denied", "blocked", "last_seen", "last_message"],
+                        ["key", "denied", "blocked", "last_seen"],
                         empty="No denials in this window.",
+                        width_px=ui.HALF_WIDTH_PX,
+                        headers={"key": ui.HEADERS.get(by, by)},
                     )
 
 
