@@ -307,12 +307,22 @@ def test_signed_coverage_and_a_downloaded_proof_in_a_real_browser(
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1100}, accept_downloads=True)
+            # A laptop's screen: the violations table's last column ends on it.
+            page = browser.new_page(viewport={"width": 1440, "height": 900}, accept_downloads=True)
             page.goto(f"{signed_dashboard}/coverage")
             expect(page.get_by_text("FAIL: signed")).to_be_visible(timeout=30_000)
             expect(page.get_by_text("Violations: signed")).to_be_visible()
             expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
-            page.screenshot(path=str(shots / "coverage.png"), full_page=True)
+            grid = page.get_by_test_id("stDataFrame").last
+            grid.scroll_into_view_if_needed()
+            headers = grid.locator("[role=columnheader]")
+            expect(headers.first).to_be_attached(timeout=30_000)
+            assert not any("_" in header for header in headers.all_text_contents()), headers.all_text_contents()
+            assert all(scroll <= width for scroll, width in fits(page)), fits(page)
+            box = grid.bounding_box()
+            assert box is not None
+            assert box["x"] + box["width"] <= 1440, box
+            page.screenshot(path=str(shots / "coverage.png"))
 
             page.goto(f"{signed_dashboard}/call?call_id=s-3")
             page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
