@@ -445,7 +445,8 @@ def laptop(browser: Any) -> Iterator[Any]:
 def test_every_table_fits_a_laptop_screen(laptop: Any, served: str, tokens: dict[str, str], shots: Path) -> None:
     """At 1440x900 the last column of every table on Overview, Run, Trends and Pipeline health ends
     within the screen and within its table (no sideways scroll to reach it); headers are words, not
-    column codes; no cell reads "None"; a screenshot of each table."""
+    column codes; no cell reads "None"; no figure's label is cut; no "1 messages"; a screenshot of
+    each table."""
     from playwright.sync_api import expect
 
     page = laptop
@@ -461,6 +462,14 @@ def test_every_table_fits_a_laptop_screen(laptop: Any, served: str, tokens: dict
             page.screenshot(path=str(shots / f"wide-{name}-{index}.png"))
         tables = tables_in_view(page)
         assert tables, name
+        # Figures' labels are whole (Pipeline health's were cut), and counts agree with their nouns.
+        labels = page.get_by_test_id("stMetricLabel")
+        for index in range(labels.count()):
+            cut = labels.nth(index).evaluate(
+                "label => [label, ...label.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth)"
+            )
+            assert not cut, (name, labels.nth(index).inner_text())
+        assert not re.search(r"\b1 (messages|calls|tools|tenants|interceptors|runs|events)\b", page.inner_text("body"))
         for table in tables:
             what = (name, table["headers"])
             assert table["inner"] <= table["outer"], what
