@@ -35,7 +35,9 @@ def live() -> None:
             st.caption("No tool calls in this window.")
         if data.turns:
             st.subheader("Model turns checked")
-            ui.time_chart(data.turns, value="events", color="type", seconds=data.bucket_seconds, title="turns")
+            # One series, named in words rather than by its event type.
+            turns = [{**row, "checked": "before-turn decisions"} for row in data.turns]
+            ui.time_chart(turns, value="events", color="checked", seconds=data.bucket_seconds, title="turns")
             st.caption(f"Before-turn decisions on model calls per {label} bucket (the Run page shows each one).")
 
         st.subheader("Top denied")

@@ -773,7 +773,7 @@ class TestChartsAndTimes:
         )
         assert int(decisions["events"].sum()) == outcomes
         assert int(turns["events"].sum()) == run_store.scalar("select count(*) from events where type = 'TurnDecision'")
-        assert set(turns["type"]) == {"TurnDecision"}
+        assert set(turns["checked"]) == {"before-turn decisions"}
 
     def test_a_short_burst_is_drawn_in_seconds(self, run_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         """Events of one second in a 30-day window are drawn in one-second buckets, and the caption says so."""
