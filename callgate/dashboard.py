@@ -1,4 +1,5 @@
-"""The wiring of `callgate dashboard`: Streamlit serving `dashboard/app.py`, headless, on loopback.
+"""The wiring of `callgate dashboard`: Streamlit serving the console (`dashboard/serve.py`, which serves
+`dashboard/app.py`), headless, on loopback.
 
 The app reads its source from the environment (`CALLGATE_API` / `CALLGATE_DB`), so this module
 only checks the options, sets the variables, starts `streamlit run` as a child process, waits until
@@ -39,8 +40,8 @@ from dashboard.config import (
 
 __all__ = ["APP", "DashboardError", "is_loopback", "run_dashboard", "streamlit_command"]
 
-APP: Final = Path(dashboard.__file__).resolve().parent / "app.py"
-"""The Streamlit script the command serves."""
+APP: Final = Path(dashboard.__file__).resolve().parent / "serve.py"
+"""The Streamlit script the command serves: `dashboard/app.py` as an `st.App` (`dashboard.serve`)."""
 
 READY_TIMEOUT_S: Final = 60.0
 
@@ -60,7 +61,7 @@ def is_loopback(host: str) -> bool:
 
 
 def streamlit_command(host: str, port: int) -> list[str]:
-    """`streamlit run dashboard/app.py` headless on host:port, usage statistics off, no file watcher."""
+    """`streamlit run dashboard/serve.py` headless on host:port, usage statistics off, no file watcher."""
     return [
         sys.executable,
         "-m",

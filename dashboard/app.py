@@ -18,21 +18,14 @@ import streamlit as st
 from dashboard import ui
 from dashboard.data import DEFAULT_WINDOW, WINDOWS
 from dashboard.login import GLOBAL_PAGES
+from dashboard.pages import PAGES as CONSOLE_PAGES
 
 st.set_page_config(page_title="callgate audit", layout="wide")
 
 PAGES = [
-    st.Page("views/overview.py", title="Overview", url_path="overview", default=True),
-    st.Page("views/blocked.py", title="Blocked attempts", url_path="blocked"),
-    st.Page("views/call.py", title="Call detail", url_path="call"),
-    st.Page("views/run.py", title="Run", url_path="run"),
-    st.Page("views/approvals.py", title="Approvals", url_path="approvals"),
-    st.Page("views/trends.py", title="Trends", url_path="trends"),
-    st.Page("views/impact.py", title="Policy impact", url_path="impact"),
-    st.Page("views/coverage.py", title="Coverage", url_path="coverage"),
-    st.Page("views/pipeline.py", title="Pipeline health", url_path="pipeline"),
+    st.Page(page.script, title=page.title, url_path=page.path, default=index == 0)
+    for index, page in enumerate(CONSOLE_PAGES)
 ]
-
 cfg = ui.config()
 session = ui.login()
 if session is None:

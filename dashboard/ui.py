@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 from zoneinfo import ZoneInfo
@@ -49,6 +49,7 @@ __all__ = [
     "config",
     "coverage_report",
     "filters_tenant",
+    "fit_widths",
     "from_url",
     "keep",
     "kept",
@@ -647,7 +648,86 @@ def time_chart(
 # -- rendering ----------------------------------------------------------------------------------
 
 
-LONG_TEXT_COLUMNS: Final = frozenset({"message", "reason", "error", "sample_error", "sample_preview", "preview"})
+PAGE_WIDTH_PX: Final = 978
+"""The width a table has across a page at 1440x900 with the sidebar open: the widths `table` gives
+its columns add up to no more, so the last column is on screen (wider screens stretch them)."""
+
+HALF_WIDTH_PX: Final = 480
+"""A table's width in one of two columns of a page at 1440x900."""
+
+HEADERS: Final[dict[str, str]] = {
+    "approvals_asked": "approvals",
+    "call_id": "call id",
+    "checkpoint_seq": "checkpoint",
+    "checkpoint_time": "checkpoint time",
+    "decided_by": "interceptor",
+    "event_id": "event id",
+    "first_received": "first received",
+    "first_seen": "first seen",
+    "first_time": "first event",
+    "last_event_time": "last event",
+    "last_ingested_at": "last ingested",
+    "last_message": "last message",
+    "last_received": "last received",
+    "last_seen": "last seen",
+    "last_time": "last event",
+    "lag_messages": "lag (messages)",
+    "max_delay_s": "max delay (s)",
+    "median_delay_s": "median delay (s)",
+    "next_offset": "next offset",
+    "offset_updated_at": "offset updated",
+    "p95_delay_s": "p95 delay (s)",
+    "parent_call_id": "parent call",
+    "producer_id": "producer",
+    "received_at": "received",
+    "recent_events": "events (15 min)",
+    "run_id": "run id",
+    "sample_error": "sample error",
+    "sample_message": "sample message",
+    "sample_position": "sample position",
+    "sample_preview": "sample preview",
+    "sample_tool": "sample tool",
+    "seconds_since_commit": "since commit (s)",
+    "shadow_decided_by": "shadow interceptor",
+    "shadow_outcome": "shadow outcome",
+    "shadow_rule": "shadow rule",
+    "signed_tree_size": "signed tree size",
+    "started_at": "started",
+    "thread_id": "thread",
+    "trace_id": "trace id",
+    "turn_decision": "turn decision",
+    "value_bytes": "bytes",
+}
+"""Table headers in words for the column names of the queries (the CSV exports keep the names)."""
+
+_CHAR_PX: Final = 7.0
+_PAD_PX: Final = 18
+_MIN_COLUMN_PX: Final = 60
+_SELECT_PX: Final = 34
+
+
+def fit_widths(texts: Mapping[str, Sequence[str]], budget: int, whole: Collection[str] = ()) -> dict[str, int]:
+    """Pixel widths for columns whose header and cells are `texts` (header first), adding up to at
+    most `budget` where they can: each column as wide as its longest text when they all fit, else the
+    widest columns not in `whole` cut to one common width (never below a minimum) so that they do.
+    Text a column cuts is whole in the cell's tooltip."""
+    natural = {
+        name: max(_MIN_COLUMN_PX, round(max(map(len, cells), default=0) * _CHAR_PX) + _PAD_PX)
+        for name, cells in texts.items()
+    }
+    if sum(natural.values()) <= budget:
+        return natural
+    # The widest columns share what the others leave: the largest common cap that fits.
+    left = budget - sum(width for name, width in natural.items() if name in whole)
+    cuttable = sorted(width for name, width in natural.items() if name not in whole)
+    cap = _MIN_COLUMN_PX
+    for index, width in enumerate(cuttable):
+        share = left // (len(cuttable) - index)
+        if width > share:
+            cap = max(_MIN_COLUMN_PX, share)
+            break
+        left -= width
+    return {name: width if name in whole else min(width, cap) for name, width in natural.items()}
 
 
 def _cell(value: Any) -> Any:
@@ -676,26 +756,33 @@ def table(
     selectable: bool = False,
     empty: str = "Nothing to show.",
     on_select: Callable[[], None] | None = None,
+    width_px: int = PAGE_WIDTH_PX,
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
-    """Rows as a read-only table (cells are text, never markup); with `selectable`, one row can be
-    picked and the selection event is returned (`on_select`, if given, is called when the user
-    changes the selection, before the page runs again)."""
+    """Rows as a read-only table (cells are text, never markup) whose headers are words (`headers`,
+    else `HEADERS`) and whose columns fit in `width_px` (`fit_widths`); with `selectable`, one row can be picked and
+    the selection event is returned (`on_select`, if given, is called when the user changes the
+    selection, before the page runs again)."""
     if not rows:
         st.caption(empty)
         return None
     data = frame(rows, columns)
     tz, name = zone()
-    labels: dict[str, Any] = {}
+    shown: dict[str, str] = {}
     for column in data.columns:
-        if column in LONG_TEXT_COLUMNS:
-            # Long text gets a fixed width (its whole text is in the cell's tooltip and on the
-            # call's page), so the columns to its right stay on screen.
-            labels[column] = st.column_config.TextColumn(column, width="medium")
+        shown[column] = (headers or {}).get(column) or HEADERS.get(column, column.replace("_", " "))
         if column in TIME_COLUMNS:
             data[column] = [local_time(v, tz) for v in data[column]]
-            labels[column] = st.column_config.TextColumn(
-                f"{column} ({name})", help=f"Local time in {name}; the store keeps UTC (see the Call detail page)."
-            )
+            shown[column] = f"{shown[column]} ({name})"
+    texts = {column: [shown[column], *("" if pd.isna(v) else str(v) for v in data[column])] for column in data.columns}
+    # Times are short and read whole; long text and ids give way.
+    widths = fit_widths(texts, width_px - (_SELECT_PX if selectable else 0), TIME_COLUMNS)
+    labels: dict[str, Any] = {}
+    for column in data.columns:
+        help_text = (
+            f"Local time in {name}; the store keeps UTC (see the Call detail page)." if column in TIME_COLUMNS else None
+        )
+        labels[column] = st.column_config.Column(shown[column], width=widths[column], help=help_text)
     if selectable:
         return st.dataframe(
             data,

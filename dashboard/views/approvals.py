@@ -95,7 +95,7 @@ with ui.problems():
         st.info("Reading a store file: requests are listed, but deciding needs the console on the read API (--api).")
     rows = ui.query("pending_approvals", {"tenant": ui.filters_tenant(), "limit": 200})
     waiting = [row for row in rows if row["approval_id"] not in decided]
-    st.caption(f"{len(waiting)} request(s) waiting, newest first.")
+    st.caption("1 request waiting." if len(waiting) == 1 else f"{len(waiting)} requests waiting, newest first.")
     if not rows:
         st.info("No request is waiting for a reviewer.")
     for row in rows:

@@ -7,7 +7,7 @@ from typing import Any
 import streamlit as st
 
 from dashboard import ui
-from dashboard.data import BLOCKED_TABLE_COLUMNS, BlockedFilters, blocked_csv, load_blocked
+from dashboard.data import BLOCKED_TABLE_COLUMNS, DECISION_LABELS, BlockedFilters, blocked_csv, load_blocked
 
 st.title("Blocked attempts")
 
@@ -43,7 +43,9 @@ with filter_box:
     row1 = st.columns(4)
     since = row1[0].text_input("From (ISO 8601, UTC)", key="f_since", placeholder="the sidebar's window")
     until = row1[1].text_input("To (ISO 8601, UTC)", key="f_until", placeholder="now")
-    kind = row1[2].selectbox("Decision", KINDS, key="f_type")
+    kind = row1[2].selectbox(
+        "Decision", KINDS, key="f_type", format_func=lambda choice: DECISION_LABELS.get(choice, choice).capitalize()
+    )
     decided_by = row1[3].text_input("Interceptor", key="f_decided_by")
     row2 = st.columns(4)
     tenant = row2[0].text_input("Tenant", key="f_tenant")
@@ -132,8 +134,10 @@ def live() -> None:
         if live_every is None and pinned and st.session_state.get("live", True):
             st.caption("Live is paused while a row is selected; clear the selection to resume.")
         event = ui.table(
-            result.rows,
+            # The decision in words, not its event type (the CSV keeps the type).
+            [{**row, "type": DECISION_LABELS.get(row.get("type"), row.get("type"))} for row in result.rows],
             BLOCKED_TABLE_COLUMNS,
+            headers={"type": "decision"},
             key="blocked_table",
             selectable=True,
             empty="No attempt matches.",

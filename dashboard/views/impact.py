@@ -40,13 +40,21 @@ def divergence_chart(impact: Impact) -> None:
         return
     shown = [d.label for d in impact.deciders[:TOP_DECIDERS]]
     frame = ui.frame(impact.divergence, ["bucket", "key", "calls", "divergent"])
-    frame = frame[frame["key"].isin(shown)]
+    frame = frame[frame["key"].isin(shown)].rename(columns={"key": "rule or interceptor"})
     ui.time_chart(
-        frame.to_dict("records"), value="divergent", color="key", seconds=impact.bucket_seconds, title="divergent calls"
+        frame.to_dict("records"),
+        value="divergent",
+        color="rule or interceptor",
+        seconds=impact.bucket_seconds,
+        title="divergent calls",
     )
     st.caption(
         f"Calls whose shadow outcome differs from what happened, per {bucket_label(impact.bucket_seconds)} bucket, "
-        f"for the {len(shown)} most divergent rules and interceptors."
+        + (
+            "for the one rule or interceptor."
+            if len(shown) == 1
+            else f"for the {len(shown)} most divergent rules and interceptors."
+        )
     )
 
 

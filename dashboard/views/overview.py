@@ -35,7 +35,9 @@ def live() -> None:
             st.caption("No tool calls in this window.")
         if data.turns:
             st.subheader("Model turns checked")
-            ui.time_chart(data.turns, value="events", color="type", seconds=data.bucket_seconds, title="turns")
+            # One series, named in words rather than by its event type.
+            turns = [{**row, "checked": "before-turn decisions"} for row in data.turns]
+            ui.time_chart(turns, value="events", color="checked", seconds=data.bucket_seconds, title="turns")
             st.caption(f"Before-turn decisions on model calls per {label} bucket (the Run page shows each one).")
 
         st.subheader("Top denied")
@@ -44,10 +46,13 @@ def live() -> None:
             for column, (by, heading) in zip(columns, TOP_DENIED[start : start + 2], strict=False):
                 with column:
                     st.markdown(f"**{heading}**")
+                    # Half a page wide: who, how often, how lately; the messages are on Blocked attempts.
                     ui.table(
                         data.top[by],
-                        ["key", "attempts", "denied", "blocked", "last_seen", "last_message"],
+                        ["key", "denied", "blocked", "last_seen"],
                         empty="No denials in this window.",
+                        width_px=ui.HALF_WIDTH_PX,
+                        headers={"key": ui.HEADERS.get(by, by)},
                     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import streamlit as st
 
 from dashboard import ui
-from dashboard.data import TREND_DIMENSIONS, Window, bucket_label, load_trends
+from dashboard.data import DECISION_LABELS, TREND_DIMENSIONS, Window, bucket_label, load_trends
 
 st.title("Trends")
 
@@ -17,11 +17,16 @@ TOP_KEYS = 10
 RANGES = ["The sidebar's window", "Custom range"]
 
 
-def rate_chart(rows: list[dict[str, Any]], what: str, seconds: int, *, total: int | None = None) -> None:
-    """The rate of the `TOP_KEYS` keys with the most denials over time, and their totals. `total`: the
-    common denominator (all calls of the range) for keys whose rows count every call of a bucket."""
+def rate_chart(
+    rows: list[dict[str, Any]], what: tuple[str, str], seconds: int, *, total: int | None = None, width_px: int
+) -> None:
+    """The rate of the `TOP_KEYS` keys with the most denials over time, and their totals. `what`: the
+    key's name, singular and plural; `total`: the common denominator (all calls of the range) for keys
+    whose rows count every call of a bucket."""
     if not rows:
-        st.caption("No calls in this window.")
+        st.caption(
+            "No calls in this window." if what[0] != "policy rule" else "No policy rule denied a call in this range."
+        )
         return
     frame = ui.frame(rows, ["bucket", "key", "calls", "denied", "rate"])
     totals = frame.groupby("key", as_index=False)[["calls", "denied"]].sum()
@@ -30,14 +35,17 @@ def rate_chart(rows: list[dict[str, Any]], what: str, seconds: int, *, total: in
     totals["rate"] = (totals["denied"] / totals["calls"].where(totals["calls"] > 0)).round(4)
     totals = totals.sort_values(["denied", "key"], ascending=[False, True])
     shown = totals.head(TOP_KEYS)["key"].tolist()
-    picked = frame[frame["key"].isin(shown)]
-    ui.time_chart(picked.to_dict("records"), value="rate", color="key", seconds=seconds, title="rate", rate=True)
-    st.caption(f"The {min(TOP_KEYS, len(totals))} {what} with the most denials; totals over the range below.")
+    picked = frame[frame["key"].isin(shown)].rename(columns={"key": what[0]})
+    ui.time_chart(picked.to_dict("records"), value="rate", color=what[0], seconds=seconds, title="rate", rate=True)
+    count = min(TOP_KEYS, len(totals))
+    st.caption(
+        f"The {what[0] if count == 1 else f'{count} {what[1]}'} with the most denials; totals over the range below."
+    )
     columns = ["key", "denied", "calls", "rate"]
     if total is not None:
         totals = totals.rename(columns={"calls": "all calls", "rate": "share of all calls"})
         columns = ["key", "denied", "all calls", "share of all calls"]
-    ui.table(totals.to_dict("records"), columns)
+    ui.table(totals.to_dict("records"), columns, width_px=width_px, headers={"key": what[0]})
 
 
 def _moment(day: date | None, at: time | None) -> datetime | None:
@@ -81,31 +89,42 @@ def live() -> None:
         with left:
             st.subheader("Denial rate per tool")
             st.caption("Share of each tool's calls in a bucket that were denied or blocked.")
-            rate_chart(data.by_tool, "tools", data.bucket_seconds)
+            rate_chart(data.by_tool, ("tool", "tools"), data.bucket_seconds, width_px=ui.HALF_WIDTH_PX)
         with right:
             st.subheader("Denial rate per interceptor")
             st.caption(
                 f"Share of all calls ({data.total_calls:,} in the range; per bucket, the bucket's) that the "
                 "interceptor denied or blocked: one denominator for every interceptor."
             )
-            rate_chart(data.by_interceptor, "interceptors", data.bucket_seconds, total=data.total_calls)
+            rate_chart(
+                data.by_interceptor,
+                ("interceptor", "interceptors"),
+                data.bucket_seconds,
+                total=data.total_calls,
+                width_px=ui.HALF_WIDTH_PX,
+            )
         st.subheader(f"Denial rate per {dimension.lower()}")
         if by in ("tool", "tenant"):
             st.caption(f"Share of each {dimension.lower()}'s calls in a bucket that were denied or blocked.")
         else:
             st.caption(f"Share of all calls in a bucket that the {dimension.lower()} denied or blocked.")
+        noun = dimension.lower()
         rate_chart(
             data.series,
-            TREND_DIMENSIONS[dimension] + "s",
+            (noun, f"{noun}s"),
             data.bucket_seconds,
             total=None if by in ("tool", "tenant") else data.total_calls,
+            width_px=ui.PAGE_WIDTH_PX,
         )
         st.subheader("Denial reasons new in this window")
         st.caption("Reasons with ids and numbers masked, first seen inside the range, newest first.")
+        # The decision in words, not its event type.
+        reasons = [{**row, "type": DECISION_LABELS.get(row.get("type"), row.get("type"))} for row in data.new_reasons]
         ui.table(
-            data.new_reasons,
-            ["first_seen", "reason", "decided_by", "occurrences", "tenants", "sample_tool", "sample_message", "type"],
+            reasons,
+            ["first_seen", "reason", "type", "decided_by", "occurrences", "tenants", "sample_tool", "sample_message"],
             empty="No new denial reason in this window.",
+            headers={"type": "decision"},
         )
 
 

@@ -126,7 +126,7 @@ class TestOverview:
         """The four top-denied tables hold the store's counts of denied and blocked calls."""
         at = open_app(store_env, monkeypatch, window="Last 24 hours")
         tables = [df.value for df in at.dataframe]
-        by_key = [dict(zip(t["key"], t["attempts"], strict=True)) for t in tables]
+        by_key = [dict(zip(t["key"], t["denied"] + t["blocked"], strict=True)) for t in tables]
         tools, tenants, principals, interceptors = by_key
         count = seeded_store.scalar
         assert tools["get_order"] == count("select count(*) from blocked_attempts where tool = 'get_order'") == 7
@@ -773,7 +773,7 @@ class TestChartsAndTimes:
         )
         assert int(decisions["events"].sum()) == outcomes
         assert int(turns["events"].sum()) == run_store.scalar("select count(*) from events where type = 'TurnDecision'")
-        assert set(turns["type"]) == {"TurnDecision"}
+        assert set(turns["checked"]) == {"before-turn decisions"}
 
     def test_a_short_burst_is_drawn_in_seconds(self, run_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         """Events of one second in a 30-day window are drawn in one-second buckets, and the caption says so."""

@@ -126,6 +126,12 @@ def blocked_in_store(api: str) -> int:
     return int(row["attempts"])
 
 
+def stored_attempts(api: str) -> int:
+    """The blocked attempts the store holds once its read API answers (earlier tests' calls too)."""
+    until(lambda: blocked_in_store(api) >= 0, 60, "the read API answering")
+    return blocked_in_store(api)
+
+
 def until(condition: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -145,17 +151,26 @@ def stop(proc: subprocess.Popen[Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def chromium() -> str:
-    """Debian's chromium; `make test` installs it. Missing: a failure in CI, a loud skip elsewhere."""
-    if os.access(CHROMIUM, os.X_OK):
-        return CHROMIUM
-    reason = (
-        f"!!! {CHROMIUM} is missing: the dashboard's browser test did NOT run. Install Debian's chromium "
-        "(`apt-get install chromium`, which `make test` does as root) !!!"
-    )
-    if os.environ.get("CI"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+def browser(signed_store: Any) -> Iterator[Any]:
+    """Debian's chromium, one for the module (`make test` installs it). Missing: a failure in CI, a
+    loud skip elsewhere. The signed store is built first: it runs a gate with `asyncio.run`, which
+    cannot start while the sync Playwright API holds this thread's event loop."""
+    if not os.access(CHROMIUM, os.X_OK):
+        reason = (
+            f"!!! {CHROMIUM} is missing: the dashboard's browser test did NOT run. Install Debian's chromium "
+            "(`apt-get install chromium`, which `make test` does as root) !!!"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
 
 
 @pytest.fixture
@@ -169,9 +184,12 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory, capsys: pytest.Capture
     return folder
 
 
-@pytest.fixture
-def live_stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A materializer with its read API on a topic of the test's own, and `callgate dashboard` over it."""
+@pytest.fixture(scope="module")
+def live_stack(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A materializer with its read API on a topic of the module's own, and `callgate dashboard` over
+    it, shared by the module's tests (each publishes calls of its own, by call id prefix)."""
+    tmp_path = tmp_path_factory.mktemp("live-stack")
+    started = time.monotonic()
     topic = f"dash-{uuid.uuid4().hex[:8]}"
     api_port, ui_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     api = f"http://127.0.0.1:{api_port}"
@@ -203,7 +221,7 @@ def live_stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[dict[st
         line = dashboard.stdout.readline()
         url = f"http://127.0.0.1:{ui_port}"
         assert line.startswith(f"dashboard at {url}"), line
-        yield {"topic": topic, "api": api, "url": url, "bootstrap": kafka_broker.bootstrap}
+        yield {"topic": topic, "api": api, "url": url, "bootstrap": kafka_broker.bootstrap, "started": started}
     finally:
         stop(dashboard)
         stop(materializer)
@@ -212,58 +230,58 @@ def live_stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[dict[st
 
 
 def test_blocked_count_is_live_in_a_real_browser(
-    chromium: str, live_stack: dict[str, Any], screenshots: Path, tmp_path: Path
+    browser: Any, live_stack: dict[str, Any], screenshots: Path, tmp_path: Path
 ) -> None:
     """The Blocked attempts page shows the produced count, and the higher count after more denials
     arrive, without a reload; the Policy impact page shows the shadow rule's divergent call; hostile
     event text never becomes an image or a link; times are in the browser's zone; every page renders."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
+    before = stored_attempts(live_stack["api"])
     first = ["GLOBEX-1", "GLOBEX-2", "ACME-3", "DROP-4", HOSTILE, "ACME-5"]
     denied, blocked = publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "first", first)
     assert (denied, blocked) == (3, 1)
-    until(lambda: blocked_in_store(live_stack["api"]) == 4, 60, "first events stored")
+    until(lambda: blocked_in_store(live_stack["api"]) == before + 4, 60, "first events stored")
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        try:
-            # Without --timezone, times are shown in the zone the browser reports.
-            page = browser.new_page(viewport={"width": 1600, "height": 1100}, timezone_id="Asia/Tokyo")
-            page.goto(f"{live_stack['url']}/blocked")
-            expect(page.get_by_test_id("stSidebar").get_by_text("Asia/Tokyo", exact=True)).to_be_visible(timeout=30_000)
-            count = page.get_by_test_id("stMetric").filter(has_text="Matching attempts").get_by_test_id("stMetricValue")
-            expect(count).to_have_text("4", timeout=30_000)
+    # Without --timezone, times are shown in the zone the browser reports.
+    context = browser.new_context(viewport={"width": 1600, "height": 1100}, timezone_id="Asia/Tokyo")
+    try:
+        page = context.new_page()
+        page.goto(f"{live_stack['url']}/blocked")
+        expect(page.get_by_test_id("stSidebar").get_by_text("Asia/Tokyo", exact=True)).to_be_visible(timeout=30_000)
+        count = page.get_by_test_id("stMetric").filter(has_text="Matching attempts").get_by_test_id("stMetricValue")
+        expect(count).to_have_text(f"{before + 4:,}", timeout=30_000)
 
-            more = ["GLOBEX-6", "GLOBEX-7", "DROP-8", "GLOBEX-9", "GLOBEX-10"]
-            publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "second", more)
-            expect(count).to_have_text("9", timeout=30_000)  # the live fragment, no reload
-            assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
+        more = ["GLOBEX-6", "GLOBEX-7", "DROP-8", "GLOBEX-9", "GLOBEX-10"]
+        publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "second", more)
+        expect(count).to_have_text(f"{before + 9:,}", timeout=30_000)  # the live fragment, no reload
+        assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
 
-            for path, (title, drawn) in PAGES.items():
-                query = "?call_id=first-4" if path == "call" else ""
-                # The default page lives at the root; its url_path is only its name in the menu.
-                page.goto(f"{live_stack['url']}/{'' if path == 'overview' else path}{query}")
-                expect(page.get_by_role("heading", name=title)).to_be_visible(timeout=30_000)
-                expect(page.get_by_text("Page not found")).to_have_count(0)
-                expect(page.get_by_text(drawn).first).to_be_visible(timeout=30_000)
-                # Drawn: the script is not running and no element waits for its data.
-                expect(page.get_by_test_id("stApp")).to_have_attribute(
-                    "data-test-script-state", "notRunning", timeout=30_000
-                )
-                expect(page.get_by_test_id("stSkeleton")).to_have_count(0, timeout=30_000)
-                assert page.locator("img[src*='evil.example'], a[href*='evil.example']").count() == 0
-                if path == "impact":
-                    # The shadow rule's one divergent call (ACME-5), and the command that replays it.
-                    metric = page.get_by_test_id("stMetric").filter(has_text="Divergent")
-                    expect(metric.get_by_test_id("stMetricValue")).to_have_text("1")
-                    expect(page.get_by_text("callgate replay --policy POLICY_FILE").first).to_be_visible()
-                page.screenshot(path=str(screenshots / f"{path}.png"), full_page=True)
-            # The hostile denial is on the call page, verbatim, as text.
-            page.goto(f"{live_stack['url']}/call?call_id=first-4")
-            expect(page.get_by_text("onerror=alert(1)", exact=False).first).to_be_visible(timeout=30_000)
+        for path, (title, drawn) in PAGES.items():
+            query = "?call_id=first-4" if path == "call" else ""
+            # The default page lives at the root; its url_path is only its name in the menu.
+            page.goto(f"{live_stack['url']}/{'' if path == 'overview' else path}{query}")
+            expect(page.get_by_role("heading", name=title)).to_be_visible(timeout=30_000)
+            expect(page.get_by_text("Page not found")).to_have_count(0)
+            expect(page.get_by_text(drawn).first).to_be_visible(timeout=30_000)
+            # Drawn: the script is not running and no element waits for its data.
+            expect(page.get_by_test_id("stApp")).to_have_attribute(
+                "data-test-script-state", "notRunning", timeout=30_000
+            )
+            expect(page.get_by_test_id("stSkeleton")).to_have_count(0, timeout=30_000)
             assert page.locator("img[src*='evil.example'], a[href*='evil.example']").count() == 0
-        finally:
-            browser.close()
+            if path == "impact":
+                # The shadow rule's one divergent call (ACME-5), and the command that replays it.
+                metric = page.get_by_test_id("stMetric").filter(has_text="Divergent")
+                expect(metric.get_by_test_id("stMetricValue")).to_have_text("1")
+                expect(page.get_by_text("callgate replay --policy POLICY_FILE").first).to_be_visible()
+            page.screenshot(path=str(screenshots / f"{path}.png"), full_page=True)
+        # The hostile denial is on the call page, verbatim, as text.
+        page.goto(f"{live_stack['url']}/call?call_id=first-4")
+        expect(page.get_by_text("onerror=alert(1)", exact=False).first).to_be_visible(timeout=30_000)
+        assert page.locator("img[src*='evil.example'], a[href*='evil.example']").count() == 0
+    finally:
+        context.close()
     assert sorted(p.name for p in screenshots.glob("*.png")) == sorted(f"{p}.png" for p in PAGES)
 
 
@@ -292,57 +310,66 @@ def signed_dashboard(signed_store: Any, tmp_path: Path) -> Iterator[str]:
 
 
 def test_signed_coverage_and_a_downloaded_proof_in_a_real_browser(
-    chromium: str, signed_dashboard: str, signed_store: Any, screenshots: Path
+    browser: Any, signed_dashboard: str, signed_store: Any, screenshots: Path
 ) -> None:
     """The Coverage page shows the signed check failing; the Proof button of a covered call shows the
     proof verified with the trusted key and downloads proof-<event_id>.json, which `check_proof`
     accepts with the gate's key, and the call's proofs download holds a verifying proof per event; the
     Proof button of an uncovered call, and its proofs download, say why there is none."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     event_id = next(e.event_id for e in signed_store.events if getattr(e, "call_id", None) == "s-3")
     # A folder of their own: the other test checks that its folder holds exactly its pages.
     shots = screenshots / "signed"
     shots.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1100}, accept_downloads=True)
-            page.goto(f"{signed_dashboard}/coverage")
-            expect(page.get_by_text("FAIL: signed")).to_be_visible(timeout=30_000)
-            expect(page.get_by_text("Violations: signed")).to_be_visible()
-            expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
-            page.screenshot(path=str(shots / "coverage.png"), full_page=True)
+    # A laptop's screen: the violations table's last column ends on it.
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+    try:
+        page = context.new_page()
+        page.goto(f"{signed_dashboard}/coverage")
+        expect(page.get_by_text("FAIL: signed")).to_be_visible(timeout=30_000)
+        expect(page.get_by_text("Violations: signed")).to_be_visible()
+        expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
+        grid = page.get_by_test_id("stDataFrame").last
+        grid.scroll_into_view_if_needed()
+        headers = grid.locator("[role=columnheader]")
+        expect(headers.first).to_be_attached(timeout=30_000)
+        assert not any("_" in header for header in headers.all_text_contents()), headers.all_text_contents()
+        assert all(scroll <= width for scroll, width in fits(page)), fits(page)
+        box = grid.bounding_box()
+        assert box is not None
+        assert box["x"] + box["width"] <= 1440, box
+        page.screenshot(path=str(shots / "coverage.png"))
 
-            page.goto(f"{signed_dashboard}/call?call_id=s-3")
-            page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
-            expect(page.get_by_text("signed by a trusted key")).to_be_visible(timeout=30_000)
-            with page.expect_download(timeout=30_000) as caught:
-                page.get_by_role("button", name="Download proof").click()
-            download = caught.value
-            assert download.suggested_filename == f"proof-{event_id}.json"
-            doc = json.loads(Path(download.path()).read_text(encoding="utf-8"))
-            assert check_proof(doc, signed_store.key).ok
-            page.screenshot(path=str(shots / "call-proof.png"), full_page=True)
-            # The call's evidence: every own event's proof, one a line, each verifying with the gate's key.
-            with page.expect_download(timeout=30_000) as caught:
-                page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
-            assert caught.value.suggested_filename == "call-s-3-proofs.jsonl"
-            docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
-            assert docs
-            assert all("no_proof" not in d and check_proof(d, signed_store.key).ok for d in docs)
-            assert event_id in {json.loads(d["event"])["event_id"] for d in docs}
+        page.goto(f"{signed_dashboard}/call?call_id=s-3")
+        page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
+        expect(page.get_by_text("signed by a trusted key")).to_be_visible(timeout=30_000)
+        with page.expect_download(timeout=30_000) as caught:
+            page.get_by_role("button", name="Download proof").click()
+        download = caught.value
+        assert download.suggested_filename == f"proof-{event_id}.json"
+        doc = json.loads(Path(download.path()).read_text(encoding="utf-8"))
+        assert check_proof(doc, signed_store.key).ok
+        page.screenshot(path=str(shots / "call-proof.png"), full_page=True)
+        # The call's evidence: every own event's proof, one a line, each verifying with the gate's key.
+        with page.expect_download(timeout=30_000) as caught:
+            page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
+        assert caught.value.suggested_filename == "call-s-3-proofs.jsonl"
+        docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
+        assert docs
+        assert all("no_proof" not in d and check_proof(d, signed_store.key).ok for d in docs)
+        assert event_id in {json.loads(d["event"])["event_id"] for d in docs}
 
-            page.goto(f"{signed_dashboard}/call?call_id=u-0")
-            page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
-            expect(page.get_by_text("is not covered by any stored checkpoint")).to_be_visible(timeout=30_000)
-            with page.expect_download(timeout=30_000) as caught:
-                page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
-            docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
-            assert docs
-            assert all("is not covered by any stored checkpoint" in d["no_proof"] for d in docs)
-        finally:
-            browser.close()
+        page.goto(f"{signed_dashboard}/call?call_id=u-0")
+        page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
+        expect(page.get_by_text("is not covered by any stored checkpoint")).to_be_visible(timeout=30_000)
+        with page.expect_download(timeout=30_000) as caught:
+            page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
+        docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
+        assert docs
+        assert all("is not covered by any stored checkpoint" in d["no_proof"] for d in docs)
+    finally:
+        context.close()
 
 
 def fits(page: Any) -> list[tuple[int, int]]:
@@ -359,99 +386,96 @@ def metric(page: Any, label: str) -> Any:
 
 
 def test_console_keeps_its_place_and_shows_its_evidence_at_1440_px(
-    chromium: str, live_stack: dict[str, Any], screenshots: Path, tmp_path: Path
+    browser: Any, live_stack: dict[str, Any], screenshots: Path, tmp_path: Path
 ) -> None:
     """At 1440x900 with Live on: a selected Blocked attempts row stays on its call while new rows
     arrive, and Open call detail opens that call; the tenant filter is still set after Call detail ->
     Run -> Blocked attempts; the call of a policy rule shows the rule id and the policy version, the
     stored event and a download of its events; Pipeline health averages over the minutes the pipeline
     ran; no table is wider than its place."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    started = time.monotonic()
+    before = stored_attempts(live_stack["api"])
     first = ["ACME-0", "GLOBEX-1", "DROP-2", "GLOBEX-3"]
-    assert publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "first", first) == (3, 1)
-    until(lambda: blocked_in_store(live_stack["api"]) == 4, 60, "first events stored")
+    assert publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "console", first) == (3, 1)
+    until(lambda: blocked_in_store(live_stack["api"]) == before + 4, 60, "first events stored")
     shots = screenshots / "console"
     shots.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 900}, accept_downloads=True)
-            page.goto(f"{live_stack['url']}/blocked")
-            expect(metric(page, "Matching attempts")).to_have_text("4", timeout=30_000)
-            page.get_by_test_id("stExpander").filter(has_text="Filters").locator("summary").click()
-            page.get_by_label("Tenant", exact=True).last.fill("acme")
-            page.get_by_label("Tenant", exact=True).last.press("Enter")
-            expect(page).to_have_url(re.compile(r"f_tenant=acme"), timeout=30_000)
-            expect(metric(page, "Matching attempts")).to_have_text("4", timeout=30_000)
-            expect(page.get_by_test_id("stApp")).to_have_attribute(
-                "data-test-script-state", "notRunning", timeout=30_000
-            )
-            assert all(scroll <= width for scroll, width in fits(page)), fits(page)
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+    try:
+        page = context.new_page()
+        page.goto(f"{live_stack['url']}/blocked")
+        expect(metric(page, "Matching attempts")).to_have_text(f"{before + 4:,}", timeout=30_000)
+        page.get_by_test_id("stExpander").filter(has_text="Filters").locator("summary").click()
+        page.get_by_label("Tenant", exact=True).last.fill("acme")
+        page.get_by_label("Tenant", exact=True).last.press("Enter")
+        expect(page).to_have_url(re.compile(r"f_tenant=acme"), timeout=30_000)
+        expect(metric(page, "Matching attempts")).to_have_text(f"{before + 4:,}", timeout=30_000)
+        expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning", timeout=30_000)
+        assert all(scroll <= width for scroll, width in fits(page)), fits(page)
 
-            # Select the newest row (the first): its call id is shown, and Live pauses. Live redraws
-            # the grid every second until then, so a click that lands during a redraw is made again.
-            grid = page.get_by_test_id("stDataFrame").first
-            shown = page.get_by_text(re.compile(r"^Selected call: "))
-            deadline = time.monotonic() + 60
-            while not shown.is_visible():
-                assert time.monotonic() < deadline, "no row could be selected in 60 s"
-                grid.scroll_into_view_if_needed()  # the opened filters push it down
-                box = grid.bounding_box()
-                assert box is not None
-                page.mouse.click(box["x"] + 16, box["y"] + 35 + 17)
-                with contextlib.suppress(AssertionError):
-                    expect(shown).to_be_visible(timeout=5_000)
-            selected = (shown.text_content() or "").removeprefix("Selected call: ")
-            assert selected.startswith("first-")
-            expect(page.get_by_text("Live is paused while a row is selected")).to_be_visible(timeout=30_000)
-            page.screenshot(path=str(shots / "blocked-selected.png"), full_page=True)
+        # Select the newest row (the first): its call id is shown, and Live pauses. Live redraws
+        # the grid every second until then, so a click that lands during a redraw is made again.
+        grid = page.get_by_test_id("stDataFrame").first
+        shown = page.get_by_text(re.compile(r"^Selected call: "))
+        deadline = time.monotonic() + 60
+        while not shown.is_visible():
+            assert time.monotonic() < deadline, "no row could be selected in 60 s"
+            grid.scroll_into_view_if_needed()  # the opened filters push it down
+            box = grid.bounding_box()
+            assert box is not None
+            page.mouse.click(box["x"] + 16, box["y"] + 35 + 17)
+            with contextlib.suppress(AssertionError):
+                expect(shown).to_be_visible(timeout=5_000)
+        selected = (shown.text_content() or "").removeprefix("Selected call: ")
+        assert selected.startswith("console-")
+        expect(page.get_by_text("Live is paused while a row is selected")).to_be_visible(timeout=30_000)
+        page.screenshot(path=str(shots / "blocked-selected.png"), full_page=True)
 
-            # Newer attempts arrive above the selected row; the next run of the page still opens it.
-            publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "second", ["GLOBEX-4", "GLOBEX-5"])
-            until(lambda: blocked_in_store(live_stack["api"]) == 6, 60, "second events stored")
-            expect(shown).to_have_text(f"Selected call: {selected}", timeout=30_000)
-            page.get_by_role("button", name="Open call detail").click()
-            expect(page.get_by_role("heading", name="Call detail")).to_be_visible(timeout=30_000)
-            expect(page.get_by_label("Call id")).to_have_value(selected, timeout=30_000)
+        # Newer attempts arrive above the selected row; the next run of the page still opens it.
+        publish_now(live_stack["bootstrap"], live_stack["topic"], tmp_path / "console-more", ["GLOBEX-4", "GLOBEX-5"])
+        until(lambda: blocked_in_store(live_stack["api"]) == before + 6, 60, "second events stored")
+        expect(shown).to_have_text(f"Selected call: {selected}", timeout=30_000)
+        page.get_by_role("button", name="Open call detail").click()
+        expect(page.get_by_role("heading", name="Call detail")).to_be_visible(timeout=30_000)
+        expect(page.get_by_label("Call id")).to_have_value(selected, timeout=30_000)
 
-            # Call detail -> Run -> Blocked attempts: the tenant filter is as it was left.
-            page.get_by_role("button", name="Open its run").click(timeout=30_000)
-            expect(page.get_by_role("heading", name="Run", exact=True)).to_be_visible(timeout=30_000)
-            expect(page.get_by_text("Story", exact=True)).to_be_visible(timeout=30_000)
-            page.get_by_test_id("stSidebarNav").get_by_role("link", name="Blocked attempts", exact=True).click()
-            expect(page.get_by_role("heading", name="Blocked attempts")).to_be_visible(timeout=30_000)
-            expect(page.get_by_label("Tenant", exact=True).last).to_have_value("acme", timeout=30_000)
-            expect(page).to_have_url(re.compile(r"f_tenant=acme"), timeout=30_000)
-            expect(metric(page, "Matching attempts")).to_have_text("6", timeout=30_000)
-            page.screenshot(path=str(shots / "blocked-back.png"), full_page=True)
+        # Call detail -> Run -> Blocked attempts: the tenant filter is as it was left.
+        page.get_by_role("button", name="Open its run").click(timeout=30_000)
+        expect(page.get_by_role("heading", name="Run", exact=True)).to_be_visible(timeout=30_000)
+        expect(page.get_by_text("Story", exact=True)).to_be_visible(timeout=30_000)
+        page.get_by_test_id("stSidebarNav").get_by_role("link", name="Blocked attempts", exact=True).click()
+        expect(page.get_by_role("heading", name="Blocked attempts")).to_be_visible(timeout=30_000)
+        expect(page.get_by_label("Tenant", exact=True).last).to_have_value("acme", timeout=30_000)
+        expect(page).to_have_url(re.compile(r"f_tenant=acme"), timeout=30_000)
+        expect(metric(page, "Matching attempts")).to_have_text(f"{before + 6:,}", timeout=30_000)
+        page.screenshot(path=str(shots / "blocked-back.png"), full_page=True)
 
-            # The call a policy rule denied: rule id, policy version, the stored event, its evidence.
-            page.goto(f"{live_stack['url']}/call?call_id=first-0")
-            expect(page.get_by_text("deny-acme-0").first).to_be_visible(timeout=30_000)
-            version = hashlib.sha256(SHADOW_ORDERS.encode()).hexdigest()
-            expect(page.get_by_text(version).first).to_be_visible()
-            expect(page.get_by_text('"call_id": "first-0"').first).to_be_visible()
-            expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
-            assert all(scroll <= width for scroll, width in fits(page)), fits(page)
-            with page.expect_download(timeout=30_000) as caught:
-                page.get_by_role("button", name="Download evidence (events as JSON lines)").click()
-            assert caught.value.suggested_filename == "call-first-0.jsonl"
-            lines = Path(caught.value.path()).read_text(encoding="utf-8").splitlines()
-            stored = ApiReader(live_stack["api"], timeout_s=5).query("call_detail", {"call_id": "first-0"}).rows
-            assert [json.loads(line)["event_id"] for line in lines] == [row["event_id"] for row in stored]
-            assert {json.loads(line)["call_id"] for line in lines} == {"first-0"}
-            page.screenshot(path=str(shots / "call-evidence.png"), full_page=True)
+        # The call a policy rule denied: rule id, policy version, the stored event, its evidence.
+        page.goto(f"{live_stack['url']}/call?call_id=console-0")
+        expect(page.get_by_text("deny-acme-0").first).to_be_visible(timeout=30_000)
+        version = hashlib.sha256(SHADOW_ORDERS.encode()).hexdigest()
+        expect(page.get_by_text(version).first).to_be_visible()
+        expect(page.get_by_text('"call_id": "console-0"').first).to_be_visible()
+        expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
+        assert all(scroll <= width for scroll, width in fits(page)), fits(page)
+        with page.expect_download(timeout=30_000) as caught:
+            page.get_by_role("button", name="Download evidence (events as JSON lines)").click()
+        assert caught.value.suggested_filename == "call-console-0.jsonl"
+        lines = Path(caught.value.path()).read_text(encoding="utf-8").splitlines()
+        stored = ApiReader(live_stack["api"], timeout_s=5).query("call_detail", {"call_id": "console-0"}).rows
+        assert [json.loads(line)["event_id"] for line in lines] == [row["event_id"] for row in stored]
+        assert {json.loads(line)["call_id"] for line in lines} == {"console-0"}
+        page.screenshot(path=str(shots / "call-evidence.png"), full_page=True)
 
-            # Pipeline health: every event was stored minutes ago at most, so the rate is not a
-            # fifteenth of them.
-            page.goto(f"{live_stack['url']}/pipeline")
-            expect(metric(page, "Events stored")).not_to_have_text("0", timeout=30_000)
-            stored_events = int((metric(page, "Events stored").text_content() or "0").replace(",", ""))
-            rate = int((metric(page, "Events a minute").text_content() or "0").replace(",", ""))
-            minutes_ran = max(1.0, (time.monotonic() - started) / 60)
-            assert rate * minutes_ran >= stored_events * 0.9, (rate, stored_events, minutes_ran)
-            page.screenshot(path=str(shots / "pipeline.png"), full_page=True)
-        finally:
-            browser.close()
+        # Pipeline health: every event was stored minutes ago at most, so the rate is not a
+        # fifteenth of them.
+        page.goto(f"{live_stack['url']}/pipeline")
+        expect(metric(page, "Events stored")).not_to_have_text("0", timeout=30_000)
+        stored_events = int((metric(page, "Events stored").text_content() or "0").replace(",", ""))
+        rate = int((metric(page, "Events a minute").text_content() or "0").replace(",", ""))
+        minutes_ran = max(1.0, (time.monotonic() - live_stack["started"]) / 60)
+        assert rate * minutes_ran >= stored_events * 0.9, (rate, stored_events, minutes_ran)
+        page.screenshot(path=str(shots / "pipeline.png"), full_page=True)
+    finally:
+        context.close()

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -346,3 +347,237 @@ def test_a_tenant_login_sent_to_a_global_page_is_told_why(
     nav(page, "Blocked attempts")
     expect(page.get_by_role("heading", name="Blocked attempts", exact=True)).to_be_visible(timeout=30_000)
     expect(page.get_by_text(f"{title} reads every tenant's events")).to_have_count(0)
+
+
+def test_a_link_to_call_or_run_asks_the_server_only_where_it_is(
+    page: Any, served: str, run_store: Any, tokens: dict[str, str], shots: Path
+) -> None:
+    """Opened directly by link, `/call?call_id=...` and `/run?run_id=...` draw their page, and no request
+    of the browser answers 404 (Streamlit's page looked for its server under the page's path first:
+    `/call/_stcore/health` and `/call/_stcore/host-config`)."""
+    from playwright.sync_api import expect
+
+    failed: list[str] = []
+    asked: list[str] = []
+    page.on(
+        "response",
+        lambda response: failed.append(f"{response.status} {response.url}") if response.status >= 400 else None,
+    )
+    page.on("request", lambda request: asked.append(request.url))
+    call_id = next(e.call_id for e in run_store.events if getattr(e, "tool", None) == "run_sql" and e.type == "Blocked")
+    page.goto(f"{served}/call?call_id={call_id}")
+    log_in(page, tokens["auditor"])
+    expect(page.get_by_role("heading", name="Call detail", exact=True)).to_be_visible(timeout=30_000)
+    expect(page.get_by_label("Call id")).to_have_value(call_id, timeout=30_000)
+    drawn(page)
+    page.screenshot(path=str(shots / "call-by-link.png"), full_page=True)
+    page.goto(f"{served}/run?run_id=run-desk")
+    log_in(page, tokens["auditor"])
+    expect(page.get_by_role("heading", name="Run", exact=True)).to_be_visible(timeout=30_000)
+    expect(page.get_by_test_id("stCode").filter(has_text="ask_research")).to_be_visible(timeout=30_000)
+    drawn(page)
+    page.screenshot(path=str(shots / "run-by-link.png"), full_page=True)
+    assert failed == [], failed
+    # The server was asked where it is at the root only.
+    health = sorted(
+        {url.removeprefix(served) for url in asked if "/_stcore/health" in url or "/_stcore/host-config" in url}
+    )
+    assert health == ["/_stcore/health", "/_stcore/host-config"], health
+
+
+def tables_in_view(page: Any) -> list[dict[str, Any]]:
+    """Each table shown on the page (not in a closed expander), scrolled into view: its headers and
+    cells (the grid's accessible copy of its canvas), and where its last column's header ends, in
+    the viewport's pixels. The grid draws its headers on a canvas, so the header's box is the grid's
+    left edge plus the width its columns take (its scroll width): a table whose columns do not fit
+    is wider inside than its box."""
+    from playwright.sync_api import expect
+
+    grids = page.locator("[data-testid=stDataFrame]:visible")
+    tables = []
+    for index in range(grids.count()):
+        grid = grids.nth(index)
+        grid.scroll_into_view_if_needed()
+        # The grid's accessible copy (its headers and cells) follows its canvas.
+        expect(grid.locator("[role=columnheader]").first).to_be_attached(timeout=30_000)
+        tables.append(
+            grid.evaluate(
+                """grid => {
+                    const box = grid.getBoundingClientRect();
+                    const scroller = grid.querySelector('.dvn-scroller');
+                    const cells = '[role=columnheader],[role=gridcell]';
+                    const rows = Array.from(grid.querySelectorAll('[role=row]')).map(row =>
+                        Array.from(row.querySelectorAll(cells)).map(c => c.textContent));
+                    return {
+                        headers: rows.length ? rows[0] : [],
+                        cells: rows.slice(1),
+                        right: box.left + scroller.scrollWidth,
+                        inner: scroller.scrollWidth,
+                        outer: scroller.clientWidth,
+                        box_right: box.right,
+                    };
+                }"""
+            )
+        )
+    return tables
+
+
+# The pages whose tables must fit a laptop's screen: the menu entry to open, a run id to type (the
+# Run page with a run open), and text once their tables are drawn.
+WIDE_PAGES = {
+    "overview": ("Overview", None, "Top denied"),
+    "runs": ("Run", None, "Runs found"),
+    "run": ("Run", "run-desk", "Story"),
+    "trends": ("Trends", None, "Denial reasons new in this window"),
+    "pipeline": ("Pipeline health", None, "Partitions"),
+}
+
+
+@pytest.fixture
+def laptop(browser: Any) -> Iterator[Any]:
+    """A fresh session at 1440x900, a laptop's screen."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def test_every_table_fits_a_laptop_screen(laptop: Any, served: str, tokens: dict[str, str], shots: Path) -> None:
+    """At 1440x900 the last column of every table on Overview, Run, Trends and Pipeline health ends
+    within the screen and within its table (no sideways scroll to reach it); headers are words, not
+    column codes; no cell reads "None"; no figure's label is cut; no "1 messages"; a screenshot of
+    each table."""
+    from playwright.sync_api import expect
+
+    page = laptop
+    page.goto(f"{served}/?window=30d")
+    log_in(page, tokens["auditor"])
+    expect(metric(page, "Calls")).to_be_visible(timeout=30_000)
+    for name, (title, run_id, shown) in WIDE_PAGES.items():
+        nav(page, title)
+        expect(page.get_by_role("heading", name=title, exact=True)).to_be_visible(timeout=30_000)
+        if run_id is not None:
+            field = page.get_by_label("Run id", exact=True)
+            field.fill(run_id)
+            field.press("Enter")
+        expect(page.get_by_text(shown, exact=True).first).to_be_visible(timeout=30_000)
+        drawn(page)
+        grids = page.locator("[data-testid=stDataFrame]:visible")
+        expect(grids.first).to_be_visible(timeout=30_000)
+        for index in range(grids.count()):
+            grids.nth(index).scroll_into_view_if_needed()
+            page.screenshot(path=str(shots / f"wide-{name}-{index}.png"))
+        tables = tables_in_view(page)
+        assert tables, name
+        # Figures' labels are whole (Pipeline health's were cut), and counts agree with their nouns.
+        labels = page.get_by_test_id("stMetricLabel")
+        for index in range(labels.count()):
+            cut = labels.nth(index).evaluate(
+                "label => [label, ...label.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth)"
+            )
+            assert not cut, (name, labels.nth(index).inner_text())
+        assert not re.search(r"\b1 (messages|calls|tools|tenants|interceptors|runs|events)\b", page.inner_text("body"))
+        for table in tables:
+            what = (name, table["headers"])
+            assert table["inner"] <= table["outer"], what
+            assert table["right"] <= min(table["box_right"], 1440) + 1, what
+            assert table["headers"], what
+            assert not any("_" in header for header in table["headers"]), what
+            assert not any(cell == "None" for row in table["cells"] for cell in row), what
+
+
+def share_caption(page: Any) -> int:
+    """All calls of the range, as the Trends page's interceptor caption gives them."""
+    text = page.get_by_text(re.compile(r"^Share of all calls \(")).inner_text()
+    found = re.search(r"\(([\d,]+) in the range", text)
+    assert found, text
+    return int(found.group(1).replace(",", ""))
+
+
+def test_trends_shares_series_and_a_custom_range(
+    laptop: Any, served: str, run_store: Any, tokens: dict[str, str], shots: Path
+) -> None:
+    """On Trends: every interceptor's share is of the same denominator, all calls of the range (the
+    sum of the tools' calls); a series per tenant, per policy rule and per tool shows their keys;
+    a custom range ending tomorrow shows the window's figures and one in the future shows none."""
+    from playwright.sync_api import expect
+
+    page = laptop
+    page.goto(f"{served}/trends?window=30d&live=0")
+    log_in(page, tokens["auditor"])
+    expect(page.get_by_text("Denial rate per interceptor")).to_be_visible(timeout=30_000)
+    drawn(page)
+    calls = run_store.scalar(
+        "select count(*) from events where type in ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')"
+    )
+    assert share_caption(page) == calls
+    tools, interceptors, series, _ = tables_in_view(page)
+    assert tools["headers"] == ["tool", "denied", "calls", "rate"]
+    assert sum(int(row[2]) for row in tools["cells"]) == calls
+    assert interceptors["headers"] == ["interceptor", "denied", "all calls", "share of all calls"]
+    assert {row[2] for row in interceptors["cells"]} == {str(calls)}
+    for _, denied, _, share in interceptors["cells"]:
+        assert float(share) == round(int(denied) / calls, 4)
+    assert series["headers"][0] == "tenant"
+    tenants = {row[0] for row in series["cells"]}
+    stored = run_store.scalar("select list(distinct tenant) from events where tenant is not null")
+    assert tenants == set(stored)
+    page.screenshot(path=str(shots / "trends-tenant.png"))
+
+    for choice, header in (("Interceptor", "interceptor"), ("Tool", "tool"), ("Policy rule", "policy rule")):
+        pick(page, "Series over time per", choice)
+        # Tool and interceptor have a chart of their own above the series: their heading shows twice.
+        twice = header in ("tool", "interceptor")
+        expect(page.get_by_role("heading", name=f"Denial rate per {header}")).to_have_count(1 + twice, timeout=30_000)
+        drawn(page)
+        if header == "policy rule":
+            # These runs' interceptors are no policy files: no rule to draw, and the page says so.
+            expect(page.get_by_text("No policy rule denied a call in this range.")).to_be_visible()
+        else:
+            series = page.locator("[data-testid=stDataFrame]:visible").nth(2)
+            series.scroll_into_view_if_needed()
+            expect(series.locator("[role=columnheader]").first).to_have_text(header, timeout=30_000)
+            table = tables_in_view(page)[2]
+            assert table["headers"][0] == header, table
+            assert {row[0] for row in table["cells"]} == {
+                row[0] for row in (interceptors if header == "interceptor" else tools)["cells"]
+            }
+        page.screenshot(path=str(shots / f"trends-{header.replace(' ', '-')}.png"))
+
+    page.get_by_text("Custom range", exact=True).click()
+    expect(page.get_by_role("group", name="End date (UTC)")).to_be_visible(timeout=30_000)
+    tomorrow = datetime.now(UTC).date() + timedelta(days=1)
+    set_date(page, "End date (UTC)", tomorrow)
+    expect(page.get_by_text(re.compile(rf"to {tomorrow:%Y-%m-%d} "))).to_be_visible(timeout=30_000)
+    drawn(page)
+    assert share_caption(page) == calls
+    set_date(page, "End date (UTC)", tomorrow + timedelta(days=2))
+    set_date(page, "Start date (UTC)", tomorrow + timedelta(days=1))
+    expect(page.get_by_text(re.compile(rf"^{tomorrow + timedelta(days=1):%Y-%m-%d} \d\d:\d\d to "))).to_be_visible(
+        timeout=30_000
+    )
+    drawn(page)
+    expect(page.get_by_text("No calls in this window.").first).to_be_visible()
+    assert share_caption(page) == 0
+    page.screenshot(path=str(shots / "trends-custom-range.png"))
+
+
+def pick(page: Any, label: str, choice: str) -> None:
+    """Choose `choice` in the select box `label` (in view first: its list closes when the page scrolls)."""
+    from playwright.sync_api import expect
+
+    box = page.get_by_role("combobox", name=label)
+    box.scroll_into_view_if_needed()
+    expect(box).to_be_in_viewport()
+    box.click()
+    page.get_by_role("option", name=choice, exact=True).click()
+
+
+def set_date(page: Any, label: str, day: date) -> None:
+    """Type `day` into the date field `label` (a year, a month and a day to type), then leave it."""
+    for part, shown in (("year", f"{day:%Y}"), ("month", f"{day:%m}"), ("day", f"{day:%d}")):
+        page.get_by_role("spinbutton", name=f"{part}, {label}").click()
+        page.keyboard.type(shown)
+    # Leaving the field hands its value to the page.
+    page.get_by_role("heading", name="Trends", exact=True).click()

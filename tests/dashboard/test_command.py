@@ -52,7 +52,7 @@ class TestCommand:
         """The child command is headless, bound where asked, statistics off."""
         command = streamlit_command("127.0.0.1", 8600)
         assert command[1:4] == ["-m", "streamlit", "run"]
-        assert command[4].endswith("dashboard/app.py")
+        assert command[4].endswith("dashboard/serve.py")
         for option in ("--server.headless=true", "--server.address=127.0.0.1", "--server.port=8600"):
             assert option in command
         assert "--browser.gatherUsageStats=false" in command
