@@ -82,7 +82,7 @@ class TestAsOf:
         assert metrics(then)["Blocked"] == "0"
         assert metrics(then)["Matching attempts"] == str(denied)
         (table,) = [df.value for df in then.dataframe]
-        assert set(table["type"]) == {"ToolDenied"}
+        assert set(table["type"]) == {"denied"}  # the table names decisions in words
         assert len(table) == denied
         banner = " ".join(w.value for w in then.warning)
         assert f"as it was at {past_lake.between.strftime('%Y-%m-%d %H:%M:%S')} (UTC)" in banner
