@@ -25,12 +25,8 @@ DuckDB file, and the named queries on the lake against the file.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import os
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from figures import report
+
+from callgate.postgres import LocalPostgres, PostgresError
 
 TOPIC = "bench.lake"
 
@@ -134,39 +132,17 @@ def run_writers(home: str, data: str | None, writers: int, n: int, batch: int) -
 
 
 @contextmanager
-def postgres() -> Iterator[str]:
-    """Debian's PostgreSQL on a free loopback port (as the tests start it); its libpq DSN."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-    if not found:
-        raise SystemExit("PostgreSQL is not installed (make venv installs Debian's postgresql)")
-    bindir = Path(found[-1]).parent
-    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    workdir = Path(tempfile.mkdtemp(prefix="callgate-bench-postgres-"))
-    workdir.chmod(0o777)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    data = workdir / "data"
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.STDOUT, "check": True}
-    subprocess.run([*as_postgres, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"], **quiet)
-    options = f"-p {port} -k {workdir} -c listen_addresses=127.0.0.1"
-    start = [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(workdir / "log"), "-o", options, "-w", "start"]
-    subprocess.run([*as_postgres, *start], **quiet)
+def postgres() -> Iterator[LocalPostgres]:
+    """Debian's PostgreSQL on a free loopback port (as the tests start it)."""
     try:
-        yield f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
-    finally:
-        stop = [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]
-        subprocess.run([*as_postgres, *stop], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=False)
-        shutil.rmtree(workdir, ignore_errors=True)
+        with LocalPostgres(prefix="callgate-bench-postgres-") as server:
+            yield server
+    except PostgresError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
-def new_database(dsn: str) -> str:
-    import psycopg
-
-    name = f"lake_{uuid.uuid4().hex}"
-    with psycopg.connect(dsn, autocommit=True) as con:
-        con.execute(f'CREATE DATABASE "{name}"')
-    return "postgres:" + dsn.replace("dbname=postgres", f"dbname={name}")
+def new_database(server: LocalPostgres) -> str:
+    return "postgres:" + server.new_database()
 
 
 # -- queries ------------------------------------------------------------------------------------
@@ -189,7 +165,7 @@ def query_times(store: Any) -> dict[str, float]:
     return times
 
 
-async def lake_lag(dsn: str, tmp: Path, rate: int, seconds: float) -> tuple[float, float, int]:
+async def lake_lag(server: LocalPostgres, tmp: Path, rate: int, seconds: float) -> tuple[float, float, int]:
     """p50 and p99 (s) of decision-to-commit at `rate` events/s into a lake three materializers write."""
     import asyncio
 
@@ -201,7 +177,7 @@ async def lake_lag(dsn: str, tmp: Path, rate: int, seconds: float) -> tuple[floa
     from events.kafka import KafkaSink, ensure_topic
 
     topic = f"lag-{uuid.uuid4().hex[:8]}"
-    lake = lake_from_options(new_database(dsn), str(tmp / topic))
+    lake = lake_from_options(new_database(server), str(tmp / topic))
     AuditStore(lake).close()
     with EmbeddedBroker() as broker:
         await ensure_topic(broker.bootstrap, topic, 3)
@@ -308,9 +284,9 @@ def main() -> None:
     if args.only_lag or args.lag:
         import asyncio
 
-        with postgres() as dsn, tempfile.TemporaryDirectory(prefix="callgate-bench-lag-") as scratch:
+        with postgres() as server, tempfile.TemporaryDirectory(prefix="callgate-bench-lag-") as scratch:
             for rate in (2_000, 10_000):
-                p50, p99, count = asyncio.run(lake_lag(dsn, Path(scratch), rate, args.lag_seconds))
+                p50, p99, count = asyncio.run(lake_lag(server, Path(scratch), rate, args.lag_seconds))
                 where = f"lag at {rate:,} events/s into a lake of 3 materializers"
                 print(f"{where}: p50 {p50:.2f} s, p99 {p99:.2f} s ({count:,} events)")
                 report(f"lake lag p99 at {rate} events/s, 3 materializers", p99, "s")
@@ -324,14 +300,14 @@ def main() -> None:
     query_ratios: list[float] = []
     files = (0, 0)
     slowest: tuple[str, float] = ("", 0.0)
-    with postgres() as dsn, tempfile.TemporaryDirectory(prefix="callgate-bench-lake-") as scratch:
+    with postgres() as server, tempfile.TemporaryDirectory(prefix="callgate-bench-lake-") as scratch:
         tmp = Path(scratch)
         for round_ in range(args.rounds):
             file = tmp / f"file-{round_}.duckdb"
             rates["file"].append(run_writers(str(file), None, 1, n, args.batch)["rate"])
             lake3 = None
             for writers in (1, 2, 3):
-                catalog, data = new_database(dsn), str(tmp / f"lake-{round_}-{writers}")
+                catalog, data = new_database(server), str(tmp / f"lake-{round_}-{writers}")
                 AuditStore(lake_from_options(catalog, data)).close()  # the schema made before the clock runs
                 result = run_writers(catalog, data, writers, n, args.batch)
                 rates[f"lake-{writers}"].append(result["rate"])
