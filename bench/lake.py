@@ -16,10 +16,11 @@ DuckDB file, and the named queries on the lake against the file.
    the file, each timed as the median of three runs; the figure is the median over the queries of
    each query's lake/file ratio, and the slowest query on the lake is named. Then the Parquet files
    the 3-writer lake wrote, and the events table's live files after `ducklake_merge_adjacent_files`.
-3. Lag (`--lag`, with `--lag-seconds S`, default 10): three `callgate materialize --assignment group
-   --lake` processes on the embedded broker, events sealed as they are emitted through a KafkaSink at
-   2,000 and then 10,000 events/s; the lag of an event is from its decision (`time`) to its commit in
-   the lake (`ingested_at`): p50 and p99, and how many were stored once all were in.
+3. Lag (`--lag`, with `--lag-seconds S`, default 10, and `--lag-members 1,3`, default 3): that many
+   `callgate materialize --assignment group --lake` processes on the embedded broker, events sealed
+   as they are emitted through a KafkaSink at 2,000 and then 10,000 events/s; the lag of an event is
+   from its decision (`time`) to its commit in the lake (`ingested_at`): p50 and p99, and how many
+   were stored once all were in.
 """
 
 from __future__ import annotations
@@ -165,7 +166,9 @@ def query_times(store: Any) -> dict[str, float]:
     return times
 
 
-async def lake_lag(server: LocalPostgres, tmp: Path, rate: int, seconds: float) -> tuple[float, float, int]:
+async def lake_lag(
+    server: LocalPostgres, tmp: Path, rate: int, seconds: float, members: int = 3
+) -> tuple[float, float, int]:
     """p50 and p99 (s) of decision-to-commit at `rate` events/s into a lake three materializers write."""
     import asyncio
 
@@ -184,7 +187,9 @@ async def lake_lag(server: LocalPostgres, tmp: Path, rate: int, seconds: float) 
         command = [sys.executable, "-c", "from callgate.cli import main; main()", "materialize"]
         command += ["--bootstrap", broker.bootstrap, "--topic", topic, "--group", f"g-{topic}"]
         command += ["--assignment", "group", "--lake", lake.catalog, "--data", lake.data]
-        members = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(3)]
+        running = [
+            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(members)
+        ]
         sink = KafkaSink(broker.bootstrap, topic, tmp / f"{topic}-spool", partitions=3)
         producers = [Producer() for _ in range(6)]
         template = _sealed_fields()
@@ -232,9 +237,9 @@ async def lake_lag(server: LocalPostgres, tmp: Path, rate: int, seconds: float) 
                 ]
         finally:
             await sink.close()
-            for member in members:
+            for member in running:
                 member.send_signal(signal.SIGTERM)
-            for member in members:
+            for member in running:
                 member.wait(timeout=60)
     return statistics.median(lags), statistics.quantiles(lags, n=100)[98], len(lags)
 
@@ -269,6 +274,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lag", action="store_true", help="Also measure lag into a lake of three materializers.")
     parser.add_argument("--lag-seconds", type=float, default=10.0)
+    parser.add_argument("--lag-members", default="3", help="Materializer counts to measure the lag with: 1,3")
     parser.add_argument("--only-lag", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--writer", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -285,11 +291,12 @@ def main() -> None:
         import asyncio
 
         with postgres() as server, tempfile.TemporaryDirectory(prefix="callgate-bench-lag-") as scratch:
-            for rate in (2_000, 10_000):
-                p50, p99, count = asyncio.run(lake_lag(server, Path(scratch), rate, args.lag_seconds))
-                where = f"lag at {rate:,} events/s into a lake of 3 materializers"
-                print(f"{where}: p50 {p50:.2f} s, p99 {p99:.2f} s ({count:,} events)")
-                report(f"lake lag p99 at {rate} events/s, 3 materializers", p99, "s")
+            for members in [int(m) for m in args.lag_members.split(",")]:
+                for rate in (2_000, 10_000):
+                    p50, p99, count = asyncio.run(lake_lag(server, Path(scratch), rate, args.lag_seconds, members))
+                    where = f"lag at {rate:,} events/s into a lake of {members} materializers"
+                    print(f"{where}: p50 {p50:.2f} s, p99 {p99:.2f} s ({count:,} events)")
+                    report(f"lake lag p99 at {rate} events/s, {members} materializers", p99, "s")
         if args.only_lag:
             return
 
