@@ -71,9 +71,11 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python bench/all.py $(BENCH_ARGS)
 
-# The fault drill: real broker, materializer and producer processes, killed and restarted, then the
-# store compared with every event the gate made. Exits 1 on any loss that is not reported. A few
-# minutes; DRILL_ARGS="--quick" halves every window, DRILL_ARGS="--only broker-kill" picks rows.
+# The fault drill: real broker, materializer and producer processes, killed, paused and restarted,
+# then the store compared with every event the gate made, on a DuckDB file and on a lake written by
+# three materializers (its PostgreSQL started on loopback). Exits 1 on any loss that is not reported,
+# anything stored twice, or a late commit the lake did not refuse. Some minutes; DRILL_ARGS="--quick"
+# halves every window, "--store lake" picks a home, "--only broker-kill" picks rows.
 drill: $(STAMP)
 	$(BIN)/python bench/faults.py $(DRILL_ARGS)
 

@@ -1,7 +1,7 @@
 """The producer process of the fault drill (`bench/faults.py` starts it; not meant to be run by hand).
 
     python bench/_fault_producer.py --bootstrap HOST:PORT --topic T --spool DIR --ids FILE --report FILE
-        [--group G] [--rate R] [--seconds S] [--spool-max-bytes N] [--close-timeout S]
+        [--group G] [--rate R] [--seconds S] [--spool-max-bytes N] [--close-timeout S] [--partitions N]
 
 A real `Gate` (the benchmarks' support desk: three allowing interceptors) with two sinks: a tap that
 appends one line per event to `--ids` (`event_id producer_id seq type`, one `write` system call per
@@ -10,6 +10,11 @@ kernel's page cache), and a `KafkaSink` spooling in `--spool`. The tap is the gr
 the gate made. It makes tool calls at `--rate` calls per second (0: as fast as it can) for
 `--seconds`, then closes the sink with `--close-timeout`, and writes a JSON report: calls by
 outcome, events made, the sink's counters, whether `close` delivered everything and how long it took.
+
+`--partitions N` (default 1): as many gates as it takes for the producers' chains to cover the topic's N
+partitions (the sink keys each event by its gate's producer id), all sharing the two sinks, the calls
+dealt among them in turn, so that every member of a consumer group of up to N has a partition to
+write.
 
 `--group` becomes `KafkaSink(confirm_group=...)` when the sink accepts it (the report says whether it
 did). "ready" is printed on stdout once the gate is built, so the drill times its faults from the
@@ -59,7 +64,22 @@ def build_sink(options: argparse.Namespace) -> tuple[KafkaSink, bool]:
     return KafkaSink(options.bootstrap, options.topic, options.spool, **kwargs), confirm
 
 
-async def make_calls(desk: Any, rate: float, seconds: float, outcomes: dict[str, int]) -> None:
+def build_desks(sinks: list[Any], partitions: int) -> list[Any]:
+    """Desks of gates of their own until their producer ids cover `partitions` partitions (as
+    `KafkaSink` picks them: murmur2 of the key over the listed partitions), one desk per partition."""
+    from aiokafka.partitioner import murmur2
+
+    desks: dict[int, Any] = {}
+    for _ in range(1000):
+        desk = build_desk(sinks=sinks)
+        key = str(desk.gate.producer_id).encode()
+        desks.setdefault((murmur2(key) & 0x7FFFFFFF) % partitions, desk)
+        if len(desks) == partitions:
+            return [desks[p] for p in sorted(desks)]
+    raise RuntimeError(f"no gates cover {partitions} partitions after 1000 tries")
+
+
+async def make_calls(desks: list[Any], rate: float, seconds: float, outcomes: dict[str, int]) -> None:
     start = time.perf_counter()
     end = start + seconds
     i = 0
@@ -73,7 +93,7 @@ async def make_calls(desk: Any, rate: float, seconds: float, outcomes: dict[str,
                 await asyncio.sleep(ahead)
         i += 1
         try:
-            result = await desk.call("get_order", ARGS, run=RUN)
+            result = await desks[i % len(desks)].call("get_order", ARGS, run=RUN)
         except ToolBlockedError as exc:
             key = "blocked_audit" if exc.reason.startswith(AUDIT_UNAVAILABLE) else "blocked_other"
             outcomes[key] += 1
@@ -84,11 +104,11 @@ async def make_calls(desk: Any, rate: float, seconds: float, outcomes: dict[str,
 async def main_async(options: argparse.Namespace) -> int:
     tap = IdTap(options.ids)
     sink, confirm = build_sink(options)
-    desk = build_desk(sinks=[tap, sink])
+    desks = build_desks([tap, sink], options.partitions)
     print("ready", flush=True)
     outcomes = {"ok": 0, "error": 0, "blocked_audit": 0, "blocked_other": 0}
     started = time.perf_counter()
-    await make_calls(desk, options.rate, options.seconds, outcomes)
+    await make_calls(desks, options.rate, options.seconds, outcomes)
     calls_seconds = time.perf_counter() - started
     at_end = {"pending": sink.pending, "available": sink.available, "connected": sink.connected}
     closing = time.perf_counter()
@@ -138,6 +158,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--spool-max-bytes", type=int, default=256 * 2**20)
     parser.add_argument("--close-timeout", type=float, default=20.0)
+    parser.add_argument("--partitions", type=int, default=1)
     options = parser.parse_args()
     raise SystemExit(asyncio.run(main_async(options)))
 

@@ -1,21 +1,30 @@
 """The fault drill: does every decision the gate made reach the audit store, or is someone told?
 
-    python bench/faults.py [--only ROW ...] [--quick] [--rate R] [--json FILE] [--strict] [--keep]
+    python bench/faults.py [--store file|lake|both] [--only ROW ...] [--quick] [--rate R] [--json FILE]
+        [--strict] [--keep]
     make drill [DRILL_ARGS="--quick"]
 
 Real processes only, as an operator runs them: `callgate broker --port P` (the embedded broker,
-memory storage), `callgate materialize ... --api` (the consumer group writing a DuckDB store) and a
-producer (`bench/_fault_producer.py`: a real `Gate` with a `KafkaSink`, `confirm_group` set to the
-materializer's group when the sink has it) making tool calls at `--rate` (750 calls/s). The
-producer's tap records every event id the gate made: that is the ground truth. Each row injects one
-kind of fault while the producer runs, then:
+memory storage), `callgate materialize ... --api` writing the audit store, and a producer
+(`bench/_fault_producer.py`: real `Gate`s with a `KafkaSink`, `confirm_group` set to the
+materializers' group when the sink has it, one gate per partition of the topic) making tool calls at
+`--rate` (750 calls/s). The producer's tap records every event id the gates made: that is the ground
+truth. Every row runs against each home of the store (`--store`, default both):
 
-1. the producer stops calling and closes its sink (`close(timeout)`), while the materializer runs;
-2. the materializer is stopped (SIGINT), then `callgate materialize --drain` runs until the store
+- file: one DuckDB file, one materializer;
+- lake: a DuckLake whose catalog is a database of a PostgreSQL the drill starts on loopback (Debian's
+  server, `callgate.postgres`) and whose data is a local directory, written by three materializers
+  of one consumer group (`--assignment group`), one partition each.
+
+Each row injects one kind of fault while the producer runs, then:
+
+1. the producer stops calling and closes its sink (`close(timeout)`), while the materializers run;
+2. the materializers are stopped (SIGINT), then `callgate materialize --drain` runs until the store
    holds what was made or a deadline passes;
-3. the store (opened only now, when nobody writes it) is compared with the ground truth: events
-   made, stored, lost, duplicated (rows beyond one per event id, plus stored ids that no producer
-   made: both must be 0), and `callgate coverage --db` is run.
+3. the store (a file opened only now, when nobody writes it) is compared with the ground truth:
+   events made, stored, lost, duplicated (rows beyond one per event id, plus stored ids that no
+   producer made: both must be 0), and `callgate coverage` is run (its chain check verifies every
+   producer's chain).
 
 A lost event is *reported* when coverage fails its chain check and the event is a hole in its
 producer's chain (a seq below the highest stored one) or in a range a sink reported lost (a
@@ -28,9 +37,17 @@ that could not run (`--strict`: on any loss too).
 Rows (`--only` picks them; `--quick` halves every window):
 
 - baseline: no faults.
-- materializer-kill: the materializer SIGKILLed and restarted at once, twice.
+- materializer-kill: the materializer SIGKILLed and restarted at once, twice (on a lake: one member,
+  then another).
 - broker-kill: the broker SIGKILLed and restarted empty on the same port, twice.
 - broker-materializer-kill: both at the same moments, twice.
+- materializer-pause: a materializer stopped (SIGSTOP) and resumed (SIGCONT). On a lake it is stopped
+  while its catalog connection is inside a transaction (a batch being written: PostgreSQL's
+  `pg_stat_activity` shows it, by the `application_name` each member's catalog connection carries),
+  past its 6 s group session, until another member was given its partition and stored past it; then
+  resumed, its transaction commits late, and the lake must refuse it (`StoreFencedError`, counted
+  from its log: "late commits refused"). The row fails when the stop missed a transaction or nothing
+  was refused. On the file it is stopped for as long (10 s) and nothing may be lost.
 - producer-kill: the broker paused (SIGSTOP) so events pile up in the producer, then the producer
   SIGKILLed; the broker resumes and a new producer process over the same spool directory sends
   what the first left there. What the first had only in memory is lost by design; the drill reads
@@ -46,8 +63,8 @@ Rows (`--only` picks them; `--quick` halves every window):
 Every row starts its producer once the materializer reads the topic, as agents start after the
 pipeline in production: the lag figures are the pipeline's, not a first group join.
 
-The last lines are a Markdown table, one row per fault (docs/operating.md, "Fault drill", quotes
-it). It takes a few minutes (about 4; `--quick` about 2) and is not part of `make bench`: it kills
+The last lines are a Markdown table, one row per fault and home (docs/operating.md, "Fault drill",
+quotes it). It takes some minutes and is not part of `make bench`: it kills
 processes and its figures are pass/fail, not ratios. Every process it starts runs in its own
 process group and is killed, with its descendants, when its row ends or the drill exits.
 """
@@ -84,6 +101,9 @@ TOPIC = "callgate.events"
 GROUP = "callgate-materializer"
 OUTCOMES = frozenset({"ToolUse", "ToolDenied", "Substitute", "Blocked"})
 TINY_SPOOL = 64 * 1024
+LAKE_MEMBERS = 3  # materializers of one group on a lake; the topic has as many partitions
+SESSION_S = 6.0  # the group session of `--assignment group` (consumers.materializer)
+REFUSED = "another writer stored"  # how a materializer logs a batch the lake refused (StoreFencedError)
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -261,34 +281,74 @@ class Broker:
             self.proc = None
 
 
-class MaterializerProc:
-    """`callgate materialize --api` as its own process; a restart opens the same store and API port."""
+@dataclass(frozen=True)
+class Home:
+    """Where a row's store lives: one DuckDB file written by one materializer, or a lake (its catalog a
+    database of the drill's PostgreSQL, its data a directory) written by `LAKE_MEMBERS` materializers
+    of one group."""
 
-    def __init__(self, children: Children, bootstrap: str, db: Path, api_port: int, notes: list[str]) -> None:
+    kind: str  # "file" | "lake"
+    db: Path | None = None
+    lake: Any = None  # consumers.lake.Lake
+    postgres_dsn: str | None = None  # the server's own database, for pg_stat_activity
+
+    @property
+    def members(self) -> int:
+        return 1 if self.lake is None else LAKE_MEMBERS
+
+    def store_args(self, application_name: str = "callgate-drill-reader") -> list[str]:
+        if self.lake is None:
+            return ["--db", str(self.db)]
+        return ["--lake", f"{self.lake.catalog} application_name={application_name}", "--data", self.lake.data]
+
+
+class MaterializerProc:
+    """`callgate materialize --api` as its own process; a restart opens the same store and API port.
+    On a lake it is one member (`name`) of the group (`--assignment group`); its catalog connections
+    carry `application_name=callgate-drill-NAME`, so the drill can see its open lake transactions."""
+
+    def __init__(
+        self, children: Children, bootstrap: str, home: Home, api_port: int, notes: list[str], name: str = ""
+    ) -> None:
         self.children = children
         self.bootstrap = bootstrap
-        self.db = db
+        self.home = home
         self.api_port = api_port
         self.notes = notes
+        self.name = name
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.exits = 0  # runs that ended by themselves, with nobody stopping or killing them
+        self.interrupted = False  # SIGINT sent to this run: it is leaving
         self.summaries: list[str] = []
 
-    def args(self) -> list[str]:
-        return [*CLI, "materialize", "--bootstrap", self.bootstrap, "--topic", TOPIC, "--db", str(self.db),
-                "--group", GROUP]  # fmt: skip
+    @property
+    def application_name(self) -> str:
+        return f"callgate-drill-{self.name or 'drain'}"
+
+    def args(self, *, drain: bool = False) -> list[str]:
+        """The command line; a drain reads every partition itself (`--assignment all`), on either home."""
+        store = self.home.store_args(self.application_name)
+        group = ["--assignment", "group"] if self.home.lake is not None and not drain else []
+        return [*CLI, "materialize", "--bootstrap", self.bootstrap, "--topic", TOPIC, *store, "--group", GROUP,
+                *group]  # fmt: skip
+
+    def log(self, run: int | None = None, suffix: str = "") -> Path:
+        label = f"materializer{'-' + self.name if self.name else ''}-{self.starts if run is None else run}"
+        return self.children.logs / f"{label}{suffix}.log"
+
+    @property
+    def who(self) -> str:
+        return f"materializer {self.name + ' ' if self.name else ''}run {self.starts}"
 
     def start(self, timeout: float = 30.0) -> None:
         self.starts += 1
-        proc = self.children.spawn(
-            [*self.args(), "--api", f"{HOST}:{self.api_port}"], f"materializer-{self.starts}.log"
-        )
+        proc = self.children.spawn([*self.args(), "--api", f"{HOST}:{self.api_port}"], self.log().name)
         self.proc = proc
         if not wait_for(lambda: proc.poll() is not None or self.health() is not None, timeout, 0.1):
-            self.notes.append(f"materializer start {self.starts}: its read API did not answer within {timeout:g} s")
+            self.notes.append(f"{self.who}: its read API did not answer within {timeout:g} s")
         if proc.poll() is not None:
-            self.notes.append(f"materializer start {self.starts} exited with code {proc.returncode}")
+            self.notes.append(f"{self.who} exited with code {proc.returncode}")
             self.proc = None
 
     def healthz(self) -> dict[str, Any] | None:
@@ -323,12 +383,9 @@ class MaterializerProc:
     def _exited_by_itself(self) -> None:
         # A materializer that ended on its own, with nobody stopping it, fails the row: an operator's
         # supervisor would restart it, but what it stored live in the meantime is the drill's figure.
-        if self.proc is not None and self.proc.poll() is not None:
+        if self.proc is not None and self.proc.poll() is not None and not self.interrupted:
             self.exits += 1
-            self.notes.append(
-                f"materializer run {self.starts} exited by itself with code {self.proc.returncode}"
-                f" (see {self.children.logs / f'materializer-{self.starts}.log'})"
-            )
+            self.notes.append(f"{self.who} exited by itself with code {self.proc.returncode} (see {self.log()})")
 
     def kill(self) -> None:
         self._exited_by_itself()
@@ -336,33 +393,45 @@ class MaterializerProc:
             self.children.kill(self.proc)
             self.proc = None
 
+    def signal(self, sig: signal.Signals) -> None:
+        """`sig` to the running materializer's process group (SIGSTOP, SIGCONT, SIGINT)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.interrupted = self.interrupted or sig == signal.SIGINT
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def owned(self) -> list[int]:
+        """The partitions this member reads now, as its /healthz says."""
+        return [p["partition"] for p in (self.healthz() or {}).get("partitions", []) if p.get("owned")]
+
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGINT (a clean leave of the group, a last commit), SIGKILL after `timeout`."""
+        """SIGINT (a clean leave of the group, a last commit; once), SIGKILL after `timeout`."""
         self._exited_by_itself()
         proc = self.proc
         if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
+        if not self.interrupted:
+            self.signal(signal.SIGINT)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.notes.append(f"the materializer did not stop within {timeout:g} s of SIGINT (killed)")
         self.children.kill(proc)
         self.proc = None
-        self.summaries.append(_summary_line(self.children.logs / f"materializer-{self.starts}.log"))
+        self.interrupted = False
+        self.summaries.append(_summary_line(self.log()))
 
     def drain(self, timeout: float) -> tuple[int | None, str]:
         """One `--drain` run: its exit code (None: killed at `timeout`) and its summary line."""
         self.starts += 1
-        log_name = f"materializer-{self.starts}-drain.log"
-        proc = self.children.spawn([*self.args(), "--drain"], log_name)
+        log = self.log(suffix="-drain")
+        proc = self.children.spawn([*self.args(drain=True), "--drain"], log.name)
         try:
             code: int | None = proc.wait(timeout)
         except subprocess.TimeoutExpired:
             code = None
         self.children.kill(proc)
-        return code, _summary_line(self.children.logs / log_name)
+        return code, _summary_line(log)
 
 
 def _summary_line(log: Path) -> str:
@@ -390,13 +459,14 @@ class ProducerRun:
 
 def start_producer(
     children: Children, bootstrap: str, tmp: Path, index: int, *, rate: float, seconds: float,
-    spool_max_bytes: int, close_timeout: float,
+    spool_max_bytes: int, close_timeout: float, partitions: int,
 ) -> ProducerRun:  # fmt: skip
     ids, report = tmp / f"ids-{index}.txt", tmp / f"producer-{index}.json"
     proc = children.spawn(
         [*PRODUCER, "--bootstrap", bootstrap, "--topic", TOPIC, "--spool", str(tmp / "spool"), "--ids", str(ids),
          "--report", str(report), "--group", GROUP, "--rate", str(rate), "--seconds", str(seconds),
-         "--spool-max-bytes", str(spool_max_bytes), "--close-timeout", str(close_timeout)],
+         "--spool-max-bytes", str(spool_max_bytes), "--close-timeout", str(close_timeout),
+         "--partitions", str(partitions)],
         f"producer-{index}.log",
         stdout_pipe=True,
     )  # fmt: skip
@@ -451,6 +521,8 @@ FAULTS = [
           ((4, "kill-broker"), (10, "kill-broker"))),
     Fault("broker-materializer-kill", "broker and materializer SIGKILLed together, twice", 16,
           ((4, "kill-both"), (10, "kill-both"))),
+    Fault("materializer-pause", "a materializer paused (SIGSTOP) past its group session, then resumed", 24,
+          ((4, "pause-materializer"),)),
     Fault("producer-kill", "broker paused, producer SIGKILLed, a new producer sends its spool", 6,
           ((3, "pause-broker"), (6, "kill-producer")), second_producer_s=5),
     Fault("tiny-spool", "64 KiB spool, broker down 5 s, then up (empty)", 16,
@@ -466,6 +538,7 @@ class RowResult:
 
     name: str
     what: str
+    home: str = "file"
     calls: int = 0
     blocked: int = 0
     made: int = 0
@@ -477,6 +550,8 @@ class RowResult:
     duplicated: int = 0
     foreign: int = 0
     materializer_exits: int = 0
+    refused_late: int | None = None  # lake: batches the lake refused a member that committed late
+    pause_caught_commit: bool | None = None  # lake pause row: SIGSTOP landed inside a lake transaction
     coverage_exit: int | None = None
     coverage: str = ""
     gaps_recorded: int = 0
@@ -495,20 +570,25 @@ class RowResult:
 class Scenario:
     """One row: the processes, the schedule of faults, the end (close, stop, drain) and the count."""
 
-    def __init__(self, fault: Fault, options: argparse.Namespace, port: int, tmp: Path) -> None:
+    def __init__(self, fault: Fault, options: argparse.Namespace, port: int, tmp: Path, home: Home) -> None:
         self.fault = fault
         self.options = options
         self.scale = 0.5 if options.quick else 1.0
         self.tmp = tmp
-        self.result = RowResult(fault.name, fault.what)
+        self.home = home
+        self.result = RowResult(fault.name, fault.what, home.kind)
         self.children = Children(tmp)
         self.broker = Broker(self.children, port, self.result.notes)
         from callgate.broker import free_port
 
-        self.db = tmp / "audit.duckdb"
-        self.materializer = MaterializerProc(
-            self.children, self.broker.bootstrap, self.db, free_port(HOST), self.result.notes
-        )
+        self.materializers = [
+            MaterializerProc(
+                self.children, self.broker.bootstrap, home, free_port(HOST), self.result.notes,
+                f"m{i + 1}" if home.lake is not None else "",
+            )
+            for i in range(home.members)
+        ]  # fmt: skip
+        self.kills = 0  # materializer kills so far: each hits the next member in turn
         self.producers: list[ProducerRun] = []
         self.spooled_at_kill: set[str] | None = None
         self.unspooled_at_kill: set[str] = set()
@@ -521,37 +601,46 @@ class Scenario:
         run = start_producer(
             self.children, self.broker.bootstrap, self.tmp, len(self.producers) + 1, rate=self.rate(),
             seconds=seconds, spool_max_bytes=self.fault.spool_max_bytes, close_timeout=self.close_timeout,
+            partitions=LAKE_MEMBERS,
         )  # fmt: skip
         self.producers.append(run)
         return run
 
     # -- faults
 
-    def _materializer_working(self) -> None:
+    def _next_victim(self) -> MaterializerProc:
+        victim = self.materializers[self.kills % len(self.materializers)]
+        self.kills += 1
+        return victim
+
+    def _materializer_working(self, victim: MaterializerProc) -> None:
         # Killing a materializer that is still joining its group tests little; give it a bounded
         # while to store something first, and say so when it did not.
         bound = 10 * self.scale
-        if not self.materializer.await_batch(bound):
+        if not victim.await_batch(bound):
             self.result.notes.append(
-                f"materializer run {self.materializer.starts} had stored nothing {bound:g} s after its "
-                "turn to be killed came (killed anyway)"
+                f"{victim.who} had stored nothing {bound:g} s after its turn to be stopped came (stopped anyway)"
             )
 
     def act(self, action: str) -> None:
         match action:
             case "kill-materializer":
-                self._materializer_working()
-                self.materializer.kill()
-                self.materializer.start()
+                victim = self._next_victim()
+                self._materializer_working(victim)
+                victim.kill()
+                victim.start()
             case "kill-broker":
                 self.broker.kill()
                 self.broker.start()
             case "kill-both":
-                self._materializer_working()
+                victim = self._next_victim()
+                self._materializer_working(victim)
                 self.broker.kill()
-                self.materializer.kill()
+                victim.kill()
                 self.broker.start()
-                self.materializer.start()
+                victim.start()
+            case "pause-materializer":
+                self._pause(self._next_victim())
             case "broker-down":
                 self.broker.kill()
             case "broker-up":
@@ -576,30 +665,108 @@ class Scenario:
             case _:
                 raise ValueError(f"unknown action {action!r}")
 
+    def _pause(self, victim: MaterializerProc) -> None:
+        """SIGSTOP `victim` past its group session, then SIGCONT. On a lake, stopped inside a lake
+        transaction, and resumed only once another member stored its partitions: its transaction then
+        commits late, and the lake must refuse it (counted from its log)."""
+        self._materializer_working(victim)
+        if self.home.lake is None:
+            # One materializer, no group: stopped as long as a lake member is, so both homes see the same.
+            victim.signal(signal.SIGSTOP)
+            self._window(time.monotonic() + SESSION_S + 4)
+            victim.signal(signal.SIGCONT)
+            return
+        from consumers.store import AuditStore
+
+        partitions = victim.owned()
+        before = _count_lines(self.children.logs.glob(f"materializer-{victim.name}-*.log"), REFUSED)
+        self.result.pause_caught_commit = self._stop_in_transaction(victim)
+        with AuditStore(self.home.lake, read_only=True) as lake:
+            at_pause = lake.offsets(TOPIC, expect=())
+            others = [m for m in self.materializers if m is not victim]
+
+            def moved() -> bool:
+                # The group gave the victim's partitions to the others, and one of them stored past it.
+                owned = {p for m in others for p in m.owned()}
+                now = lake.offsets(TOPIC, expect=())
+                return set(partitions) <= owned and all(now.get(p, 0) > at_pause.get(p, 0) for p in partitions)
+
+            if not wait_for(moved, SESSION_S + 30, 0.2):
+                self.result.notes.append(
+                    f"{victim.who}: its partitions {partitions} were not stored by another member within "
+                    f"{SESSION_S + 30:g} s of its pause"
+                )
+        victim.signal(signal.SIGCONT)
+        refused = wait_for(
+            lambda: _count_lines(self.children.logs.glob(f"materializer-{victim.name}-*.log"), REFUSED) > before,
+            30,
+            0.1,
+        )
+        if not refused:
+            self.result.notes.append(f"{victim.who} resumed, and nothing of it was refused by the lake within 30 s")
+
+    def _stop_in_transaction(self, victim: MaterializerProc, timeout: float = 10.0) -> bool:
+        """SIGSTOP `victim` while its catalog connection is inside a transaction that has lasted 250 ms (a
+        batch being written into the lake: a look at the lake's offsets, which a member makes every
+        second, takes 30 to 200 ms; a batch's write 0.5 to 1.5 s); whether that was seen before and after
+        the stop. Stopped either way."""
+        import psycopg
+
+        query = (
+            "SELECT state, left(query, 60) FROM pg_stat_activity WHERE application_name = %s"
+            " AND clock_timestamp() - xact_start > interval '250 milliseconds' AND pid <> pg_backend_pid()"
+        )
+        with psycopg.connect(self.home.postgres_dsn, autocommit=True) as con:
+
+            def in_transaction() -> list[Any]:
+                return con.execute(query, (victim.application_name,)).fetchall()
+
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if in_transaction():
+                    victim.signal(signal.SIGSTOP)
+                    if found := in_transaction():
+                        self.result.notes.append(f"{victim.who} stopped inside a lake transaction: {found}")
+                        return True
+                    victim.signal(signal.SIGCONT)
+                time.sleep(0.002)  # a poll interval inside the deadline loop
+        victim.signal(signal.SIGSTOP)
+        self.result.notes.append(f"{victim.who} was stopped outside a lake transaction (none seen in {timeout:g} s)")
+        return False
+
     # -- the row
+
+    def _await_consuming(self, timeout: float) -> None:
+        # As in production, the store reads before the agents start: the lag figures are the
+        # pipeline's, not the materializers' first group join.
+        deadline = time.monotonic() + timeout
+        for m in self.materializers:
+            if not m.await_consuming(max(0.0, deadline - time.monotonic())):
+                self.result.notes.append(f"{m.who} was not consuming {timeout:g} s after the start")
 
     def run(self) -> RowResult:
         started = time.monotonic()
         try:
             self.broker.start()
-            self.materializer.start()
-            # As in production, the store reads before the agents start: the lag figures are the
-            # pipeline's, not the materializer's first group join.
-            if not self.materializer.await_consuming(30):
-                self.result.notes.append("the materializer was not consuming 30 s after its start")
+            for m in self.materializers:
+                m.start()
+            self._await_consuming(60)
             first = self.producer(self.fault.seconds * self.scale)
             for at, action in self.fault.schedule:
                 self._window(first.ready_at + at * self.scale)
                 self.act(action)
             self._finish_producer(self.producers[-1])
             self._restart_if_undelivered(self.producers[-1])
-            self.result.health_at_end = self.materializer.health()
-            self.materializer.stop()
+            self.result.health_at_end = "; ".join(str(m.health()) for m in self.materializers)
+            for m in self.materializers:
+                m.signal(signal.SIGINT)
+            for m in self.materializers:
+                m.stop()
             if self.broker.proc is None:
                 self.broker.start()
             self._drain()
             self.broker.stop()
-            self.result.materializer_exits = self.materializer.exits
+            self.result.materializer_exits = sum(m.exits for m in self.materializers)
             self._count()
             if self.result.failed:
                 self._sink_log_lines()
@@ -608,7 +775,9 @@ class Scenario:
             self.result.failed = True
         finally:
             self.children.kill_all()
-            self.result.materializer = [line for line in self.materializer.summaries if line]
+            self.result.materializer = [
+                f"{m.name + ': ' if m.name else ''}{line}" for m in self.materializers for line in m.summaries if line
+            ]
             self.result.seconds = time.monotonic() - started
         return self.result
 
@@ -653,10 +822,11 @@ class Scenario:
     def _drain(self) -> None:
         expected = self._expected()
         deadline = time.monotonic() + 90 * self.scale
+        drainer = self.materializers[0]
         for attempt in range(1, 4):
-            code, line = self.materializer.drain(max(10.0, deadline - time.monotonic()))
-            self.materializer.summaries.append(f"drain {attempt}: {line} (exit {code})")
-            if expected <= set(read_store(self.db).events) or time.monotonic() >= deadline:
+            code, line = drainer.drain(max(10.0, deadline - time.monotonic()))
+            drainer.summaries.append(f"drain {attempt}: {line} (exit {code})")
+            if expected <= set(read_store(self.home).events) or time.monotonic() >= deadline:
                 return
 
     def _expected(self) -> set[str]:
@@ -676,7 +846,9 @@ class Scenario:
                 r.producers.append(json.loads(run.report.read_text()))
             else:
                 r.producers.append({"killed_after_s": run.killed_after, "calls_seconds": run.killed_after or 0.0})
-        store = read_store(self.db)
+        store = read_store(self.home)
+        if self.home.lake is not None:
+            r.refused_late = _count_lines(self.children.logs.glob("materializer-m*.log"), REFUSED)
         types = Counter(kind for _, _, kind in truth.values())
         r.calls = sum(types[kind] for kind in OUTCOMES)
         r.blocked = types["Blocked"]
@@ -690,7 +862,7 @@ class Scenario:
         r.lost = len(lost)
         if self.spooled_at_kill is not None:
             r.memory_only = len(self.unspooled_at_kill & lost)
-        r.coverage_exit, r.coverage, chains_failed = run_coverage(self.db, self.tmp / "coverage.json")
+        r.coverage_exit, r.coverage, chains_failed = run_coverage(self.home, self.tmp / "coverage.json")
         top: dict[str, int] = {}
         for event_id in stored_ids:
             producer, seq, _ = truth[event_id]
@@ -710,6 +882,11 @@ class Scenario:
         seconds = sum(p.get("calls_seconds", 0.0) for p in r.producers)
         r.calls_per_s = r.calls / seconds if seconds else 0.0
         r.verdict, r.failed = verdict(r, strict=self.options.strict)
+        if not r.failed and self.home.lake is not None and self.fault.name == "materializer-pause":
+            if not r.pause_caught_commit:
+                r.verdict, r.failed = "PAUSE MISSED A LAKE TRANSACTION", True
+            elif not r.refused_late:
+                r.verdict, r.failed = "LATE COMMIT NOT REFUSED", True
 
 
 def verdict(r: RowResult, *, strict: bool) -> tuple[str, bool]:
@@ -751,13 +928,27 @@ class StoreView:
     reported: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # producer -> loss report ranges
 
 
-def read_store(db: Path) -> StoreView:
-    """What the store holds (opened read-only: call it only when no materializer runs)."""
-    if not db.exists():
-        return StoreView({}, 0, 0)
-    from consumers.store import connect
+def _count_lines(logs: Any, text: str) -> int:
+    """Lines holding `text` in the files `logs`."""
+    count = 0
+    for log in logs:
+        with contextlib.suppress(OSError):
+            count += sum(text in line for line in log.read_text(errors="replace").splitlines())
+    return count
 
-    con = connect(db, read_only=True)
+
+def read_store(home: Home) -> StoreView:
+    """What the store holds (a file opened read-only: call it only when no materializer runs)."""
+    from consumers.store import AuditStore, connect
+
+    store = None
+    if home.lake is not None:
+        store = AuditStore(home.lake, read_only=True)
+        con = store.cursor()
+    elif home.db is None or not home.db.exists():
+        return StoreView({}, 0, 0)
+    else:
+        con = connect(home.db, read_only=True)
     try:
         rows = con.execute("SELECT event_id, epoch(ingested_at) - epoch(time) FROM events").fetchall()
         (total, distinct) = con.execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchone() or (0, 0)
@@ -769,17 +960,19 @@ def read_store(db: Path) -> StoreView:
         ).fetchall()
     finally:
         con.close()
+        if store is not None:
+            store.close()
     reported: dict[str, list[tuple[int, int]]] = {}
     for producer, first, last in ranges:
         reported.setdefault(str(producer), []).append((int(first), int(last)))
     return StoreView({event_id: float(lag) for event_id, lag in rows}, int(total) - int(distinct), int(gaps), reported)
 
 
-def run_coverage(db: Path, report: Path) -> tuple[int | None, str, bool]:
-    """`callgate coverage --db`: exit code, a short reason, whether its chain check failed."""
+def run_coverage(home: Home, report: Path) -> tuple[int | None, str, bool]:
+    """`callgate coverage --db | --lake --data`: exit code, a short reason, whether its chain check failed."""
     try:
         proc = subprocess.run(
-            [*CLI, "coverage", "--db", str(db), "--json", str(report)], capture_output=True, text=True, timeout=120
+            [*CLI, "coverage", *home.store_args(), "--json", str(report)], capture_output=True, text=True, timeout=120
         )
     except subprocess.TimeoutExpired:
         return None, "timed out", False
@@ -806,24 +999,26 @@ def markdown(rows: list[RowResult], header: str) -> str:
     lines = [
         header,
         "",
-        "| fault | calls (blocked) | events made | stored | lost (unreported) | duplicated | `callgate coverage` "
-        "| lag p50 / p99 s | verdict |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+        "| store | fault | calls (blocked) | events made | stored | lost (unreported) | duplicated "
+        "| late commits refused | `callgate coverage` | lag p50 / p99 s | verdict |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
     for r in rows:
         lost = f"{r.lost:,} ({r.lost_unreported:,})" if r.lost else "0"
         if r.memory_only:
             lost += f", {r.memory_only:,} memory only"
         coverage = "" if r.coverage_exit is None and not r.coverage else f"exit {r.coverage_exit}: {r.coverage}"
+        store = "file" if r.home == "file" else f"lake, {LAKE_MEMBERS} materializers"
+        refused = "" if r.refused_late is None else f"{r.refused_late:,}"
         lines.append(
-            f"| {r.name} | {r.calls:,} ({r.blocked:,}) | {r.made:,} | {r.stored:,} | {lost} | {r.duplicated:,} "
-            f"| {coverage.replace('|', '/')} | {_lag(r)} | {r.verdict} |"
+            f"| {store} | {r.name} | {r.calls:,} ({r.blocked:,}) | {r.made:,} | {r.stored:,} | {lost} "
+            f"| {r.duplicated:,} | {refused} | {coverage.replace('|', '/')} | {_lag(r)} | {r.verdict} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def details(r: RowResult) -> str:
-    out = [f"{r.name} ({r.what}): {r.verdict}, {r.seconds:.0f} s, {r.calls_per_s:,.0f} calls/s"]
+    out = [f"{r.home} {r.name} ({r.what}): {r.verdict}, {r.seconds:.0f} s, {r.calls_per_s:,.0f} calls/s"]
     for i, p in enumerate(r.producers, 1):
         if "sent" in p:
             out.append(
@@ -838,35 +1033,56 @@ def details(r: RowResult) -> str:
     if r.memory_only is not None:
         out.append(f"  lost and not in the spool when the producer was killed (only in memory): {r.memory_only:,}")
     out.append(f"  /healthz at the end: {r.health_at_end}; gap rows recorded: {r.gaps_recorded:,}")
+    if r.refused_late is not None:
+        caught = "" if r.pause_caught_commit is None else f"; the pause caught a transaction: {r.pause_caught_commit}"
+        out.append(f"  batches the lake refused a member that committed late: {r.refused_late:,}{caught}")
     out.extend(f"  note: {note}" for note in r.notes)
     return "\n".join(out)
+
+
+def _home(kind: str, tmp: Path, postgres: Any) -> Home:
+    if kind == "file":
+        return Home("file", db=tmp / "audit.duckdb")
+    from consumers.lake import lake_from_options
+
+    lake = lake_from_options(f"postgres:{postgres.new_database()}", str(tmp / "lake-data"))
+    return Home("lake", lake=lake, postgres_dsn=postgres.dsn)
 
 
 def main() -> None:
     names = [fault.name for fault in FAULTS]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=names, metavar="ROW", help=f"run only these: {', '.join(names)}")
-    parser.add_argument("--quick", action="store_true", help="half of every window (about 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="half of every window")
     parser.add_argument("--rate", type=float, default=750.0, help="calls per second of the producer (default 750)")
     parser.add_argument("--json", type=Path, help="also write every row, with its details, as JSON here")
     parser.add_argument("--strict", action="store_true", help="fail on any loss, reported or not")
     parser.add_argument("--keep", action="store_true", help="keep every row's directory (failed rows' are kept)")
+    parser.add_argument(
+        "--store", choices=["file", "lake", "both"], default="both",
+        help=f"every row against one DuckDB file, a lake with {LAKE_MEMBERS} materializers, or both (default)",
+    )  # fmt: skip
     options = parser.parse_args()
 
     from callgate.broker import free_port
+    from callgate.postgres import LocalPostgres
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     atexit.register(_kill_everything)
     port = free_port(HOST)
     rows: list[RowResult] = []
     started = time.monotonic()
+    kinds = ["file", "lake"] if options.store == "both" else [options.store]
+    postgres = LocalPostgres(prefix="callgate-drill-postgres-")
     try:
-        for fault in [f for f in FAULTS if not options.only or f.name in options.only]:
-            tmp = Path(tempfile.mkdtemp(prefix=f"callgate-drill-{fault.name}-"))
-            print(f"{fault.name}: {fault.what} ...", flush=True)
+        if "lake" in kinds:
+            postgres.start()
+        for kind, fault in [(k, f) for k in kinds for f in FAULTS if not options.only or f.name in options.only]:
+            tmp = Path(tempfile.mkdtemp(prefix=f"callgate-drill-{kind}-{fault.name}-"))
+            print(f"{kind} {fault.name}: {fault.what} ...", flush=True)
             row = None
             try:
-                row = Scenario(fault, options, port, tmp).run()
+                row = Scenario(fault, options, port, tmp, _home(kind, tmp, postgres)).run()
             finally:
                 # A failed row keeps its directory: the logs say what happened.
                 if options.keep or row is None or row.failed:
@@ -877,6 +1093,7 @@ def main() -> None:
             print(details(row), flush=True)
     finally:
         _kill_everything()
+        postgres.stop()
     elapsed = time.monotonic() - started
     confirm = any(p.get("confirm_group") for r in rows for p in r.producers)
     header = (

@@ -17,10 +17,11 @@ DuckDB file, and the named queries on the lake against the file.
    the file, each timed as the median of three runs; the figure is the median over the queries of
    each query's lake/file ratio, and the slowest query on the lake is named. Then the Parquet files
    the 3-writer lake wrote, and the events table's live files after `ducklake_merge_adjacent_files`.
-3. Lag (`--lag`, with `--lag-seconds S`, default 10): three `callgate materialize --assignment group
-   --lake` processes on the embedded broker, events sealed as they are emitted through a KafkaSink at
-   2,000 and then 10,000 events/s; the lag of an event is from its decision (`time`) to its commit in
-   the lake (`ingested_at`): p50 and p99, and how many were stored once all were in.
+3. Lag (`--lag`, with `--lag-seconds S`, default 10, and `--lag-members 1,3`, default 3): that many
+   `callgate materialize --assignment group --lake` processes on the embedded broker, events sealed
+   as they are emitted through a KafkaSink at 2,000 and then 10,000 events/s; the lag of an event is
+   from its decision (`time`) to its commit in the lake (`ingested_at`): p50 and p99, and how many
+   were stored once all were in.
 4. Queries at scale (`--queries-at N`, alone): N synthetic events generated in SQL (bench/queries.py's
    week of traffic, with its dead letters, chain breaks and offsets) into a DuckDB file, then copied
    into a lake over PostgreSQL in bulk, 10 inserts of a tenth of the week each (10 snapshots, a few
@@ -33,13 +34,9 @@ DuckDB file, and the named queries on the lake against the file.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
-import os
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from figures import report
+
+from callgate.postgres import LocalPostgres, PostgresError
 
 TOPIC = "bench.lake"
 
@@ -143,39 +142,17 @@ def run_writers(home: str, data: str | None, writers: int, n: int, batch: int) -
 
 
 @contextmanager
-def postgres() -> Iterator[str]:
-    """Debian's PostgreSQL on a free loopback port (as the tests start it); its libpq DSN."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-    if not found:
-        raise SystemExit("PostgreSQL is not installed (make venv installs Debian's postgresql)")
-    bindir = Path(found[-1]).parent
-    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    workdir = Path(tempfile.mkdtemp(prefix="callgate-bench-postgres-"))
-    workdir.chmod(0o777)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    data = workdir / "data"
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.STDOUT, "check": True}
-    subprocess.run([*as_postgres, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"], **quiet)
-    options = f"-p {port} -k {workdir} -c listen_addresses=127.0.0.1"
-    start = [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(workdir / "log"), "-o", options, "-w", "start"]
-    subprocess.run([*as_postgres, *start], **quiet)
+def postgres() -> Iterator[LocalPostgres]:
+    """Debian's PostgreSQL on a free loopback port (as the tests start it)."""
     try:
-        yield f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
-    finally:
-        stop = [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]
-        subprocess.run([*as_postgres, *stop], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=False)
-        shutil.rmtree(workdir, ignore_errors=True)
+        with LocalPostgres(prefix="callgate-bench-postgres-") as server:
+            yield server
+    except PostgresError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
-def new_database(dsn: str) -> str:
-    import psycopg
-
-    name = f"lake_{uuid.uuid4().hex}"
-    with psycopg.connect(dsn, autocommit=True) as con:
-        con.execute(f'CREATE DATABASE "{name}"')
-    return "postgres:" + dsn.replace("dbname=postgres", f"dbname={name}")
+def new_database(server: LocalPostgres) -> str:
+    return "postgres:" + server.new_database()
 
 
 # -- queries ------------------------------------------------------------------------------------
@@ -208,7 +185,7 @@ def queries_at_scale(n: int, runs: int, scratch_dir: str | None = None) -> None:
     from consumers.store import AuditStore, connect
 
     tables = ("events", "dead_letters", "chain_breaks", "kafka_offsets")
-    with postgres() as dsn, tempfile.TemporaryDirectory(prefix="callgate-bench-scale-") as scratch:
+    with postgres() as server, tempfile.TemporaryDirectory(prefix="callgate-bench-scale-") as scratch:
         tmp = Path(scratch)
         # --scratch DIR keeps the generated file between runs (generating a million events takes minutes).
         file = Path(scratch_dir or scratch) / f"audit-{n}.duckdb"
@@ -217,7 +194,7 @@ def queries_at_scale(n: int, runs: int, scratch_dir: str | None = None) -> None:
             fill(file, n)
         file_load = time.perf_counter() - began
         print(f"file: {n:,} events generated in {file_load:.1f} s ({file.stat().st_size / 1e6:.0f} MB)", flush=True)
-        lake = lake_from_options(new_database(dsn), str(tmp / "lake"))
+        lake = lake_from_options(new_database(server), str(tmp / "lake"))
         AuditStore(lake).close()
         began = time.perf_counter()
         con = connect(lake)
@@ -284,7 +261,9 @@ def queries_at_scale(n: int, runs: int, scratch_dir: str | None = None) -> None:
     report(f"slowest named query on the lake at {n} events ({slowest})", lake_times[slowest] * 1000, "ms")
 
 
-async def lake_lag(dsn: str, tmp: Path, rate: int, seconds: float) -> tuple[float, float, int]:
+async def lake_lag(
+    server: LocalPostgres, tmp: Path, rate: int, seconds: float, members: int = 3
+) -> tuple[float, float, int]:
     """p50 and p99 (s) of decision-to-commit at `rate` events/s into a lake three materializers write."""
     import asyncio
 
@@ -296,14 +275,16 @@ async def lake_lag(dsn: str, tmp: Path, rate: int, seconds: float) -> tuple[floa
     from events.kafka import KafkaSink, ensure_topic
 
     topic = f"lag-{uuid.uuid4().hex[:8]}"
-    lake = lake_from_options(new_database(dsn), str(tmp / topic))
+    lake = lake_from_options(new_database(server), str(tmp / topic))
     AuditStore(lake).close()
     with EmbeddedBroker() as broker:
         await ensure_topic(broker.bootstrap, topic, 3)
         command = [sys.executable, "-c", "from callgate.cli import main; main()", "materialize"]
         command += ["--bootstrap", broker.bootstrap, "--topic", topic, "--group", f"g-{topic}"]
         command += ["--assignment", "group", "--lake", lake.catalog, "--data", lake.data]
-        members = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(3)]
+        running = [
+            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(members)
+        ]
         sink = KafkaSink(broker.bootstrap, topic, tmp / f"{topic}-spool", partitions=3)
         producers = [Producer() for _ in range(6)]
         template = _sealed_fields()
@@ -351,9 +332,9 @@ async def lake_lag(dsn: str, tmp: Path, rate: int, seconds: float) -> tuple[floa
                 ]
         finally:
             await sink.close()
-            for member in members:
+            for member in running:
                 member.send_signal(signal.SIGTERM)
-            for member in members:
+            for member in running:
                 member.wait(timeout=60)
     return statistics.median(lags), statistics.quantiles(lags, n=100)[98], len(lags)
 
@@ -388,6 +369,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lag", action="store_true", help="Also measure lag into a lake of three materializers.")
     parser.add_argument("--lag-seconds", type=float, default=10.0)
+    parser.add_argument("--lag-members", default="3", help="Materializer counts to measure the lag with: 1,3")
     parser.add_argument("--only-lag", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--queries-at", type=int, metavar="N", help="Only time every named query on a file and a lake of N events."
@@ -411,12 +393,13 @@ def main() -> None:
     if args.only_lag or args.lag:
         import asyncio
 
-        with postgres() as dsn, tempfile.TemporaryDirectory(prefix="callgate-bench-lag-") as scratch:
-            for rate in (2_000, 10_000):
-                p50, p99, count = asyncio.run(lake_lag(dsn, Path(scratch), rate, args.lag_seconds))
-                where = f"lag at {rate:,} events/s into a lake of 3 materializers"
-                print(f"{where}: p50 {p50:.2f} s, p99 {p99:.2f} s ({count:,} events)")
-                report(f"lake lag p99 at {rate} events/s, 3 materializers", p99, "s")
+        with postgres() as server, tempfile.TemporaryDirectory(prefix="callgate-bench-lag-") as scratch:
+            for members in [int(m) for m in args.lag_members.split(",")]:
+                for rate in (2_000, 10_000):
+                    p50, p99, count = asyncio.run(lake_lag(server, Path(scratch), rate, args.lag_seconds, members))
+                    where = f"lag at {rate:,} events/s into a lake of {members} materializers"
+                    print(f"{where}: p50 {p50:.2f} s, p99 {p99:.2f} s ({count:,} events)")
+                    report(f"lake lag p99 at {rate} events/s, {members} materializers", p99, "s")
         if args.only_lag:
             return
 
@@ -427,14 +410,14 @@ def main() -> None:
     query_ratios: list[float] = []
     files = (0, 0)
     slowest: tuple[str, float] = ("", 0.0)
-    with postgres() as dsn, tempfile.TemporaryDirectory(prefix="callgate-bench-lake-") as scratch:
+    with postgres() as server, tempfile.TemporaryDirectory(prefix="callgate-bench-lake-") as scratch:
         tmp = Path(scratch)
         for round_ in range(args.rounds):
             file = tmp / f"file-{round_}.duckdb"
             rates["file"].append(run_writers(str(file), None, 1, n, args.batch)["rate"])
             lake3 = None
             for writers in (1, 2, 3):
-                catalog, data = new_database(dsn), str(tmp / f"lake-{round_}-{writers}")
+                catalog, data = new_database(server), str(tmp / f"lake-{round_}-{writers}")
                 AuditStore(lake_from_options(catalog, data)).close()  # the schema made before the clock runs
                 result = run_writers(catalog, data, writers, n, args.batch)
                 rates[f"lake-{writers}"].append(result["rate"])

@@ -425,12 +425,11 @@ class Materializer:
         else:
             await self._ensure_topic()
 
-        consumer = self._consumer()
+        consumer = await self._started_consumer(drain=drain)
+        if consumer is None:
+            return summary
         store = self.store
         loop = asyncio.get_running_loop()
-        if self.assignment == "group":
-            consumer.subscribe([self.topic], listener=_listener(self, consumer))
-        await consumer.start()
         # One batch at a time is written (DuckDB releases the GIL), while the loop fetches and stages
         # the next: at most two batches are held, the one being written and the one being staged.
         writing: _Write | None = None
@@ -567,6 +566,35 @@ class Materializer:
             gc.unfreeze()
             await _stop_consumer(consumer, "the consumer")
         return summary
+
+    async def _started_consumer(self, *, drain: bool) -> Any:
+        """A started consumer (subscribed to the group in group mode). A continuous run that cannot reach
+        the broker (down, or restarting: a member restarted beside a broker outage) tries again every
+        second, reported by health as any broker outage is, until it can or `stop()` is asked (then
+        None); a drain raises at once, as "cannot check" must."""
+        from aiokafka.errors import KafkaConnectionError
+
+        while True:
+            consumer = self._consumer()
+            if self.assignment == "group":
+                consumer.subscribe([self.topic], listener=_listener(self, consumer))
+            try:
+                await consumer.start()
+            except KafkaConnectionError as exc:
+                await _stop_consumer(consumer, "the consumer that did not start")
+                if drain:
+                    raise
+                state = self._state
+                state.broker_error = f"{type(exc).__name__}: {exc}"
+                state.broker_error_since = state.broker_error_since or time.monotonic()
+                log.warning("cannot reach the broker at %s (%s); trying again", self.bootstrap, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), 1.0)
+                if self._stop.is_set():
+                    return None
+                continue
+            self._state.broker_error = self._state.broker_error_since = None
+            return consumer
 
     def _write(self, staged: StagedBatch, offsets: dict[tuple[str, int], int], fetched_from: Any) -> _Write:
         """Start the batch's DuckDB transaction in a worker thread."""

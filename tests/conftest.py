@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 from callgate.broker import EmbeddedBroker
+from callgate.postgres import LocalPostgres, PostgresError
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment, and rich fixes a
@@ -111,20 +109,6 @@ def _wait_for_ping(process: subprocess.Popen[bytes], port: int, log: str, timeou
 # A real PostgreSQL: Debian's server, started as the `postgres` user on a free loopback port.
 
 
-def _postgres_bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    if not found:
-        pytest.fail("PostgreSQL is not installed; run `make venv` (it installs Debian's postgresql)", pytrace=False)
-    return found[-1]
-
-
-def _as_postgres(command: list[str]) -> list[str]:
-    """The command run as the `postgres` user when we are root (the server refuses to run as root)."""
-    if os.geteuid() != 0:
-        return command
-    return ["runuser", "-u", "postgres", "--", *command]
-
-
 @pytest.fixture(scope="session")
 def postgres_dsn() -> Iterator[str]:
     """A libpq connection string to a PostgreSQL server of the session's own (trust authentication on
@@ -133,21 +117,12 @@ def postgres_dsn() -> Iterator[str]:
     Tests share it: each works in a database or schema of its own. Fails, never skips, when the
     server is missing.
     """
-    # Outside pytest's own temporary root, which only our user may enter: the server runs as `postgres`.
-    workdir = Path(tempfile.mkdtemp(prefix="callgate-postgres-"))
-    workdir.chmod(0o777)  # the server runs as its own user and writes its cluster here
-    data = workdir / "data"
-    initdb = _as_postgres([_postgres_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"])
-    subprocess.run(initdb, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    port = _free_port()
-    options = f"-p {port} -k {workdir} -c listen_addresses=127.0.0.1 -c fsync=off"
-    pg_ctl = _postgres_bin("pg_ctl")
-    log = workdir / "postgres.log"
-    start = [pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "30", "start"]
-    subprocess.run(_as_postgres(start), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    server = LocalPostgres()
     try:
-        yield f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+        server.start()
+    except PostgresError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server.dsn
     finally:
-        stop = [pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]
-        subprocess.run(_as_postgres(stop), check=False, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        shutil.rmtree(workdir, ignore_errors=True)
+        server.stop()

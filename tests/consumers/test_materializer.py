@@ -399,6 +399,27 @@ class TestFaults:
         assert len(stored) == len(set(stored))
         assert set(stored) == set(first) | set(second)
 
+    async def test_a_materializer_started_while_its_broker_is_down_waits_for_it(
+        self, fresh_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    ) -> None:
+        """`callgate materialize` started with nothing listening at its bootstrap keeps trying (it logs
+        why), and stores what is published once the broker is up; before, it exited 1 at once."""
+        db, port, log = tmp_path / "audit.duckdb", free_port("127.0.0.1"), tmp_path / "materializer.log"
+        fresh_broker.kill()
+        cmd = materialize_cmd(fresh_broker.bootstrap, topic, db, port)
+        with log.open("wb") as out, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT) as proc:
+            try:
+                await _until(lambda: "cannot reach the broker" in log.read_text() or proc.poll() is not None, 60)
+                assert proc.poll() is None, log.read_text()
+                fresh_broker.start()
+                ids = await publish_calls(fresh_broker.bootstrap, topic, tmp_path / "spool", 10)
+                await _until(lambda: _stored_via_api(port) >= len(ids), 60)
+            finally:
+                proc.send_signal(signal.SIGINT)
+                code = proc.wait(60)
+        assert code == 0, log.read_text()
+        assert sorted(stored_ids(db)) == sorted(ids)
+
     async def test_a_killed_materializer_restarted_stores_again_within_seconds(
         self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
     ) -> None:
