@@ -51,7 +51,6 @@ import collections
 import contextlib
 import functools
 import hashlib
-import itertools
 import logging
 import os
 import random
@@ -608,9 +607,13 @@ class KafkaSink:
         if not self._queue:
             return 0
         with self._moving:
-            # Taken under the lock: the exit hook may spool beside the sender thread. islice over
-            # the deque runs in C under the GIL: safe beside emit's appends.
-            batch = list(itertools.islice(self._queue, self.batch_records))
+            # Taken under the lock: the exit hook may spool beside the sender thread. Copied by
+            # index, not iterated: emit appends from other threads, and an iterator over a deque
+            # that grew raises (the GIL can pass while the copy runs, e.g. to a finalizer the
+            # garbage collector calls). Only this lock's holder removes from the left, so the
+            # first `count` items stay where they are while others append.
+            count = min(len(self._queue), self.batch_records)
+            batch = [self._queue[index] for index in range(count)]
             records = [(_spool_key(event), encode_event(event)) for event in batch]
             if past_limit:
                 self._spool.append(records, past_limit=True)
