@@ -365,6 +365,14 @@ def materialize(
             "honour no other decision."
         ),
     ] = None,
+    decision_pub: Annotated[
+        Path | None,
+        typer.Option(
+            help="The desk's public keys (a .pub file or a directory of them; default: --decision-key's): "
+            "a decision none of them signed is stored as evidence but decides nothing, unless the gate "
+            "that asked wrote it."
+        ),
+    ] = None,
     webhooks: Annotated[
         Path | None,
         typer.Option(
@@ -455,6 +463,15 @@ def materialize(
         except SigningError as exc:
             typer.echo(f"error: --decision-key: {exc}", err=True)
             raise typer.Exit(2) from None
+    desk_keys = None
+    if decision_pub is not None:
+        from events.signing import SigningError, load_trusted_keys
+
+        try:
+            desk_keys = load_trusted_keys(decision_pub)
+        except SigningError as exc:
+            typer.echo(f"error: --decision-pub: {exc}", err=True)
+            raise typer.Exit(2) from None
     api_address = _host_port(api) if api else None
     if allow_remote:
         typer.echo("warning: --allow-remote is the old name of --insecure-no-auth; use that", err=True)
@@ -498,6 +515,7 @@ def materialize(
             api_tls=tls,
             decisions_topic=decisions_topic or None,
             decision_key=signer,
+            decision_keys=desk_keys,
             gap_grace_s=gap_grace,
             unread_grace_s=unread_grace,
             trusted_keys=keys,

@@ -1811,8 +1811,11 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
 
 # -- approvals: durable requests and their decisions ------------------------------------------------
 # A request is pending while it has an ApprovalRequested, no ApprovalResolved of the same approval id
-# and its expires_at lies ahead. A request asked again (the same call resumed in another process)
-# repeats its approval id: the first ask's time and expiry stand.
+# that decides it and its expires_at lies ahead. In a store given the desk's keys, an ApprovalResolved
+# no desk key signed is flagged in decided_by (consumers.store.UNVERIFIED_DECISION): it decides only
+# when the producer that asked wrote it (the gate's own answer), and is listed by unverified_decisions.
+# A request asked again (the same call resumed in another process) repeats its approval id: the
+# first ask's time and expiry stand.
 
 _APPROVAL_REQUESTS = """
 WITH requested AS (
@@ -1827,11 +1830,15 @@ WITH requested AS (
     GROUP BY 1
 ),
 resolved AS (
-    SELECT json_extract_string(event, '$.approval_id') AS approval_id,
-           arg_min(event, time) AS event,
-           min(time) AS resolved_at
-    FROM events
-    WHERE type = 'ApprovalResolved' AND json_extract_string(event, '$.approval_id') IS NOT NULL
+    SELECT json_extract_string(d.event, '$.approval_id') AS approval_id,
+           arg_min(d.event, d.time) AS event,
+           min(d.time) AS resolved_at
+    FROM events d
+    WHERE d.type = 'ApprovalResolved' AND json_extract_string(d.event, '$.approval_id') IS NOT NULL
+      AND (d.decided_by IS NULL OR EXISTS (
+          SELECT 1 FROM events q
+          WHERE q.type = 'ApprovalRequested' AND q.producer_id = d.producer_id
+            AND json_extract_string(q.event, '$.approval_id') = json_extract_string(d.event, '$.approval_id')))
     GROUP BY 1
 )
 SELECT r.approval_id,
@@ -1881,6 +1888,23 @@ LIMIT $limit OFFSET $offset
 
 _APPROVAL_ID = Param("str", "The request's approval id (32 hex; no rows without it).")
 
+_UNVERIFIED_DECISIONS = """
+SELECT d.time, d.event_id, json_extract_string(d.event, '$.approval_id') AS approval_id,
+       json_extract(d.event, '$.approved')::BOOLEAN AS approved,
+       json_extract_string(d.event, '$.by') AS by,
+       d.decided_by AS problem, d.producer_id, d.seq, d.tool, d.call_id, d.tenant,
+       d.kafka_topic, d.kafka_partition, d.kafka_offset, d.event
+FROM events d
+WHERE d.type = 'ApprovalResolved' AND d.decided_by IS NOT NULL
+  AND ($tenant IS NULL OR d.tenant = $tenant)
+  AND NOT EXISTS (
+      SELECT 1 FROM events q
+      WHERE q.type = 'ApprovalRequested' AND q.producer_id = d.producer_id
+        AND json_extract_string(q.event, '$.approval_id') = json_extract_string(d.event, '$.approval_id'))
+ORDER BY d.time DESC, d.event_id
+LIMIT $limit OFFSET $offset
+"""
+
 QUERIES.update(
     [
         _query(
@@ -1898,6 +1922,16 @@ QUERIES.update(
             "event itself (decision: what a gate polling the read API checks the binding of).",
             _APPROVAL_REQUEST,
             {"approval_id": _APPROVAL_ID, "tenant": TENANT, **PAGE},
+            scope="tenant",
+        ),
+        _query(
+            "unverified_decisions",
+            "Decisions refused as evidence, newest first: ApprovalResolved events that no desk key signed "
+            "(stored by a materializer given the desk's public key) and that the gate which asked did not "
+            "write, so they decided nothing: the approval id, approved, by, why (problem), the producer "
+            "and Kafka position, and the event itself.",
+            _UNVERIFIED_DECISIONS,
+            {"tenant": TENANT, **PAGE},
             scope="tenant",
         ),
     ]

@@ -121,14 +121,18 @@ class TestKeygen:
 
 
 def test_materialize_refuses_a_decision_key_it_cannot_sign_with(tmp_path: Path) -> None:
-    """`callgate materialize --decision-key` given the public half exits 2 with one line naming the
-    option and the file, before it opens the store or reaches Kafka."""
+    """`callgate materialize --decision-key` given the public half, or `--decision-pub` given the
+    private one, exits 2 with one line naming the option and the file, before it opens the store
+    or reaches Kafka."""
     assert keygen("--out", str(tmp_path), "--name", "callgate-desk").returncode == 0
-    for given, message in [(tmp_path / "callgate-desk.pub", "is a public key")]:
+    for option, given, message in [
+        ("--decision-key", tmp_path / "callgate-desk.pub", "is a public key"),
+        ("--decision-pub", tmp_path / "callgate-desk.key", "is a private key"),
+    ]:
         done = subprocess.run(
             [
                 *(sys.executable, "-m", "callgate.cli", "materialize", "--bootstrap", "127.0.0.1:1"),
-                *("--db", str(tmp_path / "audit.duckdb"), "--decision-key", str(given)),
+                *("--db", str(tmp_path / "audit.duckdb"), option, str(given)),
             ],
             cwd=REPO,
             capture_output=True,
@@ -138,5 +142,6 @@ def test_materialize_refuses_a_decision_key_it_cannot_sign_with(tmp_path: Path) 
         )
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1, done.stderr
-        assert done.stderr.startswith(f"error: --decision-key: {given}: {message}"), done.stderr
+        assert done.stderr.startswith(f"error: {option}: {given}"), done.stderr
+        assert message in done.stderr, done.stderr
     assert not (tmp_path / "audit.duckdb").exists()
