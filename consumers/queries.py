@@ -1869,8 +1869,14 @@ SELECT r.approval_id,
        json_extract_string(d.event, '$.note') AS note,
        json_extract_string(d.event, '$.error') AS error,
        r.event_id,
-       d.event AS decision
+       d.event AS decision,
+       c.claimed_at, c.claimant, c.claimed_by
 FROM requested r LEFT JOIN resolved d USING (approval_id)
+LEFT JOIN (
+    SELECT approval_id, min(claimed_at) AS claimed_at, arg_min(claimant, claimed_at) AS claimant,
+           arg_min(subject, claimed_at) AS claimed_by
+    FROM approval_claims GROUP BY approval_id
+) c USING (approval_id)
 """
 
 _PENDING_APPROVALS = f"""
@@ -1918,8 +1924,10 @@ QUERIES.update(
         _query(
             "approval_request",
             "One approval request by its id, with its status (pending, approved, denied, expired), what it "
-            "asks and, once decided, who decided, when and with what note, and the deciding ApprovalResolved "
-            "event itself (decision: what a gate polling the read API checks the binding of).",
+            "asks and, once decided, who decided, when and with what note, the deciding ApprovalResolved "
+            "event itself (decision: what a gate polling the read API checks the binding of) and, once an "
+            "approved call was run, its claim: when (claimed_at), by which gate (claimant) and token subject "
+            "(claimed_by).",
             _APPROVAL_REQUEST,
             {"approval_id": _APPROVAL_ID, "tenant": TENANT, **PAGE},
             scope="tenant",

@@ -839,6 +839,19 @@ _RETIRE_SHARD_TABLES = (
     "DROP TABLE handoff_notices",
 )
 
+# Claims of approvals (consumers.approvals.StoreClaims): created on first use before this step, so
+# only when missing. One row per claim granted (the first row of an approval id is its claim).
+CREATE_APPROVAL_CLAIMS: Final = """
+CREATE TABLE IF NOT EXISTS approval_claims (
+    approval_id VARCHAR NOT NULL,
+    call_id VARCHAR,
+    claimant VARCHAR,
+    subject VARCHAR,
+    decision_event_id VARCHAR,
+    claimed_at TIMESTAMPTZ NOT NULL
+)
+"""
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
@@ -852,6 +865,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(10, "event ids without an in-memory index", _EVENT_IDS_WITHOUT_INDEX),
     Migration(11, "event JSON compressed with zstd", _EVENT_JSON_ZSTD),
     Migration(12, "shard tables retired", _RETIRE_SHARD_TABLES),
+    Migration(13, "approval claims", (CREATE_APPROVAL_CLAIMS,)),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""

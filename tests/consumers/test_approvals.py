@@ -225,13 +225,23 @@ class TestDecidingThroughTheApi:
     async def test_a_gate_asking_the_read_api_gets_the_decision(
         self, kafka_broker: EmbeddedBroker, tmp_path: Path
     ) -> None:
-        """Without the decisions topic: the gate polls the read API and runs the approved call once."""
+        """Without the decisions topic: the gate polls the read API and runs the approved call once,
+        claiming it first; `callgate approvals show` says who claimed it (none before)."""
         async with desk(kafka_broker, tmp_path, poll_api=True) as d:
             waiting = call(d, "c-poll")
             request = await d.pending("c-poll")
+            assert (request["claimed_at"], request["claimant"], request["claimed_by"]) == (None, None, None)
             assert (await d.decide("rev-1", request["approval_id"], "approve")).status_code == 200
             assert (await asyncio.wait_for(waiting, 20)).ok
             assert d.ran == [20000]
+            shown = await asyncio.to_thread(
+                callgate, "show", request["approval_id"], "--api", d.api, token=d.tokens["rev-1"]
+            )
+            assert shown.returncode == 0, shown.stderr
+            detail = json.loads(shown.stdout)
+            assert (detail["status"], detail["claimed_by"]) == ("approved", "auditor-1")  # the gate's token
+            assert detail["claimant"]
+            assert detail["claimed_at"]
 
     async def test_a_denial_refuses_the_call(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
         """Denied by rev-1: the call does not run, and the model reads the reviewer and the note."""
