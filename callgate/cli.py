@@ -134,13 +134,22 @@ def demo(
 def keygen(
     out: Annotated[Path, typer.Option(help="Directory for the key files (created, mode 0700, if missing).")],
     name: Annotated[str, typer.Option(help="The key name: in signed checkpoints and the file names.")] = "callgate",
+    if_missing: Annotated[
+        bool,
+        typer.Option(
+            help="Keep a key pair already written (both files there: exit 0, nothing written); for a "
+            "deployment's one-shot key service."
+        ),
+    ] = False,
 ) -> None:
     """Write a new Ed25519 signing key: OUT/NAME.key (0600, secret) and OUT/NAME.pub (for verifiers).
     Never overwrites a file."""
-    from callgate.keygen import run_keygen
+    from callgate.keygen import kept_key, run_keygen
     from events.signing import SigningError
 
     try:
+        if if_missing and kept_key(out, name, echo=typer.echo):
+            return
         run_keygen(out, name, echo=typer.echo)
     except SigningError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -104,6 +104,25 @@ class TestKeygen:
         assert done.stderr.startswith(f"error: {tmp_path / 'callgate.pub'}: already exists")
         assert not (tmp_path / "callgate.key").exists()
 
+    def test_if_missing_keeps_a_pair_and_refuses_half_of_one(self, tmp_path: Path) -> None:
+        """`--if-missing` writes a pair once, then keeps it (exit 0, the files as they were, its key id
+        echoed); a lone NAME.pub exits 2 with one line naming both files, writing nothing."""
+        first = keygen("--out", str(tmp_path), "--if-missing")
+        assert first.returncode == 0, first.stderr
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        again = keygen("--out", str(tmp_path), "--if-missing")
+        assert again.returncode == 0, again.stderr
+        key_id = first.stdout.split("key id:", 1)[1].strip()
+        assert again.stdout.startswith(f"kept the key pair {tmp_path / 'callgate.key'}")
+        assert key_id in again.stdout
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+        (tmp_path / "callgate.key").unlink()
+        half = keygen("--out", str(tmp_path), "--if-missing")
+        assert half.returncode == 2
+        assert half.stderr.count("\n") == 1
+        assert "only one of the pair is there" in half.stderr
+        assert not (tmp_path / "callgate.key").exists()
+
     def test_invalid_name_and_out_that_is_a_file(self, tmp_path: Path) -> None:
         """A name with a space, a name with '/' and an --out that is a file each exit 2 with one line."""
         (tmp_path / "file").write_text("")

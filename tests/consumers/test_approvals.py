@@ -554,7 +554,7 @@ class TestSignedDecisions:
             assert response.status_code == 200, response.text
             assert (await asyncio.wait_for(waiting, 20)).ok
             assert d.ran == [20000]
-            await d.events_of("c-evidence", 4)  # the request, the desk's and the gate's decisions, the use
+            await d.events_of("c-evidence", 5)  # the request, the two forgeries, the desk's decision, the use
             (detail,) = await d.get("approval_request", approval_id=request["approval_id"])
             assert (detail["status"], detail["decided_by"], detail["note"]) == ("approved", "rev-1", "checked")
             assert len(await d.get("unverified_decisions", "auditor-1")) == 2
