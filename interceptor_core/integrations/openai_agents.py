@@ -296,9 +296,16 @@ class _Pauses:
         self._paused.pop(call_id, None)
 
     def rejected(self, wrapper: RunContextWrapper[Any], name: str) -> list[tuple[str, _Paused]]:
-        """The paused calls the run's approvals (`wrapper`) reject, concluded here (so each is
-        recorded once, whichever listing of the tools sees it first)."""
-        found = [(c, p) for c, p in self._paused.items() if wrapper.is_tool_approved(name, c) is False]
+        """The paused calls of this run that its approvals (`wrapper`) reject, concluded here (so
+        each is recorded once, whichever listing of the tools sees it first). A call is this run's
+        when the run knows its call id (the SDK's record of the run's tool calls, private): a
+        rejection of every call of the tool (`always_reject`) must not reach another run's pause."""
+        known = getattr(wrapper, "_tool_invocations", None)
+        found = [
+            (c, p)
+            for c, p in self._paused.items()
+            if (known is None or c in known) and wrapper.is_tool_approved(name, c) is False
+        ]
         for call_id, _ in found:
             del self._paused[call_id]
         return found

@@ -385,6 +385,32 @@ class TestApprovals:
         assert outcomes(memory) == [("ToolDenied", "delete_file", "c1-0"), ("ToolUse", "write_file", "c2-0")]
         assert_chain_whole(memory)
 
+    async def test_a_sticky_rejection_reaches_only_its_own_runs_pause(self, root: Path) -> None:
+        """Two runs of one agent paused on the same tool; one rejects every call of it
+        (`always_reject=True`): only its own pause is recorded refused, the other stays pending and
+        is approved later."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+        tools = gate_function_tools(file_tools(root, done), gate=gate, agent="writer")
+
+        def agent(call_id: str) -> Agent[Any]:
+            steps = [[function_call("delete_file", {"path": "old.txt"}, call_id=call_id)], [assistant_message("ok")]]
+            return Agent(name="writer", tools=tools, model=ScriptedModel(steps))
+
+        first, second = agent("r1"), agent("r2")
+        paused_first = await Runner.run(first, "go", run_config=OFFLINE)
+        paused_second = await Runner.run(second, "go", run_config=OFFLINE)
+        state = paused_first.to_state()
+        state.reject(paused_first.interruptions[0], always_reject=True)
+        await Runner.run(first, state, run_config=OFFLINE)
+        assert [(e.call_id, e.approved) for e in memory.of_type("ApprovalResolved")] == [("r1", False)]
+        other = paused_second.to_state()
+        other.approve(paused_second.interruptions[0])
+        await Runner.run(second, other, run_config=OFFLINE)
+        assert [(e.call_id, e.approved) for e in memory.of_type("ApprovalResolved")] == [("r1", False), ("r2", True)]
+        assert done == ["delete old.txt"]
+        assert outcomes(memory) == [("ToolDenied", "delete_file", "r1"), ("ToolUse", "delete_file", "r2")]
+
     async def test_a_plain_sdk_rejection_after_a_round_trip(self, root: Path) -> None:
         """The state read back from its string and rejected with no message: recorded once, the
         note saying the SDK's run rejected it; `reject` on another pause is not recorded twice."""
