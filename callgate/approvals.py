@@ -94,7 +94,8 @@ def show(
     db: DbOption = None,
     token: TokenOption = None,
 ) -> None:
-    """One request: what it asks (tool, redacted args, rule, run) and its status; exit 1 if there is none."""
+    """One request: what it asks (tool, redacted args, rule, run), its status and decision and, once its
+    approved call ran, who claimed it (claimed_at, claimant, claimed_by); exit 1 if there is none."""
     rows = _rows("approval_request", {"approval_id": approval_id}, api, db, token)
     if not rows:
         typer.echo(f"no approval request {approval_id!r}", err=True)

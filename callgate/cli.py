@@ -134,13 +134,22 @@ def demo(
 def keygen(
     out: Annotated[Path, typer.Option(help="Directory for the key files (created, mode 0700, if missing).")],
     name: Annotated[str, typer.Option(help="The key name: in signed checkpoints and the file names.")] = "callgate",
+    if_missing: Annotated[
+        bool,
+        typer.Option(
+            help="Keep a key pair already written (both files there: exit 0, nothing written); for a "
+            "deployment's one-shot key service."
+        ),
+    ] = False,
 ) -> None:
     """Write a new Ed25519 signing key: OUT/NAME.key (0600, secret) and OUT/NAME.pub (for verifiers).
     Never overwrites a file."""
-    from callgate.keygen import run_keygen
+    from callgate.keygen import kept_key, run_keygen
     from events.signing import SigningError
 
     try:
+        if if_missing and kept_key(out, name, echo=typer.echo):
+            return
         run_keygen(out, name, echo=typer.echo)
     except SigningError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -377,6 +386,14 @@ def materialize(
             "honour no other decision."
         ),
     ] = None,
+    decision_pub: Annotated[
+        Path | None,
+        typer.Option(
+            help="The desk's public keys (a .pub file or a directory of them; default: --decision-key's): "
+            "a decision none of them signed is stored as evidence but decides nothing, unless the gate "
+            "that asked wrote it."
+        ),
+    ] = None,
     webhooks: Annotated[
         Path | None,
         typer.Option(
@@ -467,6 +484,15 @@ def materialize(
         except SigningError as exc:
             typer.echo(f"error: --decision-key: {exc}", err=True)
             raise typer.Exit(2) from None
+    desk_keys = None
+    if decision_pub is not None:
+        from events.signing import SigningError, load_trusted_keys
+
+        try:
+            desk_keys = load_trusted_keys(decision_pub)
+        except SigningError as exc:
+            typer.echo(f"error: --decision-pub: {exc}", err=True)
+            raise typer.Exit(2) from None
     api_address = _host_port(api) if api else None
     if allow_remote:
         typer.echo("warning: --allow-remote is the old name of --insecure-no-auth; use that", err=True)
@@ -510,6 +536,7 @@ def materialize(
             api_tls=tls,
             decisions_topic=decisions_topic or None,
             decision_key=signer,
+            decision_keys=desk_keys,
             gap_grace_s=gap_grace,
             unread_grace_s=unread_grace,
             trusted_keys=keys,

@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from consumers.auth import REVIEWER, Forbidden, Identity
+from consumers.store import CREATE_APPROVAL_CLAIMS
 from events.chain import Producer, new_event_id
 from events.codec import parse_event
 from events.models import ZERO_HASH, ApprovalResolvedEvent
@@ -108,22 +109,11 @@ class ClaimStore(Protocol):
     def claim(self, approval_id: str, fields: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]: ...
 
 
-_CREATE_CLAIMS = """
-CREATE TABLE IF NOT EXISTS approval_claims (
-    approval_id VARCHAR NOT NULL,
-    call_id VARCHAR,
-    claimant VARCHAR,
-    subject VARCHAR,
-    decision_event_id VARCHAR,
-    claimed_at TIMESTAMPTZ NOT NULL
-)
-"""
-
 _CLAIM_COLUMNS = ("approval_id", "call_id", "claimant", "subject", "decision_event_id", "claimed_at")
 
 
 class StoreClaims:
-    """Claims as rows of the audit store's `approval_claims` table (created on first use), through
+    """Claims as rows of the audit store's `approval_claims` table (created when missing), through
     `store.transaction`: the check and the insert are one transaction, serialized with the store's
     other writes (a file has one writer; a lake runs it again after a conflicting commit)."""
 
@@ -134,7 +124,7 @@ class StoreClaims:
     def claim(self, approval_id: str, fields: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
         def work(con: Any) -> tuple[bool, dict[str, Any]]:
             if not self._created:
-                con.execute(_CREATE_CLAIMS)
+                con.execute(CREATE_APPROVAL_CLAIMS)  # a store of an older schema opened elsewhere
             held = con.execute(
                 f"SELECT {', '.join(_CLAIM_COLUMNS)} FROM approval_claims WHERE approval_id = ? "  # noqa: S608
                 "ORDER BY claimed_at LIMIT 1",

@@ -224,6 +224,12 @@ class Materializer:
       this topic, which the waiting gates read (None: no write route), signed with `decision_key`
       (an `events.signing.SigningKey`; None: unsigned); gates claim approvals through it (`POST
       /v1/approvals/{id}/claim`), recorded in the store's `approval_claims`.
+    - `decision_keys` (key id -> `events.signing.VerifyingKey`; by default `decision_key`'s public
+      half): the desk's keys. An `ApprovalResolved` none of them signed is stored flagged
+      (`consumers.store.UNVERIFIED_DECISION`) and decides its request only when the gate that asked
+      wrote it; another (a decision forged onto the events topic) leaves the request pending and is
+      listed by the `unverified_decisions` query. None without `decision_key`, or an empty mapping:
+      not checked.
     - `gap_grace_s`: in a continuous run, a chain gap is recorded once it has stayed open this long.
     - `trusted_keys` (key id -> `events.signing.VerifyingKey`, as `load_trusted_keys` gives them):
       verify every stored checkpoint (`consumers.checkpoints`); `require_signed` also records the
@@ -258,6 +264,7 @@ class Materializer:
         api_tls: tuple[str, str] | None = None,
         decisions_topic: str | None = None,
         decision_key: SigningKey | None = None,
+        decision_keys: Mapping[str, VerifyingKey] | None = None,
         batch_max: int = ROW_GROUP_ROWS,
         poll_ms: int = 500,
         gap_grace_s: float = 60.0,
@@ -288,7 +295,11 @@ class Materializer:
         self.metadata_interval_s = metadata_interval_s
         self.commit_timeout_s = commit_timeout_s
         self.consumer_options = consumer_options
-        self.store = AuditStore(db_path, trusted_keys=trusted_keys, require_signed=require_signed)
+        if decision_keys is None and decision_key is not None:
+            decision_keys = {decision_key.public().key_id: decision_key.public()}
+        self.store = AuditStore(
+            db_path, trusted_keys=trusted_keys, require_signed=require_signed, decision_keys=decision_keys
+        )
         self._kill_after_batch = _fault_kill_between_commits()
         self._stop = asyncio.Event()
         self._state = _State()

@@ -1,9 +1,10 @@
 """Moving a store from its file home into a lake: `copy_into_lake(files, lake)`.
 
 Every table a materializer writes is copied (events, dead letters, chain breaks, the checkpoint
-queue and state, the Merkle tree index, the access log, the archive's manifest and the Kafka
-offsets), each row once whatever number of files hold it (several files of one deployment may hold
-copies of the same events), in one lake transaction: a copy that fails leaves the lake as it was.
+queue and state, the Merkle tree index, the access log, the archive's manifest, the approvals'
+claims and the Kafka offsets), each row once whatever number of files hold it (several files of
+one deployment may hold copies of the same events; a claim is one per approval id), in one lake
+transaction: a copy that fails leaves the lake as it was.
 Then every chain is verified in the lake and compared with the files: the same events, the same
 broken links, the same missing seqs, or the copy is reported as failed.
 """
@@ -35,6 +36,7 @@ _TABLES: Final[tuple[tuple[str, tuple[str, ...] | None], ...]] = (
     ("archive_files", ("path",)),
     ("archive_segments", ("path", "producer_id")),
     ("access_log", None),
+    ("approval_claims", ("approval_id",)),
 )
 
 # What a chain looks like, per producer: its events, the links that do not hold (a prev_hash that is

@@ -1855,8 +1855,11 @@ QUERIES: Final[dict[str, NamedQuery]] = dict(
 
 # -- approvals: durable requests and their decisions ------------------------------------------------
 # A request is pending while it has an ApprovalRequested, no ApprovalResolved of the same approval id
-# and its expires_at lies ahead. A request asked again (the same call resumed in another process)
-# repeats its approval id: the first ask's time and expiry stand.
+# that decides it and its expires_at lies ahead. In a store given the desk's keys, an ApprovalResolved
+# no desk key signed is flagged in decided_by (consumers.store.UNVERIFIED_DECISION): it decides only
+# when the producer that asked wrote it (the gate's own answer), and is listed by unverified_decisions.
+# A request asked again (the same call resumed in another process) repeats its approval id: the
+# first ask's time and expiry stand.
 
 _APPROVAL_REQUESTS = """
 WITH requested AS (
@@ -1871,11 +1874,15 @@ WITH requested AS (
     GROUP BY 1
 ),
 resolved AS (
-    SELECT json_extract_string(event, '$.approval_id') AS approval_id,
-           arg_min(event, time) AS event,
-           min(time) AS resolved_at
-    FROM events
-    WHERE type = 'ApprovalResolved' AND json_extract_string(event, '$.approval_id') IS NOT NULL
+    SELECT json_extract_string(d.event, '$.approval_id') AS approval_id,
+           arg_min(d.event, d.time) AS event,
+           min(d.time) AS resolved_at
+    FROM events d
+    WHERE d.type = 'ApprovalResolved' AND json_extract_string(d.event, '$.approval_id') IS NOT NULL
+      AND (d.decided_by IS NULL OR EXISTS (
+          SELECT 1 FROM events q
+          WHERE q.type = 'ApprovalRequested' AND q.producer_id = d.producer_id
+            AND json_extract_string(q.event, '$.approval_id') = json_extract_string(d.event, '$.approval_id')))
     GROUP BY 1
 )
 SELECT r.approval_id,
@@ -1906,8 +1913,14 @@ SELECT r.approval_id,
        json_extract_string(d.event, '$.note') AS note,
        json_extract_string(d.event, '$.error') AS error,
        r.event_id,
-       d.event AS decision
+       d.event AS decision,
+       c.claimed_at, c.claimant, c.claimed_by
 FROM requested r LEFT JOIN resolved d USING (approval_id)
+LEFT JOIN (
+    SELECT approval_id, min(claimed_at) AS claimed_at, arg_min(claimant, claimed_at) AS claimant,
+           arg_min(subject, claimed_at) AS claimed_by
+    FROM approval_claims GROUP BY approval_id
+) c USING (approval_id)
 """
 
 _PENDING_APPROVALS = f"""
@@ -1925,6 +1938,23 @@ LIMIT $limit OFFSET $offset
 
 _APPROVAL_ID = Param("str", "The request's approval id (32 hex; no rows without it).")
 
+_UNVERIFIED_DECISIONS = """
+SELECT d.time, d.event_id, json_extract_string(d.event, '$.approval_id') AS approval_id,
+       json_extract(d.event, '$.approved')::BOOLEAN AS approved,
+       json_extract_string(d.event, '$.by') AS by,
+       d.decided_by AS problem, d.producer_id, d.seq, d.tool, d.call_id, d.tenant,
+       d.kafka_topic, d.kafka_partition, d.kafka_offset, d.event
+FROM events d
+WHERE d.type = 'ApprovalResolved' AND d.decided_by IS NOT NULL
+  AND ($tenant IS NULL OR d.tenant = $tenant)
+  AND NOT EXISTS (
+      SELECT 1 FROM events q
+      WHERE q.type = 'ApprovalRequested' AND q.producer_id = d.producer_id
+        AND json_extract_string(q.event, '$.approval_id') = json_extract_string(d.event, '$.approval_id'))
+ORDER BY d.time DESC, d.event_id
+LIMIT $limit OFFSET $offset
+"""
+
 QUERIES.update(
     [
         _query(
@@ -1938,10 +1968,22 @@ QUERIES.update(
         _query(
             "approval_request",
             "One approval request by its id, with its status (pending, approved, denied, expired), what it "
-            "asks and, once decided, who decided, when and with what note, and the deciding ApprovalResolved "
-            "event itself (decision: what a gate polling the read API checks the binding of).",
+            "asks and, once decided, who decided, when and with what note, the deciding ApprovalResolved "
+            "event itself (decision: what a gate polling the read API checks the binding of) and, once an "
+            "approved call was run, its claim: when (claimed_at), by which gate (claimant) and token subject "
+            "(claimed_by).",
             _APPROVAL_REQUEST,
             {"approval_id": _APPROVAL_ID, "tenant": TENANT, **PAGE},
+            scope="tenant",
+        ),
+        _query(
+            "unverified_decisions",
+            "Decisions refused as evidence, newest first: ApprovalResolved events that no desk key signed "
+            "(stored by a materializer given the desk's public key) and that the gate which asked did not "
+            "write, so they decided nothing: the approval id, approved, by, why (problem), the producer "
+            "and Kafka position, and the event itself.",
+            _UNVERIFIED_DECISIONS,
+            {"tenant": TENANT, **PAGE},
             scope="tenant",
         ),
     ]

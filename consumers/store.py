@@ -51,7 +51,7 @@ from events.codec import ReadEvent, read_event
 from events.fast_read import WireRead, read_wire
 from events.kafka import CE_TYPE_PREFIX
 from events.loss import LossReport, encode_loss_report, parse_loss_report
-from events.models import ZERO_HASH
+from events.models import ZERO_HASH, ApprovalResolvedEvent
 from events.signing import VerifyingKey
 
 __all__ = [
@@ -87,6 +87,14 @@ DEFAULT_TABLE_CACHE_BYTES: Final = 16 * 1024 * 1024
 MAX_GAP_ROWS_PER_HOLE: Final = 1000
 """`close_open_gaps` records at most this many missing seqs per hole (each row's detail names the
 whole hole): a forged seq of 10**12 must not make it write 10**12 rows."""
+
+UNVERIFIED_DECISION: Final = "unverified decision"
+"""The start of `events.decided_by` on an `ApprovalResolved` that no desk key signed, in a store
+given the desk's public keys (`decision_keys`); the rest says why ("it is not signed", a forged or
+altered signature). Stored as evidence, such an event decides its request only when the gate that
+asked wrote it (its own handler's or framework's answer, in its own chain: the same producer as an
+`ApprovalRequested` of that approval id); otherwise the request stays pending (`pending_approvals`),
+and the event is listed by the `unverified_decisions` query. NULL on every other event."""
 
 PREVIEW_CHARS: Final = 200
 """How much of a dead letter's value is kept as text in `dead_letters.preview`."""
@@ -831,6 +839,19 @@ _RETIRE_SHARD_TABLES = (
     "DROP TABLE handoff_notices",
 )
 
+# Claims of approvals (consumers.approvals.StoreClaims): created on first use before this step, so
+# only when missing. One row per claim granted (the first row of an approval id is its claim).
+CREATE_APPROVAL_CLAIMS: Final = """
+CREATE TABLE IF NOT EXISTS approval_claims (
+    approval_id VARCHAR NOT NULL,
+    call_id VARCHAR,
+    claimant VARCHAR,
+    subject VARCHAR,
+    decision_event_id VARCHAR,
+    claimed_at TIMESTAMPTZ NOT NULL
+)
+"""
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
@@ -844,6 +865,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(10, "event ids without an in-memory index", _EVENT_IDS_WITHOUT_INDEX),
     Migration(11, "event JSON compressed with zstd", _EVENT_JSON_ZSTD),
     Migration(12, "shard tables retired", _RETIRE_SHARD_TABLES),
+    Migration(13, "approval claims", (CREATE_APPROVAL_CLAIMS,)),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""
@@ -1358,6 +1380,7 @@ class AuditStore:
         trusted_keys: Mapping[str, VerifyingKey] | None = None,
         require_signed: bool = False,
         table_cache_bytes: int | None = DEFAULT_TABLE_CACHE_BYTES,
+        decision_keys: Mapping[str, VerifyingKey] | None = None,
     ) -> None:
         if max_value_bytes < 1:
             raise ValueError(f"max_value_bytes must be positive, got {max_value_bytes}")
@@ -1366,6 +1389,9 @@ class AuditStore:
         self.checkpoint_verifier = (
             CheckpointVerifier(trusted_keys, require_signed=require_signed) if trusted_keys else None
         )
+        self.decision_keys = dict(decision_keys) if decision_keys else None
+        """The desk's public keys (key id -> key): an `ApprovalResolved` not signed by one of them is
+        stored flagged (see `UNVERIFIED_DECISION`); None: decisions are not checked."""
         """Verifies the stored checkpoints after each ingest (None without `trusted_keys`)."""
         if isinstance(path, Lake) and path.as_of is not None and not read_only:
             raise StoreError(f"{path} is a past snapshot: open it read-only")
@@ -1741,12 +1767,26 @@ class AuditStore:
                 if (mismatch := _envelope_mismatch(record, read.event)) is not None:
                     _add_dead(dead, record, "envelope_mismatch", mismatch)
                     continue
-                rows.append(_event_row(read, ord_, record.topic, record.partition, record.offset))
+                flag = self._decision_flag(read, value) if self.decision_keys is not None else None
+                rows.append(_event_row(read, ord_, record.topic, record.partition, record.offset, flag))
             except EventParseError as exc:
                 _add_dead(dead, record, _reason_kind(exc.reason), exc.reason)
             except Exception as exc:  # a record must never block its partition: dead-letter it
                 _add_dead(dead, record, "error", f"{type(exc).__name__}: {exc}")
         return _events_table(rows), pa.Table.from_pydict(dead, schema=_STAGED_DEAD_SCHEMA), losses
+
+    def _decision_flag(self, read: ReadEvent | WireRead, value: bytes) -> str | None:
+        """`UNVERIFIED_DECISION` and why, for an `ApprovalResolved` of a request that no desk key
+        signed; None for any other event, and for a decision a desk key signed."""
+        event: Any = read.event
+        if event.type != "ApprovalResolved" or event.approval_id is None or self.decision_keys is None:
+            return None
+        from events.decisions import decision_problem  # only where decisions are checked
+
+        resolved = event if isinstance(event, ApprovalResolvedEvent) else read_event(value).event
+        assert isinstance(resolved, ApprovalResolvedEvent)  # the same bytes, read by pydantic
+        problem = decision_problem(resolved, self.decision_keys)
+        return None if problem is None else f"{UNVERIFIED_DECISION}: {problem}"
 
     def offsets(self, topic: str, *, expect: Iterable[int] | None = None) -> dict[int, int]:
         """Partition -> the next offset to read, as last committed by `ingest` (empty for a topic
@@ -1988,9 +2028,12 @@ def _add_dead(dead: dict[str, list[Any]], record: KafkaRecord, reason: str, erro
 _NO_SHADOW: Final = (None, None, None, None)
 
 
-def _event_row(read: ReadEvent | WireRead, ord_: int, topic: str, partition: int, offset: int) -> tuple[Any, ...]:
+def _event_row(
+    read: ReadEvent | WireRead, ord_: int, topic: str, partition: int, offset: int, flag: str | None = None
+) -> tuple[Any, ...]:
     """One event's row of `_STAGED_EVENT_SCHEMA`, in its column order, from a pydantic event or the
-    struct of `events.fast_read` (same attribute names: dispatched on `type`, not on the class)."""
+    struct of `events.fast_read` (same attribute names: dispatched on `type`, not on the class).
+    `flag`: an `ApprovalResolved`'s `decided_by` (`AuditStore._decision_flag`)."""
     event: Any = read.event
     kind: str = event.type
     fast = isinstance(read, WireRead)
@@ -2018,6 +2061,7 @@ def _event_row(read: ReadEvent | WireRead, ord_: int, topic: str, partition: int
         case "ApprovalResolved":
             # Not in the brief's list, but the `calls` view needs the answer as a column.
             outcome, message = ("approved" if event.approved else "refused"), event.error
+            decided_by = flag
         case _:
             pass  # Unmediated, ToolsRegistered, TurnDecision, Checkpoint: their fields stay in `event`
     return (

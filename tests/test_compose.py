@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 
-CALLGATE_SERVICES = ("materializer", "dashboard", "demo")
+CALLGATE_SERVICES = ("desk-key", "materializer", "dashboard", "demo")
 """The services that run the callgate image, each a `callgate` subcommand."""
 
 EXPECTED_COMMANDS = {
@@ -49,7 +49,10 @@ EXPECTED_COMMANDS = {
         "--api",
         "0.0.0.0:8765",
         "--insecure-no-auth",
+        "--decision-key",
+        "/data/keys/callgate-desk.key",
     ],
+    "desk-key": ["keygen", "--out", "/data/keys", "--name", "callgate-desk", "--if-missing"],
     "dashboard": [
         "dashboard",
         "--api",
@@ -136,7 +139,7 @@ class TestComposeFileIsValid:
     def test_demo_runs_only_under_its_profile(self) -> None:
         """`docker compose up` starts the pipeline; the demo workload needs `--profile demo`."""
         default = set(config(profiles=())["services"])
-        assert default == {"kafka", "kafka-init", "materializer", "dashboard", "otel-collector", "jaeger"}
+        assert default == {"kafka", "kafka-init", "desk-key", "materializer", "dashboard", "otel-collector", "jaeger"}
         assert set(config(profiles=("demo",))["services"]) == default | {"demo"}
 
 
@@ -217,7 +220,7 @@ class TestCallgateServices:
         assert not missing, f"`callgate {subcommand} --help` lists none of {missing} (used by service {service})"
 
     def test_one_image_built_from_the_dockerfile(self, stack: dict[str, Any]) -> None:
-        """The three callgate services share one image, built from the repository's Dockerfile."""
+        """The callgate services share one image, built from the repository's Dockerfile."""
         images = set()
         for name in CALLGATE_SERVICES:
             service = stack["services"][name]
@@ -285,7 +288,7 @@ class TestHealthAndOrder:
             for dependency, spec in service.get("depends_on", {}).items():
                 check = services[dependency].get("healthcheck")
                 healthy = bool(check) and not check.get("disable")
-                if dependency == "kafka-init":
+                if dependency in ("kafka-init", "desk-key"):
                     assert spec["condition"] == "service_completed_successfully", (name, dependency)
                 elif healthy:
                     assert spec["condition"] == "service_healthy", (name, dependency)
@@ -300,6 +303,7 @@ class TestHealthAndOrder:
             return {dep: spec["condition"] for dep, spec in services[name].get("depends_on", {}).items()}
 
         assert waits("materializer")["kafka"] == "service_healthy"
+        assert waits("materializer")["desk-key"] == "service_completed_successfully"
         assert waits("dashboard")["materializer"] == "service_healthy"
         assert waits("otel-collector")["jaeger"] == "service_healthy"
         assert waits("demo")["kafka"] == "service_healthy"
@@ -423,11 +427,21 @@ def local_materializer(stack: dict[str, Any], fresh_broker: EmbeddedBroker, tmp_
     topic = command[command.index("--topic") + 1]
     asyncio.run(create_topic(fresh_broker.bootstrap, topic))
     port = free_port("127.0.0.1")
+    keys = tmp_path / "keys"
     replacements = {
         "kafka:9092": fresh_broker.bootstrap,
         "/data/audit.duckdb": str(tmp_path / "audit.duckdb"),
         "0.0.0.0:8765": f"0.0.0.0:{port}",
+        "/data/keys/callgate-desk.key": str(keys / "callgate-desk.key"),
+        "/data/keys": str(keys),
     }
+    # What the desk-key service does before the materializer starts (on every start: the key stays).
+    for _ in range(2):
+        made = subprocess.run(
+            local(stack["services"]["desk-key"]["command"], replacements), capture_output=True, text=True, timeout=60
+        )
+        assert made.returncode == 0, made.stderr
+    assert "kept the key pair" in made.stdout
     log = tmp_path / "materializer.log"
     with log.open("w") as out:
         proc = subprocess.Popen(local(command, replacements), stdout=out, stderr=subprocess.STDOUT, text=True)

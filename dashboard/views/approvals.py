@@ -1,5 +1,7 @@
 """Approvals: the requests waiting for a reviewer, newest first, each with what it asks (tool, redacted
-arguments, reason, rule, policy version, who and in which run), approved or denied here with a note.
+arguments, reason, rule, policy version, who and in which run), approved or denied here with a note;
+and any request looked up by its approval id: its status, who decided it, and whether its approved
+call was used (claimed: when, by which gate and token subject).
 
 Deciding goes through the read API's write route with this session's token (`--api` with a login):
 the decision names the logged-in subject, needs the `reviewer` role, and the API refuses one's own
@@ -90,6 +92,40 @@ def show(request: dict[str, Any]) -> None:
         buttons[1].button("Deny", key=f"deny-{approval_id}", on_click=decide, args=(request, False))
 
 
+def claim_text(request: dict[str, Any]) -> str:
+    """Whether the approved call of `request` was used, and by whom."""
+    if request.get("status") != "approved":
+        return "Not usable: the request is not approved."
+    if not request.get("claimed_at"):
+        return "Not used yet: no gate has claimed this approval."
+    when = ui.local_time(request.get("claimed_at"))
+    return f"Used: claimed by {request.get('claimed_by') or '-'} (gate {request.get('claimant') or '-'}) at {when}"
+
+
+def look_up() -> None:
+    """A request by its approval id, whatever its status: the decision and the claim."""
+    st.subheader("Look up a request")
+    approval_id = st.text_input("Approval id", key="lookup-approval-id", placeholder="32 hex digits").strip()
+    if not approval_id:
+        return
+    rows = ui.query("approval_request", {"approval_id": approval_id, "tenant": ui.filters_tenant(), "limit": 1})
+    if not rows:
+        st.warning(f"No approval request {approval_id!r} (or not one this login may read).")
+        return
+    request = rows[0]
+    with st.container(border=True, key=f"lookup-{approval_id}"):
+        head = f"**{request.get('tool')}** · tenant `{request.get('tenant')}`"
+        st.markdown(f"{head} · status **{request.get('status')}**")
+        facts = st.columns(3)
+        facts[0].caption("Decided by")
+        facts[0].text(str(request.get("decided_by") or "-"))
+        facts[1].caption("Decided at")
+        facts[1].text(str(ui.local_time(request.get("resolved_at")) or "-"))
+        facts[2].caption("Note")
+        facts[2].text(str(request.get("note") or "-"))
+        st.markdown(claim_text(request))
+
+
 with ui.problems():
     if cfg.api is None:
         st.info("Reading a store file: requests are listed, but deciding needs the console on the read API (--api).")
@@ -100,3 +136,4 @@ with ui.problems():
         st.info("No request is waiting for a reviewer.")
     for row in rows:
         show(row)
+    look_up()

@@ -1,6 +1,7 @@
 """OpenAI Agents SDK through the gate: `gate_function_tools` gates `FunctionTool`s (an agent's
 `as_tool()` included, with the tools of the agents nested in it), `GatedMCPServer` gates an SDK MCP
-server, and `reject` rejects a call paused for approval and records the refusal.
+server, and `reject` rejects a call paused for approval and records the refusal (a plain
+`state.reject(item)` is recorded too, when the resumed run lists its tools).
 
 ```python
 tools = gate_function_tools([write_file, delete_file], gate=gate, agent="writer")
@@ -248,6 +249,7 @@ def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sd
         if isinstance(invoker, _FailureHandlingFunctionToolInvoker)
         else None
     )
+    pauses = _Pauses()
     gated = _GatedInvocation(
         scope,
         original.name,
@@ -256,12 +258,82 @@ def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sd
         handled,
         own_approval=original.needs_approval,
         pauses_with_nested=sdk_approvals and bool(getattr(original, "_is_agent_tool", False)),
+        pauses=pauses,
     )
     if not sdk_approvals:
         return dataclasses.replace(original, on_invoke_tool=gated)
     inspectable = invoker if isinstance(invoker, _FailureHandlingFunctionToolInvoker) else None
-    needs_approval = _needs_approval(original.needs_approval, inspectable, scope, original.name, default_run)
-    return dataclasses.replace(original, on_invoke_tool=gated, needs_approval=needs_approval)
+    needs_approval = _needs_approval(original.needs_approval, inspectable, scope, original.name, default_run, pauses)
+    is_enabled = _records_rejections(original.is_enabled, _GatedTarget(scope, original.name, default_run), pauses)
+    return dataclasses.replace(original, on_invoke_tool=gated, needs_approval=needs_approval, is_enabled=is_enabled)
+
+
+_PAUSES_KEPT = 1024
+"""How many paused calls a gated tool remembers for the SDK's own rejections (oldest forgotten)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Paused:
+    params: Any
+    run: RunContext
+
+
+class _Pauses:
+    """The calls of one gated tool paused for approval in this process and not concluded yet, by
+    call id (oldest first, bounded): where a rejection given with the SDK's own `state.reject` is
+    looked for, since a rejected call never reaches the tool again."""
+
+    def __init__(self) -> None:
+        self._paused: dict[str, _Paused] = {}
+
+    def add(self, call_id: str, params: Any, run: RunContext) -> None:
+        self._paused.pop(call_id, None)
+        self._paused[call_id] = _Paused(params, run)
+        if len(self._paused) > _PAUSES_KEPT:
+            del self._paused[next(iter(self._paused))]
+
+    def conclude(self, call_id: str) -> None:
+        self._paused.pop(call_id, None)
+
+    def rejected(self, wrapper: RunContextWrapper[Any], name: str) -> list[tuple[str, _Paused]]:
+        """The paused calls of this run that its approvals (`wrapper`) reject, concluded here (so
+        each is recorded once, whichever listing of the tools sees it first). A call is this run's
+        when the run knows its call id (the SDK's record of the run's tool calls, private): a
+        rejection of every call of the tool (`always_reject`) must not reach another run's pause."""
+        known = getattr(wrapper, "_tool_invocations", None)
+        found = [
+            (c, p)
+            for c, p in self._paused.items()
+            if (known is None or c in known) and wrapper.is_tool_approved(name, c) is False
+        ]
+        for call_id, _ in found:
+            del self._paused[call_id]
+        return found
+
+
+IsEnabled = bool | Callable[[RunContextWrapper[Any], AgentBase], Any]
+
+_SDK_REJECTED = "rejected in the OpenAI Agents SDK run (RunState.reject)"
+
+
+def _records_rejections(own: IsEnabled, target: _GatedTarget, pauses: _Pauses) -> IsEnabled:
+    """The gated tool's `is_enabled`: the original's, after recording the rejections the SDK gave
+    its paused calls with `state.reject(item)`. The SDK answers such a call with its rejection text
+    without calling the tool, and lists the agent's tools (asking each `is_enabled`, with the run's
+    approvals) before its next model call: that is where the rejection is seen and recorded, as
+    `reject` records it, with `by` unknown and the SDK's rejection message as the note."""
+
+    async def is_enabled(wrapper: RunContextWrapper[Any], agent: AgentBase) -> bool:
+        for call_id, paused in pauses.rejected(wrapper, target.name):
+            note = wrapper.get_rejection_message(target.name, call_id) or _SDK_REJECTED
+            with contextlib.suppress(ToolBlockedError):  # a block now is recorded; the run goes on
+                await _record_rejection(target, paused.params, paused.run, call_id, None, note)
+        if callable(own):
+            decided = own(wrapper, agent)
+            return bool(await decided if inspect.isawaitable(decided) else decided)
+        return own
+
+    return is_enabled
 
 
 class _GatedInvocation:
@@ -290,8 +362,11 @@ class _GatedInvocation:
         *,
         own_approval: bool | NeedsApproval = False,
         pauses_with_nested: bool = False,
+        pauses: _Pauses | None = None,
     ) -> None:
         self.scope = scope
+        self.pauses = pauses if pauses is not None else _Pauses()
+        """The tool's calls paused for approval (shared by the tool's copies)."""
         self.own_approval = own_approval
         """The original tool's own `needs_approval`: whether an approval the SDK gave answered it."""
         self.pauses_with_nested = pauses_with_nested
@@ -317,6 +392,7 @@ class _GatedInvocation:
             tool,
             own_approval=self.own_approval,
             pauses_with_nested=self.pauses_with_nested,
+            pauses=self.pauses,
         )
 
     async def __call__(self, ctx: SdkToolContext[Any], input: str) -> Any:
@@ -345,6 +421,7 @@ class _GatedInvocation:
             approval = _SDK_APPROVED
             # The SDK's approval answers the tool's own request too: record it as one.
             asks = await _own_request(self.own_approval, ctx, input, ctx.tool_call_id)
+        self.pauses.conclude(ctx.tool_call_id)  # it reached the tool: no rejection to look for
         text = input or "{}"
         flight = _InFlight(ctx, input=text)
         gate_args: Any = text
@@ -428,6 +505,7 @@ def _needs_approval(
     scope: AgentScope,
     name: str,
     default_run: RunContext,
+    pauses: _Pauses,
 ) -> NeedsApproval:
     """The gated tool's `needs_approval`: the tool's own setting, or else (when the gate has no
     approval handler) whether the chain requires approval for the call. Either way, with no
@@ -451,7 +529,10 @@ def _needs_approval(
             return asks is not None
         context = run_ctx.context
         run = context if isinstance(context, RunContext) else default_run
-        return await _pause(scope, name, params, run, call_id, asks) or asks is not None
+        paused = await _pause(scope, name, params, run, call_id, asks)
+        if paused or asks is not None:
+            pauses.add(call_id, params, run)
+        return paused or asks is not None
 
     return needs_approval
 
@@ -488,7 +569,22 @@ async def reject(
         wrapper = getattr(state, "_context", None)  # the state's own RunContextWrapper (no public accessor)
         context = getattr(wrapper, "context", None)
         run = context if isinstance(context, RunContext) else target.default_run
-    scope, name, call_id = target.scope, target.name, item.call_id or ""
+    call_id = item.call_id or ""
+    if target.pauses is not None:
+        target.pauses.conclude(call_id)  # recorded here, not again when the run lists its tools
+    text = await _record_rejection(target, params, run, call_id, by, note)
+    state.reject(item, always_reject=always_reject, rejection_message=text)
+    return text
+
+
+async def _record_rejection(
+    target: _GatedTarget, params: Any, run: RunContext, call_id: str, by: str | None, note: str | None
+) -> str:
+    """Record the refusal of a paused call: it passes the chain with the refusal as its answer
+    (`ApprovalRequested` under the pause's approval id, `ApprovalResolved`, `ToolDenied`), the
+    body never running. Returns the text the gate gives the model. Raises `ToolBlockedError` if
+    the chain now blocks the call."""
+    scope, name = target.scope, target.name
     asks = None
     if not isinstance(params, dict) or await approval_asked(scope, name, params, run, call_id) is None:
         asks = _OWN_APPROVAL  # the tool's own request (or a chain that no longer asks) was refused
@@ -500,9 +596,7 @@ async def reject(
             )
     finally:
         _in_flight.reset(token)
-    text = result.to_model_text()
-    state.reject(item, always_reject=always_reject, rejection_message=text)
-    return text
+    return result.to_model_text()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -512,6 +606,8 @@ class _GatedTarget:
     scope: AgentScope
     name: str
     default_run: RunContext
+    pauses: _Pauses | None = None
+    """A gated function tool's paused calls (None for an MCP server's tool)."""
 
 
 def _gated_target(item: Any) -> _GatedTarget | None:
@@ -525,13 +621,13 @@ def _gated_target(item: Any) -> _GatedTarget | None:
             scope = server._scope if isinstance(server, GatedMCPServer) else None
             if scope is not None and server.name == server_name and item.tool_name in scope.tools:
                 default_run = server.run if server.run is not None else server._default_run
-                return _GatedTarget(scope, item.tool_name, default_run)
+                return _GatedTarget(scope, item.tool_name, default_run, server._pauses.get(item.tool_name))
         return None
     for tool in getattr(agent, "tools", None) or ():
         if isinstance(tool, FunctionTool) and tool.name == item.tool_name:
             invoker = tool.on_invoke_tool
             if isinstance(invoker, _GatedInvocation):
-                return _GatedTarget(invoker.scope, invoker.name, invoker.default_run)
+                return _GatedTarget(invoker.scope, invoker.name, invoker.default_run, invoker.pauses)
             return None
     return None
 
@@ -610,6 +706,8 @@ class GatedMCPServer(MCPServer):
         self.interceptors = tuple(interceptors)
         self.timeout_s = timeout_s
         self.sdk_approvals = sdk_approvals
+        self._pauses: dict[str, _Pauses] = {}
+        """Each tool's calls paused for approval, where the SDK's own rejections are looked for."""
         self._own_approvals: dict[str, bool | NeedsApproval] = {}
         """The wrapped server's own approval setting of each tool, as the SDK last asked for it."""
         self._scope: AgentScope | None = None
@@ -649,6 +747,8 @@ class GatedMCPServer(MCPServer):
     ) -> list[types.Tool]:
         """The wrapped server's tools; new ones are registered in the agent scope first."""
         tools = await self.server.list_tools(run_context, agent)
+        if run_context is not None and self._scope is not None:
+            await self._record_sdk_rejections(run_context, self._scope)
         # No await from here on: concurrent listings cannot both create the scope.
         known = set(self._scope.tools) if self._scope is not None else set()
         new: list[Tool[Any, Any]] = []
@@ -664,6 +764,19 @@ class GatedMCPServer(MCPServer):
         elif new:
             self._scope.add_tools(new)
         return tools
+
+    async def _record_sdk_rejections(self, wrapper: RunContextWrapper[Any], scope: AgentScope) -> None:
+        """Record the rejections the SDK gave paused calls with `state.reject(item)`, as the gated
+        function tools do (the SDK lists the server's tools, with the run's approvals, before
+        its next model call)."""
+        default_run = self.run if self.run is not None else self._default_run
+        for name, pauses in self._pauses.items():
+            for call_id, paused in pauses.rejected(wrapper, name):
+                note = wrapper.get_rejection_message(name, call_id) or _SDK_REJECTED
+                with contextlib.suppress(ToolBlockedError):
+                    await _record_rejection(
+                        _GatedTarget(scope, name, default_run), paused.params, paused.run, call_id, None, note
+                    )
 
     def _gate_tool(self, definition: types.Tool) -> Tool[Any, Any]:
         server_name = definition.name
@@ -712,6 +825,8 @@ class GatedMCPServer(MCPServer):
         asks = None
         if isinstance(sdk_ctx, SdkToolContext):
             call_id = sdk_ctx.tool_call_id
+            if tool_name in self._pauses:
+                self._pauses[tool_name].conclude(call_id)
             if scope.gate.approval_handler is None and sdk_ctx.is_tool_approved(sdk_ctx.tool_name, call_id):
                 approval = _SDK_APPROVED
                 own = self._own_approvals.get(tool_name, False)
@@ -736,7 +851,8 @@ class GatedMCPServer(MCPServer):
         if not self.sdk_approvals or scope is None or tool.name not in scope.tools:
             return own
         default_run = self.run if self.run is not None else self._default_run
-        return _needs_approval(own, None, scope, tool.name, default_run)
+        pauses = self._pauses.setdefault(tool.name, _Pauses())
+        return _needs_approval(own, None, scope, tool.name, default_run, pauses)
 
     def _get_failure_error_function(
         self, agent_failure_error_function: ToolErrorFunction | None

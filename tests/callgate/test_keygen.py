@@ -104,6 +104,25 @@ class TestKeygen:
         assert done.stderr.startswith(f"error: {tmp_path / 'callgate.pub'}: already exists")
         assert not (tmp_path / "callgate.key").exists()
 
+    def test_if_missing_keeps_a_pair_and_refuses_half_of_one(self, tmp_path: Path) -> None:
+        """`--if-missing` writes a pair once, then keeps it (exit 0, the files as they were, its key id
+        echoed); a lone NAME.pub exits 2 with one line naming both files, writing nothing."""
+        first = keygen("--out", str(tmp_path), "--if-missing")
+        assert first.returncode == 0, first.stderr
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        again = keygen("--out", str(tmp_path), "--if-missing")
+        assert again.returncode == 0, again.stderr
+        key_id = first.stdout.split("key id:", 1)[1].strip()
+        assert again.stdout.startswith(f"kept the key pair {tmp_path / 'callgate.key'}")
+        assert key_id in again.stdout
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+        (tmp_path / "callgate.key").unlink()
+        half = keygen("--out", str(tmp_path), "--if-missing")
+        assert half.returncode == 2
+        assert half.stderr.count("\n") == 1
+        assert "only one of the pair is there" in half.stderr
+        assert not (tmp_path / "callgate.key").exists()
+
     def test_invalid_name_and_out_that_is_a_file(self, tmp_path: Path) -> None:
         """A name with a space, a name with '/' and an --out that is a file each exit 2 with one line."""
         (tmp_path / "file").write_text("")
@@ -121,14 +140,18 @@ class TestKeygen:
 
 
 def test_materialize_refuses_a_decision_key_it_cannot_sign_with(tmp_path: Path) -> None:
-    """`callgate materialize --decision-key` given the public half exits 2 with one line naming the
-    option and the file, before it opens the store or reaches Kafka."""
+    """`callgate materialize --decision-key` given the public half, or `--decision-pub` given the
+    private one, exits 2 with one line naming the option and the file, before it opens the store
+    or reaches Kafka."""
     assert keygen("--out", str(tmp_path), "--name", "callgate-desk").returncode == 0
-    for given, message in [(tmp_path / "callgate-desk.pub", "is a public key")]:
+    for option, given, message in [
+        ("--decision-key", tmp_path / "callgate-desk.pub", "is a public key"),
+        ("--decision-pub", tmp_path / "callgate-desk.key", "is a private key"),
+    ]:
         done = subprocess.run(
             [
                 *(sys.executable, "-m", "callgate.cli", "materialize", "--bootstrap", "127.0.0.1:1"),
-                *("--db", str(tmp_path / "audit.duckdb"), "--decision-key", str(given)),
+                *("--db", str(tmp_path / "audit.duckdb"), option, str(given)),
             ],
             cwd=REPO,
             capture_output=True,
@@ -138,5 +161,6 @@ def test_materialize_refuses_a_decision_key_it_cannot_sign_with(tmp_path: Path) 
         )
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1, done.stderr
-        assert done.stderr.startswith(f"error: --decision-key: {given}: {message}"), done.stderr
+        assert done.stderr.startswith(f"error: {option}: {given}"), done.stderr
+        assert message in done.stderr, done.stderr
     assert not (tmp_path / "audit.duckdb").exists()

@@ -132,9 +132,11 @@ async def desk(
     *,
     poll_api: bool = False,
     decision_key: SigningKey | None = None,
+    store_checks: bool = True,
 ) -> AsyncIterator[Desk]:
     """The stack; the gate learns decisions from the decisions topic, or (`poll_api`) by asking the
-    read API. With `decision_key` the desk signs its decisions and the gate trusts only its key."""
+    read API. With `decision_key` the desk signs its decisions, the gate trusts only its key, and
+    (unless not `store_checks`) the store lets no other decision decide a request."""
     topic = f"events-{uuid.uuid4().hex[:8]}"
     decisions_topic = f"decisions-{uuid.uuid4().hex[:8]}"
     token_file = tmp_path / "tokens.yaml"
@@ -147,6 +149,7 @@ async def desk(
         api_auth=TokenFile(token_file),
         decisions_topic=decisions_topic,
         decision_key=decision_key,
+        decision_keys=None if store_checks else {},
         poll_ms=50,
     )
     task = asyncio.create_task(materializer.run())
@@ -222,13 +225,23 @@ class TestDecidingThroughTheApi:
     async def test_a_gate_asking_the_read_api_gets_the_decision(
         self, kafka_broker: EmbeddedBroker, tmp_path: Path
     ) -> None:
-        """Without the decisions topic: the gate polls the read API and runs the approved call once."""
+        """Without the decisions topic: the gate polls the read API and runs the approved call once,
+        claiming it first; `callgate approvals show` says who claimed it (none before)."""
         async with desk(kafka_broker, tmp_path, poll_api=True) as d:
             waiting = call(d, "c-poll")
             request = await d.pending("c-poll")
+            assert (request["claimed_at"], request["claimant"], request["claimed_by"]) == (None, None, None)
             assert (await d.decide("rev-1", request["approval_id"], "approve")).status_code == 200
             assert (await asyncio.wait_for(waiting, 20)).ok
             assert d.ran == [20000]
+            shown = await asyncio.to_thread(
+                callgate, "show", request["approval_id"], "--api", d.api, token=d.tokens["rev-1"]
+            )
+            assert shown.returncode == 0, shown.stderr
+            detail = json.loads(shown.stdout)
+            assert (detail["status"], detail["claimed_by"]) == ("approved", "auditor-1")  # the gate's token
+            assert detail["claimant"]
+            assert detail["claimed_at"]
 
     async def test_a_denial_refuses_the_call(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
         """Denied by rev-1: the call does not run, and the model reads the reviewer and the note."""
@@ -480,11 +493,12 @@ class TestSignedDecisions:
     async def test_a_forged_decision_in_the_store_approves_nothing(
         self, kafka_broker: EmbeddedBroker, tmp_path: Path
     ) -> None:
-        """An approval written straight to the events topic reaches the store; the gate polling the
-        read API refuses it (not the desk's signature), the claim route refuses it too, and the
-        call never runs (it expires: writing to the topic can stop an approval, not make one)."""
+        """In a store that does not check decisions, an approval written straight to the events
+        topic decides the request there; the gate polling the read API refuses it (not the desk's
+        signature), the claim route refuses it too, and the call never runs (it expires: writing
+        to the topic can stop an approval, not make one)."""
         key = SigningKey.generate("callgate-desk")
-        async with desk(kafka_broker, tmp_path, timeout_s=4, poll_api=True, decision_key=key) as d:
+        async with desk(kafka_broker, tmp_path, timeout_s=4, poll_api=True, decision_key=key, store_checks=False) as d:
             waiting = call(d, "c-stored-forgery")
             request = await d.pending("c-stored-forgery")
             await write_straight(kafka_broker.bootstrap, d.topic, decision_for(request), by_producer=True)
@@ -501,6 +515,49 @@ class TestSignedDecisions:
             result = await asyncio.wait_for(waiting, 20)
             assert result.kind == "denied"
             assert d.ran == []
+
+    async def test_the_store_keeps_forged_decisions_as_evidence_deciding_nothing(
+        self, kafka_broker: EmbeddedBroker, tmp_path: Path
+    ) -> None:
+        """A materializer with the desk's key stores decisions written straight to the events topic
+        (unsigned, signed by another key) flagged: `unverified_decisions` lists them with why, the
+        request stays pending (listed, status pending, nobody's decision), a reviewer still decides
+        it, and the call runs once; the gate's own unsigned answer, in the chain that asked, is not
+        listed."""
+        key = SigningKey.generate("callgate-desk")
+        async with desk(kafka_broker, tmp_path, decision_key=key) as d:
+            waiting = call(d, "c-evidence")
+            request = await d.pending("c-evidence")
+            forgeries = [decision_for(request), decision_for(request, key=SigningKey.generate("callgate-desk"))]
+            await write_straight(kafka_broker.bootstrap, d.topic, *forgeries, by_producer=True)
+            rows: list[dict[str, Any]] = []
+
+            async def listed() -> bool:
+                nonlocal rows
+                rows = await d.get("unverified_decisions", "auditor-1")
+                return len(rows) == 2
+
+            await until(listed, 20, "two unverified decisions")
+            assert {r["event_id"] for r in rows} == {f.event_id for f in forgeries}
+            assert {r["problem"] for r in rows} == {
+                "unverified decision: it is not signed",
+                "unverified decision: its signature is not a trusted key's (forged, altered, or by a key not trusted)",
+            }
+            assert all(
+                (r["approval_id"], r["approved"], r["by"]) == (request["approval_id"], True, "mallory") for r in rows
+            )
+            assert [r["call_id"] for r in await d.get("pending_approvals", "rev-1")] == ["c-evidence"]
+            (detail,) = await d.get("approval_request", approval_id=request["approval_id"])
+            assert (detail["status"], detail["decided_by"], detail["decision"]) == ("pending", None, None)
+            assert (waiting.done(), d.ran) == (False, [])
+            response = await d.decide("rev-1", request["approval_id"], "approve", "checked")
+            assert response.status_code == 200, response.text
+            assert (await asyncio.wait_for(waiting, 20)).ok
+            assert d.ran == [20000]
+            await d.events_of("c-evidence", 5)  # the request, the two forgeries, the desk's decision, the use
+            (detail,) = await d.get("approval_request", approval_id=request["approval_id"])
+            assert (detail["status"], detail["decided_by"], detail["note"]) == ("approved", "rev-1", "checked")
+            assert len(await d.get("unverified_decisions", "auditor-1")) == 2
 
 
 def racer(d: Desk, tmp_path: Path, name: str, mode: str, keys: Path) -> subprocess.Popen[str]:

@@ -16,6 +16,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -318,17 +319,25 @@ class TestMigrate:
     def test_two_files_are_copied_into_a_lake_once_and_their_chains_verified(
         self, new_lake: NewLake, tmp_path: Path
     ) -> None:
-        """Two store files holding overlapping events, a dead letter and a recorded gap: `callgate migrate`
-        copies each row once, takes the furthest offset per partition, and verifies the chains (exit 0)."""
+        """Two store files holding overlapping events, a dead letter, a recorded gap and approval claims:
+        `callgate migrate` copies each row once (a claim once per approval id, the first file's),
+        takes the furthest offset per partition, and verifies the chains (exit 0)."""
+        from consumers.approvals import StoreClaims
+
         events = gate_events(8)
         first, second = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
+        claimed, other = "a" * 32, "b" * 32
+        claim = {"call_id": "c-1", "claimant": "gate-1", "subject": "svc-shop", "claimed_at": datetime.now(UTC)}
         with AuditStore(first) as a:
             a.ingest([*records(events[:5]), RawRecord(TOPIC, 0, 5, b"k", b"not json")], {(TOPIC, 0): 6})
+            assert StoreClaims(a).claim(claimed, claim)[0]
         with AuditStore(second) as b:
             # Overlaps the first file by two events; seq 8 of the chain is missing: a recorded gap.
             kept = [e for e in events[3:] if e.seq != 8]
             b.ingest(records(kept, partition=1), {(TOPIC, 1): len(kept)})
             assert b.close_open_gaps() == 4  # seqs 1..3 are in the other file, 8 is lost
+            assert StoreClaims(b).claim(claimed, {**claim, "claimant": "gate-2"})[0]
+            assert StoreClaims(b).claim(other, {**claim, "call_id": "c-2"})[0]
         lake = new_lake()
         done = subprocess.run(
             [
@@ -357,6 +366,9 @@ class TestMigrate:
             assert con.execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchall() == [(8, 8)]
             assert reader.offsets(TOPIC) == {0: 6, 1: len(kept)}
             assert reader.counts().dead_letters == {"not_json": 1}
+            claims = con.execute("SELECT approval_id, claimant, subject FROM approval_claims ORDER BY 1").fetchall()
+            assert claims == [(claimed, "gate-1", "svc-shop"), (other, "gate-1", "svc-shop")]
+        assert "approval_claims: 2 rows copied" in done.stdout
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 reviewer, waiting for the decision on the decisions topic; prints the result as one JSON line.
 
 python approval_agent.py BOOTSTRAP EVENTS_TOPIC DECISIONS_TOPIC SPOOL_DIR RAN_FILE CALL_ID AMOUNT
-    TIMEOUT_S TENANT PRINCIPAL
+    TIMEOUT_S TENANT PRINCIPAL [API TOKEN]
+
+With API and TOKEN, an approved call is claimed through the read API before it runs.
 
 Each run of the tool body appends a line to RAN_FILE (so a test counts the runs across processes).
 Prints `{"waiting": true}` once the request is asked.
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from events.decisions import KafkaDecisions
+from events.decisions import ApiDecisions, KafkaDecisions
 from events.kafka import KafkaSink
 from interceptor_core import ApprovalRequest, Gate, RunContext, tool
 from interceptor_core.approvals import RemoteApprovals
@@ -41,7 +43,8 @@ class Refund(BaseModel):
 
 
 async def main(argv: list[str]) -> None:
-    bootstrap, topic, decisions_topic, spool, ran_file, call_id, amount, timeout_s, tenant, principal = argv
+    bootstrap, topic, decisions_topic, spool, ran_file, call_id, amount, timeout_s, tenant, principal = argv[:10]
+    claims = ApiDecisions(argv[10], token=argv[11]) if len(argv) > 10 else None
 
     @tool
     def refund(args: Refund) -> str:
@@ -51,7 +54,7 @@ async def main(argv: list[str]) -> None:
 
     sink = KafkaSink(bootstrap, topic, spool, linger_ms=1)
     async with KafkaDecisions(bootstrap, decisions_topic) as decisions:
-        remote = RemoteApprovals(decisions)
+        remote = RemoteApprovals(decisions, claims=claims)
 
         async def handler(request: ApprovalRequest) -> object:
             await sink.flush(timeout=10)  # the request is in the store's topic before anyone waits for it

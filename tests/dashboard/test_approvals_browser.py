@@ -40,6 +40,7 @@ SUBJECTS = {
     "rev-globex": ["reviewer", "tenant:globex"],
     "u-1": ["reviewer", "auditor"],
     "admin-1": ["admin"],
+    "gate-acme": ["tenant:acme"],
 }
 
 
@@ -113,7 +114,7 @@ class Stack:
         spool = self.tmp_path / f"spool-{uuid.uuid4().hex[:8]}"
         args = [self.bootstrap, self.topic, self.decisions, str(spool), str(self.ran), call_id, str(amount)]
         return subprocess.Popen(
-            [sys.executable, str(AGENT), *args, str(timeout_s), tenant, "u-1"],
+            [sys.executable, str(AGENT), *args, str(timeout_s), tenant, "u-1", self.api, self.tokens["gate-acme"]],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -285,6 +286,12 @@ def test_a_reviewer_approves_in_the_console_and_the_call_runs_once(chromium: str
                 "rev-1",
                 "checked with the customer",
             )
+            # Looked up by its id, the request says who used the approval (the agent's claim).
+            page.get_by_label("Approval id").fill(request["approval_id"])
+            page.get_by_label("Approval id").press("Enter")
+            found = page.locator(f".st-key-lookup-{request['approval_id']}")
+            expect(found.get_by_text("status approved")).to_be_visible(timeout=30_000)
+            expect(found.get_by_text("Used: claimed by gate-acme (gate ")).to_be_visible(timeout=30_000)
 
             # Killed while it waits; approved meanwhile; the call resumed by a new process runs once.
             paused = stack.agent("call-resume")

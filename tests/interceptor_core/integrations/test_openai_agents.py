@@ -356,18 +356,88 @@ class TestApprovals:
         assert {e.approval_id for e in memory.of_type("ApprovalRequested")} == {resolved.approval_id}
         assert_chain_whole(memory)
 
-    async def test_a_plain_sdk_rejection_leaves_the_request_pending(self, root: Path) -> None:
-        """`state.reject(item)` is the SDK's alone: the call never reaches the gate again, so its
-        record stays the pause's request, with no outcome (it expires in the store)."""
+    async def test_a_plain_sdk_rejection_is_recorded_once(self, root: Path) -> None:
+        """`state.reject(item)`, the SDK's own, is recorded too: the call never reaches the tool,
+        the model reads the SDK's rejection message, and the call leaves the request under the
+        pause's approval id, the refusal (`by` unknown, the SDK's message as the note) and one
+        `ToolDenied`, not again when the run lists its tools on later turns."""
         memory, done = MemorySink(), []
-        agent, paused = await self.gated_run(root, done, memory)
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+        tools = gate_function_tools(file_tools(root, done), gate=gate, agent="writer")
+        model = script([("delete_file", {"path": "old.txt"})], [("write_file", {"path": "note.txt", "text": "hi"})])
+        agent = Agent(name="writer", tools=tools, model=model)
+        paused = await Runner.run(agent, "tidy up", run_config=OFFLINE, context=RunContext(tenant="acme"))
         (pending,) = paused.interruptions
         state = paused.to_state()
         state.reject(pending, rejection_message="not today")
         resumed = await Runner.run(agent, state, run_config=OFFLINE)
-        assert "not today" in str(resumed.final_output)
+        assert resumed.final_output == "not today | wrote note.txt"
+        sent = [output_text(i["output"]) for i in model.calls[1].input if i.get("type") == "function_call_output"]
+        assert sent == ["not today"]
         assert done == ["write note.txt"]
-        assert [e.type for e in memory.events if e.call_id == "c1-1"] == ["ApprovalRequested"]
+        assert (root / "old.txt").exists()
+        trail = [e.type for e in memory.events if e.call_id == "c1-0"]
+        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.by, resolved.note) == (False, None, "not today")
+        assert resolved.tenant == "acme"
+        assert {e.approval_id for e in memory.of_type("ApprovalRequested")} == {resolved.approval_id}
+        assert outcomes(memory) == [("ToolDenied", "delete_file", "c1-0"), ("ToolUse", "write_file", "c2-0")]
+        assert_chain_whole(memory)
+
+    async def test_a_sticky_rejection_reaches_only_its_own_runs_pause(self, root: Path) -> None:
+        """Two runs of one agent paused on the same tool; one rejects every call of it
+        (`always_reject=True`): only its own pause is recorded refused, the other stays pending and
+        is approved later."""
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+        tools = gate_function_tools(file_tools(root, done), gate=gate, agent="writer")
+
+        def agent(call_id: str) -> Agent[Any]:
+            steps = [[function_call("delete_file", {"path": "old.txt"}, call_id=call_id)], [assistant_message("ok")]]
+            return Agent(name="writer", tools=tools, model=ScriptedModel(steps))
+
+        first, second = agent("r1"), agent("r2")
+        paused_first = await Runner.run(first, "go", run_config=OFFLINE)
+        paused_second = await Runner.run(second, "go", run_config=OFFLINE)
+        state = paused_first.to_state()
+        state.reject(paused_first.interruptions[0], always_reject=True)
+        await Runner.run(first, state, run_config=OFFLINE)
+        assert [(e.call_id, e.approved) for e in memory.of_type("ApprovalResolved")] == [("r1", False)]
+        other = paused_second.to_state()
+        other.approve(paused_second.interruptions[0])
+        await Runner.run(second, other, run_config=OFFLINE)
+        assert [(e.call_id, e.approved) for e in memory.of_type("ApprovalResolved")] == [("r1", False), ("r2", True)]
+        assert done == ["delete old.txt"]
+        assert outcomes(memory) == [("ToolDenied", "delete_file", "r1"), ("ToolUse", "delete_file", "r2")]
+
+    async def test_a_plain_sdk_rejection_after_a_round_trip(self, root: Path) -> None:
+        """The state read back from its string and rejected with no message: recorded once, the
+        note saying the SDK's run rejected it; `reject` on another pause is not recorded twice."""
+        from agents import RunState
+
+        memory, done = MemorySink(), []
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+        tools = gate_function_tools(file_tools(root, done), gate=gate, agent="writer")
+        model = script([("delete_file", {"path": "old.txt"}), ("delete_file", {"path": "b.txt"})])
+        agent = Agent(name="writer", tools=tools, model=model)
+        paused = await Runner.run(agent, "tidy up", run_config=OFFLINE)
+        state = await RunState.from_string(agent, paused.to_state().to_string())
+        first, second = state.get_interruptions()
+        state.reject(first)
+        await reject(state, second, by="alice")
+        await Runner.run(agent, state, run_config=OFFLINE)
+        assert done == []
+        resolved = {e.call_id: (e.by, e.note) for e in memory.of_type("ApprovalResolved")}
+        assert resolved == {
+            "c1-0": (None, "rejected in the OpenAI Agents SDK run (RunState.reject)"),
+            "c1-1": ("alice", None),
+        }
+        assert sorted(outcomes(memory)) == [
+            ("ToolDenied", "delete_file", "c1-0"),
+            ("ToolDenied", "delete_file", "c1-1"),
+        ]
+        assert_chain_whole(memory)
 
     async def test_state_survives_serialization(self, root: Path) -> None:
         """The paused run's state, written to JSON and read back, resumes like the original."""
@@ -697,6 +767,26 @@ class TestGatedMCPServer:
         assert effects(root) == []
         trail = [e.type for e in memory.events if e.call_id == "c1-0"]
         assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+
+    async def test_a_plain_sdk_rejection_is_recorded(self, root: Path) -> None:
+        """`state.reject(item)` on an MCP call: recorded when the run lists the server's tools
+        again (the request, the refusal with the SDK's message, one `ToolDenied`); the server never
+        sees the call."""
+        memory = MemorySink()
+        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+        async with GatedMCPServer(mcp_server(root), gate=gate, agent="writer") as files:
+            agent = Agent(name="writer", mcp_servers=[files], model=script([("delete_file", {"path": "old.txt"})]))
+            paused = await Runner.run(agent, "tidy up", run_config=OFFLINE)
+            (pending,) = paused.interruptions
+            state = paused.to_state()
+            state.reject(pending, rejection_message="no")
+            resumed = await Runner.run(agent, state, run_config=OFFLINE)
+        assert resumed.final_output == "no"
+        assert effects(root) == []
+        trail = [e.type for e in memory.events if e.call_id == "c1-0"]
+        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        resolved = memory.of_type("ApprovalResolved")[0]
+        assert (resolved.approved, resolved.by, resolved.note) == (False, None, "no")
 
     async def test_block_ends_the_run(self, root: Path) -> None:
         """A Block ends the run even though the SDK turns MCP tool failures into text for the
