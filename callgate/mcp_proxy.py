@@ -393,10 +393,17 @@ async def _serve(
     startup_timeout_s: float,
     grace_s: float,
 ) -> int:
-    from mcp import Client, StdioServerParameters
+    from mcp import StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from interceptor_core.integrations.mcp import McpProxy, McpRelay, McpToolset, client_of, crossing_tools
+    from interceptor_core.integrations.mcp import (
+        McpProxy,
+        McpRelay,
+        McpToolset,
+        client_of,
+        crossing_tools,
+        upstream_client,
+    )
 
     command = shlex.join(upstream)
     # A proxy stands in for the command, so the command sees the environment it would have seen.
@@ -456,6 +463,29 @@ async def _serve(
                 raise
             stop.set()
 
+    async def follow_lists(proxy: Any, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        # The upstream going away is told by `follow_upstream`; this stream only ends with it.
+        try:
+            await proxy.follow_lists(task_status=task_status)
+        except Exception as exc:
+            if _upstream_lost(exc) is None:
+                raise
+
+    def link_lost(exc: BaseException) -> None:
+        # Over stdio the one client's own upstream session is the upstream: its loss ends the
+        # proxy as the proxy's own session's does. Over HTTP only that client loses its session.
+        nonlocal lost
+        said = _upstream_lost(exc) or type(exc).__name__
+        if http is None:
+            lost = said
+            stop.set()
+        else:
+            print(f"callgate mcp-proxy: a client's upstream session stopped serving: {said}", file=sys.stderr)
+
+    def connect(capabilities: Any, options: dict[str, Any]) -> Any:
+        # Each client connection gets its own upstream process, declaring what the client declared.
+        return upstream_client(stdio_client(params, errlog=sys.stderr), capabilities, **options)
+
     async def give_up_after_timeout() -> None:
         nonlocal timed_out
         with anyio.move_on_after(startup_timeout_s):
@@ -468,7 +498,10 @@ async def _serve(
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(stop_on_signals)
             tasks.start_soon(give_up_after_timeout)
-            async with Client(stdio_client(params, errlog=sys.stderr), **relay.client_options()) as client:
+            # The proxy's own session (tools for the gate, list changes, clients of the newest
+            # protocol) declares no client capability: a client's own session declares its own.
+            control = upstream_client(stdio_client(params, errlog=sys.stderr), None, **relay.client_options())
+            async with control as client:
                 toolset.bind(client)
                 await toolset.load()
                 tools = [*toolset.tools, *crossing_tools(toolset)]
@@ -476,10 +509,17 @@ async def _serve(
                 started.set()
                 noise.starting = False
                 proxy = McpProxy(
-                    toolset, scope, name=f"callgate:{gate.name}", run=run_for if auth else run, relay=relay
+                    toolset,
+                    scope,
+                    name=f"callgate:{gate.name}",
+                    run=run_for if auth else run,
+                    relay=relay,
+                    connect=connect,
+                    on_link_lost=link_lost,
                 )
                 async with anyio.create_task_group() as serving:
                     await serving.start(follow_upstream)
+                    await serving.start(follow_lists, proxy)
                     if http is not None:
                         host, port = http
                         shown = f"[{host}]" if ":" in host else host
