@@ -848,7 +848,155 @@ class _ProxyServer(Server[Any]):
         )
 
 
-class McpProxy:
+class _GatedServer:
+    """How a gated MCP server (`McpProxy`, `McpGateway`) serves its clients: over stdio or
+    streamable HTTP, with the same answers to unreadable input and the same graceful stop."""
+
+    server: Server[Any]
+    _legacy: bool = False
+    """Whether the server speaks only the initialize handshake (`server/discover` is answered
+    with -32022 naming the handshake versions)."""
+    _tasks: anyio.abc.TaskGroup | None = None
+    """While serving: where tasks that live as long as the serving (a client's own upstream
+    session) run."""
+
+    def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
+        raise NotImplementedError
+
+    async def serve_stdio(
+        self,
+        *,
+        stop: anyio.Event | None = None,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        grace_s: float = STDIO_GRACE_S,
+        draining: Callable[[int], object] | None = None,
+    ) -> None:
+        """Serve one MCP client on this process's stdin/stdout until stdin closes or `stop` is set.
+        While serving, fd 0 reads the null device and fd 1 writes to stderr, so stray output misses
+        the wire.
+
+        Stopping (`stop` set, or end of stdin) is graceful, as `serve_http`'s is: no line is read
+        after it (a blocked read of stdin does not hold it up), the requests in flight run to their
+        end and their responses are written, for up to `grace_s` seconds; a request still running
+        then is cancelled (its outcome is recorded as cancelled) and answered with the SDK's
+        "Connection closed" error. `draining(n)` is called once, when serving stops with `n` > 0
+        requests in flight. A `subscriptions/listen` stream is not waited for (it never ends of
+        its own accord). The caller's own cancellation stops serving at once, as before.
+
+        Unlike the MCP SDK's stdio transport, which drops such lines unanswered, every line that is
+        not a JSON-RPC message gets an error response: -32700 (parse error, id null) for text that
+        is not JSON, -32600 (invalid request) for JSON that is not a message, for JSON nested deeper
+        than the parser's limit (with the request's id when it can be read) and for a line longer
+        than `max_line_bytes` (its content is skipped, never buffered whole)."""
+        if grace_s < 0:
+            raise ConfigurationError(f"grace_s must not be negative, got {grace_s}")
+        async with (
+            _stdio_transport(max_line_bytes, stop, grace_s, draining, self._legacy, self._refuse_unread) as (
+                read,
+                write,
+            ),
+            anyio.create_task_group() as tasks,
+        ):
+            if stop is not None:
+
+                async def give_up_after_grace(stop: anyio.Event) -> None:
+                    # The transport ends the read side once the requests in flight are answered
+                    # (or the grace is over), and the server then returns; this bounds its teardown.
+                    await stop.wait()
+                    await anyio.sleep(grace_s + _TEARDOWN_S)
+                    tasks.cancel_scope.cancel()
+
+                tasks.start_soon(give_up_after_grace, stop)
+            self._tasks = tasks
+            try:
+                await self.server.run(read, write, self._init_options())
+            finally:
+                self._tasks = None
+            tasks.cancel_scope.cancel()
+
+    async def serve_http(
+        self,
+        host: str,
+        port: int,
+        *,
+        stop: anyio.Event | None = None,
+        sock: socket.socket | None = None,
+        authenticate: Callable[[str | None], object | None] | None = None,
+        ready: Callable[[], object] | None = None,
+        resource_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Serve streamable HTTP on `host:port` (path `/mcp`) until `stop` is set (then it shuts
+        down gracefully and returns) or the task is cancelled. Installs no signal handlers:
+        whether a signal stops the server is the caller's decision. `sock`: a socket already
+        bound to `host:port` and listening (so the caller learns of a port in use before it starts
+        anything else).
+
+        `authenticate(bearer_token_or_None)` returns who the request is from, or None to answer it
+        401 (`WWW-Authenticate: Bearer`) before the MCP layer sees it; what it returned is in the
+        request's ASGI scope under `"callgate.client"`, which a `run` function reads with
+        `client_of(ctx)`. `ready()` is called once the server has started serving.
+        `resource_metadata` (OAuth protected-resource metadata, RFC 9728) is served without
+        authentication at `/.well-known/oauth-protected-resource` (and that path followed by
+        `/mcp`), and named in the 401's `WWW-Authenticate`."""
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            # uvicorn's own handlers re-raise the signal after shutting down, which would kill the
+            # process before its caller could close the gate's sinks.
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        app: Any = self.server.streamable_http_app(host=host)
+        app = _HttpScreen(app, self._refuse_unread, max_bytes=MAX_LINE_BYTES, handshake_only=self._legacy)
+        if authenticate is not None:
+            app = _BearerAuth(app, authenticate, resource_metadata)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=int(HTTP_GRACE_S),
+        )
+        server = _Server(config)
+        manager = self.server.session_manager
+
+        async def stop_when_asked(stop: anyio.Event) -> None:
+            await stop.wait()
+            server.should_exit = True
+            # A client's notification stream (its GET) never ends of its own accord, and uvicorn
+            # waits for every connection to end: those streams are closed now and until serving
+            # returns (a client may open one again before the listening socket is closed). The
+            # requests in flight run on, up to uvicorn's graceful timeout; then they are cancelled.
+            while True:
+                for transport in list(manager._server_instances.values()):
+                    transport.close_standalone_sse_stream()
+                await anyio.sleep(0.1)
+
+        async def say_when_ready(ready: Callable[[], object]) -> None:
+            # uvicorn has no started callback; its flag is set once the app's lifespan ran.
+            while not server.started:  # noqa: ASYNC110 - a flag of uvicorn's, with no event to wait on
+                await anyio.sleep(0.01)
+            ready()
+
+        async with anyio.create_task_group() as tasks:
+            if stop is not None:
+                tasks.start_soon(stop_when_asked, stop)
+            if ready is not None:
+                tasks.start_soon(say_when_ready, ready)
+            self._tasks = tasks
+            try:
+                await server.serve(sockets=[sock] if sock is not None else None)
+            finally:
+                self._tasks = None
+            tasks.cancel_scope.cancel()
+
+    def _init_options(self) -> Any:
+        return self.server.create_initialization_options()
+
+
+class McpProxy(_GatedServer):
     """A gated MCP server in front of an upstream one (what `callgate mcp-proxy` runs).
 
     `toolset` holds the upstream session (built with `raw_results=True`, so a result passes
@@ -916,7 +1064,6 @@ class McpProxy:
         self._shared_refresh = _Refresh()
         self._connect = connect
         self._on_link_lost = on_link_lost
-        self._tasks: anyio.abc.TaskGroup | None = None
         self._bus = InMemorySubscriptionBus()
         self._listen = ListenHandler(self._bus)
         self._clients: OrderedDict[object, _Client] = OrderedDict()
@@ -1455,138 +1602,6 @@ class McpProxy:
                 _downstream.reset(token)
         definition = self.toolset.definition(params.name)
         return result_from_gate(result, definition.output_schema if definition is not None else None)
-
-    async def serve_stdio(
-        self,
-        *,
-        stop: anyio.Event | None = None,
-        max_line_bytes: int = MAX_LINE_BYTES,
-        grace_s: float = STDIO_GRACE_S,
-        draining: Callable[[int], object] | None = None,
-    ) -> None:
-        """Serve one MCP client on this process's stdin/stdout until stdin closes or `stop` is set.
-        While serving, fd 0 reads the null device and fd 1 writes to stderr, so stray output misses
-        the wire.
-
-        Stopping (`stop` set, or end of stdin) is graceful, as `serve_http`'s is: no line is read
-        after it (a blocked read of stdin does not hold it up), the requests in flight run to their
-        end and their responses are written, for up to `grace_s` seconds; a request still running
-        then is cancelled (its outcome is recorded as cancelled) and answered with the SDK's
-        "Connection closed" error. `draining(n)` is called once, when serving stops with `n` > 0
-        requests in flight. A `subscriptions/listen` stream is not waited for (it never ends of
-        its own accord). The caller's own cancellation stops serving at once, as before.
-
-        Unlike the MCP SDK's stdio transport, which drops such lines unanswered, every line that is
-        not a JSON-RPC message gets an error response: -32700 (parse error, id null) for text that
-        is not JSON, -32600 (invalid request) for JSON that is not a message, for JSON nested deeper
-        than the parser's limit (with the request's id when it can be read) and for a line longer
-        than `max_line_bytes` (its content is skipped, never buffered whole)."""
-        if grace_s < 0:
-            raise ConfigurationError(f"grace_s must not be negative, got {grace_s}")
-        async with (
-            _stdio_transport(max_line_bytes, stop, grace_s, draining, self._legacy, self._refuse_unread) as (
-                read,
-                write,
-            ),
-            anyio.create_task_group() as tasks,
-        ):
-            if stop is not None:
-
-                async def give_up_after_grace(stop: anyio.Event) -> None:
-                    # The transport ends the read side once the requests in flight are answered
-                    # (or the grace is over), and the server then returns; this bounds its teardown.
-                    await stop.wait()
-                    await anyio.sleep(grace_s + _TEARDOWN_S)
-                    tasks.cancel_scope.cancel()
-
-                tasks.start_soon(give_up_after_grace, stop)
-            self._tasks = tasks
-            try:
-                await self.server.run(read, write, self._init_options())
-            finally:
-                self._tasks = None
-            tasks.cancel_scope.cancel()
-
-    async def serve_http(
-        self,
-        host: str,
-        port: int,
-        *,
-        stop: anyio.Event | None = None,
-        sock: socket.socket | None = None,
-        authenticate: Callable[[str | None], object | None] | None = None,
-        ready: Callable[[], object] | None = None,
-        resource_metadata: dict[str, Any] | None = None,
-    ) -> None:
-        """Serve streamable HTTP on `host:port` (path `/mcp`) until `stop` is set (then it shuts
-        down gracefully and returns) or the task is cancelled. Installs no signal handlers:
-        whether a signal stops the server is the caller's decision. `sock`: a socket already
-        bound to `host:port` and listening (so the caller learns of a port in use before it starts
-        anything else).
-
-        `authenticate(bearer_token_or_None)` returns who the request is from, or None to answer it
-        401 (`WWW-Authenticate: Bearer`) before the MCP layer sees it; what it returned is in the
-        request's ASGI scope under `"callgate.client"`, which a `run` function reads with
-        `client_of(ctx)`. `ready()` is called once the server has started serving.
-        `resource_metadata` (OAuth protected-resource metadata, RFC 9728) is served without
-        authentication at `/.well-known/oauth-protected-resource` (and that path followed by
-        `/mcp`), and named in the 401's `WWW-Authenticate`."""
-        import uvicorn
-
-        class _Server(uvicorn.Server):
-            # uvicorn's own handlers re-raise the signal after shutting down, which would kill the
-            # process before its caller could close the gate's sinks.
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                yield
-
-        app: Any = self.server.streamable_http_app(host=host)
-        app = _HttpScreen(app, self._refuse_unread, max_bytes=MAX_LINE_BYTES, handshake_only=self._legacy)
-        if authenticate is not None:
-            app = _BearerAuth(app, authenticate, resource_metadata)
-        config = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level="warning",
-            lifespan="on",
-            timeout_graceful_shutdown=int(HTTP_GRACE_S),
-        )
-        server = _Server(config)
-        manager = self.server.session_manager
-
-        async def stop_when_asked(stop: anyio.Event) -> None:
-            await stop.wait()
-            server.should_exit = True
-            # A client's notification stream (its GET) never ends of its own accord, and uvicorn
-            # waits for every connection to end: those streams are closed now and until serving
-            # returns (a client may open one again before the listening socket is closed). The
-            # requests in flight run on, up to uvicorn's graceful timeout; then they are cancelled.
-            while True:
-                for transport in list(manager._server_instances.values()):
-                    transport.close_standalone_sse_stream()
-                await anyio.sleep(0.1)
-
-        async def say_when_ready(ready: Callable[[], object]) -> None:
-            # uvicorn has no started callback; its flag is set once the app's lifespan ran.
-            while not server.started:  # noqa: ASYNC110 - a flag of uvicorn's, with no event to wait on
-                await anyio.sleep(0.01)
-            ready()
-
-        async with anyio.create_task_group() as tasks:
-            if stop is not None:
-                tasks.start_soon(stop_when_asked, stop)
-            if ready is not None:
-                tasks.start_soon(say_when_ready, ready)
-            self._tasks = tasks
-            try:
-                await server.serve(sockets=[sock] if sock is not None else None)
-            finally:
-                self._tasks = None
-            tasks.cancel_scope.cancel()
-
-    def _init_options(self) -> Any:
-        return self.server.create_initialization_options()
 
 
 def client_of(ctx: ServerRequestContext[Any]) -> object | None:

@@ -22,10 +22,13 @@ call's, and list-changed notifications to the client. Lists are answered in one 
 
 from __future__ import annotations
 
+import base64
+import contextvars
+import json
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,17 +49,15 @@ from interceptor_core.integrations.mcp import (
     CROSSING_TOOLS,
     DENIED,
     MAX_ARGS_BYTES,
-    MAX_LINE_BYTES,
     MAX_NAME_CHARS,
-    STDIO_GRACE_S,
     McpToolset,
     _bounded,
     _downstream,
+    _GatedServer,
     _params_problem,
     _prompt_result,
     _ProxyServer,
     _read_result,
-    _stdio_transport,
     _upstream_failure,
     result_from_gate,
 )
@@ -75,6 +76,8 @@ MAX_SERVER_NAME_CHARS = 32
 """The longest server name (it prefixes every tool name, which the specification bounds at 128)."""
 
 _SHOWN_NAME_CHARS = 64
+
+_request_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("callgate_gateway_run", default=None)
 
 _PING_TIMEOUT_S = 5.0
 """How long a server has to answer the ping that follows a failed call before it is left up."""
@@ -105,12 +108,13 @@ def _cut(name: str) -> str:
     return name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
 
 
-class McpGateway:
+class McpGateway(_GatedServer):
     """A gated MCP server over several upstreams (see the module's description).
 
     `members` are the upstreams in configuration order, each started already (`scope` set) or
     down; `scope` is the gateway's own agent scope, where refusals that name no server (an unknown
-    prefix, an unreadable request) are recorded. Calls carry `run`. Serve with `serve_stdio`."""
+    prefix, an unreadable request) are recorded. Calls carry `run` (a `RunContext`, or a function
+    of the request context returning one). Serve with `serve_stdio` or `serve_http`."""
 
     def __init__(
         self,
@@ -118,7 +122,7 @@ class McpGateway:
         scope: AgentScope,
         *,
         name: str = "callgate-mcp-gateway",
-        run: RunContext | None = None,
+        run: RunContext | Callable[[ServerRequestContext[Any]], RunContext] | None = None,
         max_name_chars: int = MAX_NAME_CHARS,
         max_args_bytes: int = MAX_ARGS_BYTES,
         refresh_interval_s: float = 1.0,
@@ -127,7 +131,9 @@ class McpGateway:
         self.on_down = on_down
         self.members = {member.name: member for member in members}
         self.scope = scope
-        self.run = run if run is not None else RunContext(principal="mcp-client")
+        self.run = run if isinstance(run, RunContext) else RunContext(principal="mcp-client")
+        self._run_of = run if run is not None and not isinstance(run, RunContext) else None
+        self._legacy = True  # clients use the handshake every SDK speaks
         self.max_name_chars = max_name_chars
         self.max_args_bytes = max_args_bytes
         self.refresh_interval_s = refresh_interval_s
@@ -193,10 +199,21 @@ class McpGateway:
         self.scope.refuse(tool, message, run=run if run is not None else self.run)
 
     async def _screen_params(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
+        token = _request_run.set(self._run_of(ctx) if self._run_of is not None else self.run)
+        try:
+            return await self._screened(ctx, call_next)
+        finally:
+            _request_run.reset(token)
+
+    def _run(self) -> RunContext:
+        """Whom the request being served is for (the gateway's `run`, or its function's answer)."""
+        return _request_run.get() or self.run
+
+    async def _screened(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
         problem = _params_problem(ctx.method, ctx.params) if ctx.request_id is not None else None
         if problem is not None:
             tool, message = problem
-            self.scope.refuse(tool, message, run=self.run, crossing=CROSSING_TOOLS.get(tool))
+            self.scope.refuse(tool, message, run=self._run(), crossing=CROSSING_TOOLS.get(tool))
             raise MCPError(types.INVALID_PARAMS, message)
         try:
             return await call_next(ctx)
@@ -210,15 +227,20 @@ class McpGateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        tools: list[types.Tool] = []
-        for member in self._serving():
-            assert member.scope is not None
-            shown = member.scope.shown_tools(self.run)
-            for name in shown:
-                definition = member.toolset.definition(name)
-                if definition is not None and name not in CROSSING_TOOLS:
-                    tools.append(definition.model_copy(update={"name": name}))
-        return types.ListToolsResult(tools=tools)
+        member, page, next_cursor = await self._page(
+            "tools", params, lambda cursor: types.ListToolsRequest(params=cursor), types.ListToolsResult
+        )
+        if member is None or member.scope is None:
+            return types.ListToolsResult(tools=[], next_cursor=next_cursor)
+        if any(member.prefix + d.name not in member.scope.tools for d in page.tools):
+            await self._refresh(member)
+        shown = set(member.scope.shown_tools(self._run()))
+        tools = [
+            d.model_copy(update={"name": member.prefix + d.name})
+            for d in page.tools
+            if member.prefix + d.name in shown and member.prefix + d.name not in CROSSING_TOOLS
+        ]
+        return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
     async def _refresh(self, member: Member) -> None:
         if time.monotonic() < member.next_refresh:
@@ -242,11 +264,11 @@ class McpGateway:
         elif len(args) and (size := len(pydantic_core.to_json(args))) > self.max_args_bytes:
             refusal = f"arguments of {size} bytes refused: this proxy accepts at most {self.max_args_bytes}"
         if refusal is not None:
-            self.scope.refuse(_cut(name), refusal, run=self.run)
+            self.scope.refuse(_cut(name), refusal, run=self._run())
             raise MCPError(types.INVALID_PARAMS, refusal)
         member, _tool = self._member_of(name)
         if member is None or name in CROSSING_TOOLS:
-            self.scope.refuse(_cut(name), f"unknown tool {_cut(name)}", run=self.run)
+            self.scope.refuse(_cut(name), f"unknown tool {_cut(name)}", run=self._run())
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {_cut(name)}")
         if member.down is None and member.scope is not None and name not in member.scope.tools:
             await self._refresh(member)
@@ -254,7 +276,7 @@ class McpGateway:
             return self._refuse_down(member, name)
         token = _downstream.set(ctx)
         try:
-            result = await member.scope.call(name, args, run=self.run)
+            result = await member.scope.call(name, args, run=self._run())
         except (ToolBlockedError, ToolApprovalRequiredError) as exc:
             raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
         finally:
@@ -271,79 +293,87 @@ class McpGateway:
     def _refuse_down(self, member: Member, name: str) -> types.CallToolResult:
         message = self._down_message(member)
         scope = member.scope if member.scope is not None else self.scope
-        scope.refuse(_cut(name), message, run=self.run)
+        scope.refuse(_cut(name), message, run=self._run())
         return types.CallToolResult(content=[_text(message)], is_error=True)
 
     # -- resources and prompts ----------------------------------------------------------------------
 
-    async def _walk(self, member: Member, request: Callable[[str | None], Any], result_type: Any) -> list[Any]:
-        pages = []
-        cursor: str | None = None
-        for _ in range(1000):
-            page = await member.upstream().send_request(request(cursor), result_type)
-            pages.append(page)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        return pages
-
-    async def _each(
-        self, kind: str, request: Callable[[str | None], Any], result_type: Any
-    ) -> list[tuple[Member, Any]]:
-        found = []
-        for member in self._serving():
-            offered = member.capabilities.resources if kind == "resources" else member.capabilities.prompts
-            if offered is None:
-                continue
+    async def _page(
+        self,
+        kind: str,
+        params: types.PaginatedRequestParams | None,
+        request: Callable[[types.PaginatedRequestParams], Any],
+        result_type: Any,
+    ) -> tuple[Member | None, Any, str | None]:
+        """One page of a list, page by page across the servers in configuration order: the
+        server the page is from, its page, and the gateway's cursor of the next page (which names
+        the server and that server's own cursor), or None after the last. A cursor the gateway did
+        not give is invalid params (not echoed). A server that cannot list (other than for its own
+        cursor) is left out of the list, not the others."""
+        offering = [m for m in self._serving() if kind == "tools" or _offers(m, kind)]
+        start, inner = 0, None
+        if params is not None and params.cursor is not None:
+            name, inner = _read_cursor(params.cursor, self.members)
+            start = next((i for i, m in enumerate(offering) if m.name == name), len(offering))
+        for index in range(start, len(offering)):
+            member = offering[index]
             try:
-                for page in await self._walk(member, request, result_type):
-                    found.append((member, page))
+                page = await member.upstream().send_request(
+                    request(types.PaginatedRequestParams(cursor=inner)), result_type
+                )
             except MCPError as exc:
-                # One server's error leaves its entries out of the list, not the others'.
                 if exc.error.code == types.CONNECTION_CLOSED:
                     self.mark_down(member, "stopped serving: its connection closed")
+                elif inner is not None:
+                    raise MCPError(exc.error.code, _bounded(exc.error.message)) from None
                 else:
                     log.warning("MCP server %r could not list its %s: %s", member.name, kind, _bounded(str(exc)))
+                inner = None
+                continue
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
                 self.mark_down(member, f"stopped serving: its connection closed ({type(exc).__name__})")
-            except Exception as exc:
-                log.warning("MCP server %r answered its %s list wrongly: %s", member.name, kind, type(exc).__name__)
-        return found
+                inner = None
+                continue
+            if page.next_cursor is not None:
+                return member, page, _give_cursor(member.name, page.next_cursor)
+            following = offering[index + 1] if index + 1 < len(offering) else None
+            return member, page, _give_cursor(following.name, None) if following is not None else None
+        return None, None, None
 
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        def request(cursor: str | None) -> Any:
-            return types.ListResourcesRequest(params=types.PaginatedRequestParams(cursor=cursor))
-
-        resources: list[types.Resource] = []
-        for member, page in await self._each("resources", request, types.ListResourcesResult):
-            for resource in page.resources:
-                self._resource_owner.setdefault(resource.uri, member.name)
-                resources.append(resource)
-        return types.ListResourcesResult(resources=resources)
+        member, page, next_cursor = await self._page(
+            "resources", params, lambda cursor: types.ListResourcesRequest(params=cursor), types.ListResourcesResult
+        )
+        if member is None:
+            return types.ListResourcesResult(resources=[], next_cursor=next_cursor)
+        for resource in page.resources:
+            self._resource_owner.setdefault(resource.uri, member.name)
+        return types.ListResourcesResult(resources=list(page.resources), next_cursor=next_cursor)
 
     async def _list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        def request(cursor: str | None) -> Any:
-            return types.ListResourceTemplatesRequest(params=types.PaginatedRequestParams(cursor=cursor))
-
-        templates: list[types.ResourceTemplate] = []
-        for _member, page in await self._each("resources", request, types.ListResourceTemplatesResult):
-            templates.extend(page.resource_templates)
-        return types.ListResourceTemplatesResult(resource_templates=templates)
+        member, page, next_cursor = await self._page(
+            "resources",
+            params,
+            lambda cursor: types.ListResourceTemplatesRequest(params=cursor),
+            types.ListResourceTemplatesResult,
+        )
+        templates = list(page.resource_templates) if member is not None else []
+        return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        def request(cursor: str | None) -> Any:
-            return types.ListPromptsRequest(params=types.PaginatedRequestParams(cursor=cursor))
-
-        prompts: list[types.Prompt] = []
-        for member, page in await self._each("prompts", request, types.ListPromptsResult):
-            prompts.extend(p.model_copy(update={"name": member.prefix + p.name}) for p in page.prompts)
-        return types.ListPromptsResult(prompts=prompts)
+        member, page, next_cursor = await self._page(
+            "prompts", params, lambda cursor: types.ListPromptsRequest(params=cursor), types.ListPromptsResult
+        )
+        if member is None:
+            return types.ListPromptsResult(prompts=[], next_cursor=next_cursor)
+        prompts = [p.model_copy(update={"name": member.prefix + p.name}) for p in page.prompts]
+        return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
 
     async def _gated(self, ctx: ServerRequestContext[Any], member: Member, crossing: str, args: dict[str, Any]) -> Any:
         """Put a read or a get through the gate in `member`'s scope; the upstream's result, or an
@@ -351,13 +381,13 @@ class McpGateway:
         if member.down is not None or member.scope is None:
             message = self._down_message(member)
             scope = member.scope if member.scope is not None else self.scope
-            scope.refuse(crossing, message, run=self.run, crossing=CROSSING_TOOLS[crossing])
+            scope.refuse(crossing, message, run=self._run(), crossing=CROSSING_TOOLS[crossing])
             raise MCPError(types.INTERNAL_ERROR, message)
         failures: list[MCPError] = []
         token_d = _downstream.set(ctx)
         token_f = _upstream_failure.set(failures)
         try:
-            result = await member.scope.call(crossing, args, run=self.run)
+            result = await member.scope.call(crossing, args, run=self._run())
         except (ToolBlockedError, ToolApprovalRequiredError) as exc:
             raise MCPError(types.INTERNAL_ERROR, _bounded(str(exc))) from exc
         finally:
@@ -378,13 +408,19 @@ class McpGateway:
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         owner = self._resource_owner.get(params.uri)
-        if owner is None:
-            await self._list_resources(ctx, None)
+        listing: types.PaginatedRequestParams | None = None
+        for _ in range(_LIST_PAGE_CAP):
+            if owner is not None:
+                break
+            page = await self._list_resources(ctx, listing)
             owner = self._resource_owner.get(params.uri)
+            if page.next_cursor is None:
+                break
+            listing = types.PaginatedRequestParams(cursor=page.next_cursor)
         if owner is None:
             message = "no server listed this resource URI: list resources first, or ask for a URI one of them lists"
             self.scope.refuse(
-                "mcp.resources.read", message, run=self.run, crossing=CROSSING_TOOLS["mcp.resources.read"]
+                "mcp.resources.read", message, run=self._run(), crossing=CROSSING_TOOLS["mcp.resources.read"]
             )
             raise MCPError(types.INVALID_PARAMS, message)
         value = await self._gated(ctx, self.members[owner], "mcp.resources.read", {"uri": params.uri})
@@ -396,7 +432,7 @@ class McpGateway:
         member, prompt = self._member_of(params.name)
         if member is None:
             message = f"unknown prompt {_cut(params.name)}: prompt names are <server>{SEPARATOR}<prompt>"
-            self.scope.refuse("mcp.prompts.get", message, run=self.run, crossing=CROSSING_TOOLS["mcp.prompts.get"])
+            self.scope.refuse("mcp.prompts.get", message, run=self._run(), crossing=CROSSING_TOOLS["mcp.prompts.get"])
             raise MCPError(types.INVALID_PARAMS, message)
         args: dict[str, Any] = {"name": prompt}
         if params.arguments is not None:
@@ -404,33 +440,40 @@ class McpGateway:
         value = await self._gated(ctx, member, "mcp.prompts.get", args)
         return _prompt_result(value)
 
-    # -- serving ------------------------------------------------------------------------------------
-
-    async def serve_stdio(
-        self,
-        *,
-        stop: anyio.Event | None = None,
-        max_line_bytes: int = MAX_LINE_BYTES,
-        grace_s: float = STDIO_GRACE_S,
-        draining: Callable[[int], object] | None = None,
-    ) -> None:
-        """Serve one MCP client on stdin/stdout until stdin closes or `stop` is set, as
-        `McpProxy.serve_stdio` does (the same transport, the same answers to unreadable lines)."""
-        async with (
-            _stdio_transport(max_line_bytes, stop, grace_s, draining, True, self._refuse_unread) as (read, write),
-            anyio.create_task_group() as tasks,
-        ):
-            if stop is not None:
-
-                async def give_up_after_grace(stop: anyio.Event) -> None:
-                    await stop.wait()
-                    await anyio.sleep(grace_s + 5.0)
-                    tasks.cancel_scope.cancel()
-
-                tasks.start_soon(give_up_after_grace, stop)
-            await self.server.run(read, write, self.server.create_initialization_options())
-            tasks.cancel_scope.cancel()
-
 
 def _text(text: str) -> types.TextContent:
     return types.TextContent(type="text", text=text)
+
+
+_LIST_PAGE_CAP = 1000
+"""Pages of a resources/list walk (to find who listed a URI) before giving up."""
+
+_MAX_CURSOR_CHARS = 4096
+"""The longest cursor the gateway reads (its own are a server name and that server's cursor)."""
+
+_BAD_CURSOR = "Invalid params: the cursor is not one this gateway gave"
+
+
+def _offers(member: Member, kind: str) -> bool:
+    caps = member.capabilities
+    return (caps.resources if kind == "resources" else caps.prompts) is not None
+
+
+def _give_cursor(server: str, cursor: str | None) -> str:
+    """The gateway's cursor for a list's next page: the server and its own cursor (None: the
+    server's first page)."""
+    return base64.urlsafe_b64encode(json.dumps([server, cursor]).encode()).decode()
+
+
+def _read_cursor(cursor: str, members: Mapping[str, Member]) -> tuple[str, str | None]:
+    """The server and its own cursor a gateway's cursor names; invalid params (never echoing the
+    cursor) for anything the gateway did not give."""
+    try:
+        if len(cursor) > _MAX_CURSOR_CHARS:
+            raise ValueError
+        server, inner = json.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
+    except (ValueError, TypeError, UnicodeError):
+        raise MCPError(types.INVALID_PARAMS, _BAD_CURSOR) from None
+    if not isinstance(server, str) or server not in members or not (inner is None or isinstance(inner, str)):
+        raise MCPError(types.INVALID_PARAMS, _BAD_CURSOR)
+    return server, inner

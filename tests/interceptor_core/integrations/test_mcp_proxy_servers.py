@@ -6,6 +6,7 @@ server that fails or dies is refused on its own tools (with an event) while the 
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -28,8 +29,9 @@ from events import verify_chain
 from interceptor_core.integrations.mcp import DENIED
 
 from .conftest import HERE, UPSTREAM, effects
-from .test_mcp import read_events, text_of
-from .test_mcp_gateway import EVERYTHING, SERVERS, direct_params
+from .test_mcp import DEADLINE_S, read_events, text_of
+from .test_mcp_gateway import EVERYTHING, SERVERS, direct_params, wait_for_line
+from .test_mcp_proxy import free_port
 
 POLICY = """\
 version: 1
@@ -105,6 +107,17 @@ def setup(everything: Path, root: Path, tmp_path: Path, errlog: TextIO) -> Setup
     return Setup(everything, root, tmp_path, errlog)
 
 
+async def pages(client: Client, kind: str, cursor: str | None = None) -> list[Any]:
+    """Every page of a list (`tools`, `resources`, `prompts`), following the cursors from `cursor`."""
+    found = []
+    while True:
+        page = await getattr(client, f"list_{kind}")(cursor=cursor, cache_mode="refresh")
+        found.append(page)
+        cursor = page.next_cursor
+        if cursor is None:
+            return found
+
+
 async def direct_tools(everything: Path) -> list[types.Tool]:
     async with Client(stdio_client(direct_params(everything), errlog=sys.stderr)) as direct:
         return list((await direct.list_tools()).tools)
@@ -115,7 +128,7 @@ async def test_every_servers_tools_are_listed_under_its_prefix(setup: Setup) -> 
     its server's prefix, with the server's own definition; files' tools too; broken has none."""
     expected = await direct_tools(setup.everything)
     async with setup.proxied() as proxied:
-        listed = {tool.name: tool for tool in (await proxied.list_tools()).tools}
+        listed = {tool.name: tool for page in await pages(proxied, "tools") for tool in page.tools}
     for server in ("alpha", "beta"):
         for tool in expected:
             seen = listed[f"{server}__{tool.name}"]
@@ -150,7 +163,7 @@ async def test_a_policy_targets_one_server_by_its_scope(setup: Setup) -> None:
         prompt = await proxied.get_prompt("alpha__simple-prompt")
         with pytest.raises(MCPError) as refused:
             await proxied.get_prompt("beta__simple-prompt")
-        prompts = {p.name for p in (await proxied.list_prompts()).prompts}
+        prompts = {p.name for page in await pages(proxied, "prompts") for p in page.prompts}
     assert denied.is_error
     assert "may not delete" in text_of(denied)
     assert (setup.root / "precious.txt").read_text() == "keep me"
@@ -168,7 +181,7 @@ async def test_resources_are_read_from_the_server_that_listed_them(setup: Setup)
     """Resource URIs are kept as the servers list them; a read goes through the gate in the scope
     of the server that listed the URI; a URI no server listed is refused with an event."""
     async with setup.proxied() as proxied:
-        listed = (await proxied.list_resources()).resources
+        listed = [r for page in await pages(proxied, "resources") for r in page.resources]
         uri = next(r.uri for r in listed if r.uri.startswith("demo://resource/static/"))
         read = await proxied.read_resource(uri)
         with pytest.raises(MCPError) as unknown:
@@ -211,7 +224,7 @@ async def test_a_server_that_dies_is_refused_while_the_others_serve_on(setup: Se
         os.kill(pid, signal.SIGKILL)
         answers = [await proxied.call_tool("files__write_file", {"path": "b.txt", "text": "b"}) for _ in range(2)]
         echoed = await proxied.call_tool("alpha__echo", {"message": "alive"})
-        listed = [tool.name for tool in (await proxied.list_tools()).tools]
+        listed = [tool.name for page in await pages(proxied, "tools") for tool in page.tools]
     assert not [name for name in listed if name.startswith("files__")]
     assert "alpha__echo" in listed
     assert all(answer.is_error for answer in answers)
@@ -235,6 +248,10 @@ async def test_a_server_that_dies_is_refused_while_the_others_serve_on(setup: Se
         ({"upstreams": []}, "the one key 'servers'"),
         ({"servers": [{"name": "mcp-proxy", "command": ["x"]}]}, "the gateway's own agent scope"),
         ({"servers": [{"name": "gone", "command": ["/no/such/program"]}]}, "no server of the config started"),
+        ({"servers": [{"name": "a"}]}, "give either command (a server to start) or url"),
+        ({"servers": [{"name": "a", "command": ["x"], "url": "http://h/mcp"}]}, "give either command"),
+        ({"servers": [{"name": "a", "url": "ftp://h/mcp"}]}, "url must be an http:// or https:// URL"),
+        ({"servers": [{"name": "a", "url": "http://h/mcp", "headers": {"X": 1}}]}, "headers must be a mapping"),
     ],
 )
 def test_config_errors_exit_2_with_one_line(setup: Setup, config: dict[str, Any], said: str) -> None:
@@ -252,11 +269,12 @@ def test_config_errors_exit_2_with_one_line(setup: Setup, config: dict[str, Any]
     ("extra", "said"),
     [
         (("--", "node", "server.js"), "give no command after --"),
-        (("--http", "127.0.0.1:8808"), "--config serves over stdio only"),
+        (("--http", "0.0.0.0:8808"), "is not a loopback address: give --tokens FILE or --jwt-jwks"),
     ],
 )
 def test_config_refuses_what_it_cannot_serve(setup: Setup, extra: tuple[str, ...], said: str) -> None:
-    """A command after -- and HTTP serving do not go with --config: exit 2 with one line."""
+    """A command after -- does not go with --config, and HTTP off loopback needs authentication
+    as without it: exit 2 with one line."""
     done = subprocess.run(
         [sys.executable, *setup.args(*extra)], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
     )
@@ -280,3 +298,99 @@ def test_a_server_that_never_answers_is_given_up_on_after_the_startup_timeout(se
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert lines == ["error: no server of the config started: silent did not answer as an MCP server within 1 s"]
+
+
+async def test_several_servers_over_http(setup: Setup) -> None:
+    """`--http` with `--config`: an SDK client over streamable HTTP lists every server's tools
+    under its prefix and reaches each server, a failing server is refused on its own tools, and
+    SIGTERM ends the proxy with exit 0 and every event written."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    with setup.stderr.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, *setup.args("--http", f"127.0.0.1:{port}")],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        wait_for_line(setup.stderr, "listening on", process)
+        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            names = {tool.name for page in await pages(client, "tools") for tool in page.tools}
+            assert {"alpha__echo", "beta__echo", "files__write_file"} <= names
+            echoed = await client.call_tool("alpha__echo", {"message": "over http"})
+            written = await client.call_tool("files__write_file", {"path": "http.txt", "text": "hi"})
+            broken = await client.call_tool("broken__anything", {})
+        assert "over http" in text_of(echoed)
+        assert not written.is_error
+        assert (setup.root / "http.txt").read_text() == "hi"
+        assert broken.is_error
+        assert "MCP server 'broken' is unavailable" in text_of(broken)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=DEADLINE_S) == 0, setup.stderr.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    found = setup.events_until(lambda evs: sum(e.type != "ToolsRegistered" for e in evs) >= 3)
+    assert sorted((e.type, e.tool, e.agent) for e in found) == [
+        ("ToolDenied", "broken__anything", "broken"),
+        ("ToolUse", "alpha__echo", "alpha"),
+        ("ToolUse", "files__write_file", "files"),
+    ]
+
+
+async def test_lists_come_page_by_page_with_the_gateways_cursors(setup: Setup) -> None:
+    """Each page is one server's own page: the files server pages its tools one by one, and the
+    gateway's cursors walk every server's pages in order; a cursor it never gave is invalid
+    params, not echoed."""
+    config = yaml.safe_load(setup.config.read_text())
+    config["servers"][2]["env"]["UPSTREAM_PAGE_SIZE"] = "1"
+    setup.config.write_text(yaml.safe_dump(config))
+    async with setup.proxied() as proxied:
+        walked = await pages(proxied, "tools")
+        bogus = "bogus-cursor-" + "x" * 40
+        with pytest.raises(MCPError) as forged:
+            await proxied.list_tools(cursor=bogus, cache_mode="refresh")
+        with pytest.raises(MCPError) as unknown_server:
+            await proxied.list_prompts(cursor=base64.urlsafe_b64encode(b'["nobody", null]').decode())
+    servers = [{tool.name.split("__")[0] for tool in page.tools} for page in walked]
+    assert servers == [{"alpha"}, {"beta"}, {"files"}, {"files"}, {"files"}]
+    assert [len(page.tools) for page in walked[2:]] == [1, 1, 1]
+    for error in (forged.value, unknown_server.value):
+        assert error.code == -32602
+        assert error.error.message == "Invalid params: the cursor is not one this gateway gave"
+    assert "bogus" not in str(forged.value)
+
+
+async def test_a_server_reached_over_http(setup: Setup, tmp_path: Path) -> None:
+    """A `url:` entry: the gateway reaches a streamable HTTP server (server-everything started in
+    that mode), lists its tools under its prefix and calls them, beside a server it started."""
+    port = free_port()
+    log = tmp_path / "remote.log"
+    with log.open("wb") as out:
+        remote = subprocess.Popen(
+            ["node", str(setup.everything), "streamableHttp"],
+            env={**os.environ, "PORT": str(port)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for_line(log, "listening on port", remote)
+        servers = [
+            {"name": "remote", "url": f"http://127.0.0.1:{port}/mcp", "headers": {"X-Callgate-Test": "1"}},
+            {"name": "files", "command": [sys.executable, str(UPSTREAM)], "env": {"UPSTREAM_ROOT": str(setup.root)}},
+        ]
+        setup.config.write_text(yaml.safe_dump({"servers": servers}))
+        async with setup.proxied() as proxied:
+            names = {tool.name for page in await pages(proxied, "tools") for tool in page.tools}
+            echoed = await proxied.call_tool("remote__echo", {"message": "over the wire"})
+        assert {"remote__echo", "files__write_file"} <= names
+        assert "over the wire" in text_of(echoed)
+        found = setup.events_until(lambda evs: any(e.type == "ToolUse" for e in evs))
+        assert [(e.type, e.tool, e.agent) for e in found] == [("ToolUse", "remote__echo", "remote")]
+    finally:
+        remote.terminate()
+        remote.wait(timeout=DEADLINE_S)
