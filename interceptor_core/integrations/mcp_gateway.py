@@ -138,12 +138,13 @@ class McpGateway(_GatedServer):
         self.max_args_bytes = max_args_bytes
         self.refresh_interval_s = refresh_interval_s
         self._resource_owner: dict[str, str] = {}
+        self._template_owner: dict[str, str] = {}
         served = [m.name for m in members]
         self.server: Server[Any] = _ProxyServer(
             name,
             version="",
             description=f"served through callgate: {', '.join(served)}",
-            instructions=f"Tools and prompts are named <server>{SEPARATOR}<name>; servers: {', '.join(served)}.",
+            instructions=_instructions(members),
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
@@ -157,6 +158,8 @@ class McpGateway(_GatedServer):
         if any(m.capabilities.prompts is not None for m in members):
             add("prompts/list", paginated, self._list_prompts)
             add("prompts/get", types.GetPromptRequestParams, self._get_prompt)
+        if any(m.capabilities.completions is not None for m in members):
+            add("completion/complete", types.CompleteRequestParams, self._complete)
         self.server.middleware.append(self._screen_params)
         # Clients use the handshake every SDK speaks; discovery would promise features not relayed.
         self.server._request_handlers.pop("server/discover", None)
@@ -362,6 +365,9 @@ class McpGateway(_GatedServer):
             types.ListResourceTemplatesResult,
         )
         templates = list(page.resource_templates) if member is not None else []
+        for template in templates:
+            assert member is not None
+            self._template_owner.setdefault(template.uri_template, member.name)
         return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 
     async def _list_prompts(
@@ -374,6 +380,36 @@ class McpGateway(_GatedServer):
             return types.ListPromptsResult(prompts=[], next_cursor=next_cursor)
         prompts = [p.model_copy(update={"name": member.prefix + p.name}) for p in page.prompts]
         return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
+
+    async def _complete(
+        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        """A completion goes to the server of the prompt (by its prefix, which it loses) or of
+        the resource template (the server that listed it)."""
+        ref = params.ref
+        member: Member | None
+        if isinstance(ref, types.PromptReference):
+            member, name = self._member_of(ref.name)
+            ref = ref.model_copy(update={"name": name})
+        else:
+            owner = self._template_owner.get(ref.uri)
+            listing: types.PaginatedRequestParams | None = None
+            for _ in range(_LIST_PAGE_CAP):
+                if owner is not None:
+                    break
+                page = await self._list_resource_templates(ctx, listing)
+                owner = self._template_owner.get(ref.uri)
+                if page.next_cursor is None:
+                    break
+                listing = types.PaginatedRequestParams(cursor=page.next_cursor)
+            member = self.members.get(owner) if owner is not None else None
+        if member is None:
+            raise MCPError(types.INVALID_PARAMS, "Invalid params: the reference names no server of this gateway")
+        if member.down is not None:
+            raise MCPError(types.INTERNAL_ERROR, self._down_message(member))
+        request = types.CompleteRequest(params=params.model_copy(update={"ref": ref}))
+        result: types.CompleteResult = await member.upstream().send_request(request, types.CompleteResult)
+        return result
 
     async def _gated(self, ctx: ServerRequestContext[Any], member: Member, crossing: str, args: dict[str, Any]) -> Any:
         """Put a read or a get through the gate in `member`'s scope; the upstream's result, or an
@@ -477,3 +513,23 @@ def _read_cursor(cursor: str, members: Mapping[str, Member]) -> tuple[str, str |
     if not isinstance(server, str) or server not in members or not (inner is None or isinstance(inner, str)):
         raise MCPError(types.INVALID_PARAMS, _BAD_CURSOR)
     return server, inner
+
+
+def _instructions(members: Sequence[Member]) -> str:
+    """The gateway's instructions: how names are made, then which server says what (its
+    `serverInfo` and its own instructions), server by server."""
+    lines = [
+        f"Tools and prompts are named <server>{SEPARATOR}<name>; servers: {', '.join(m.name for m in members)}.",
+    ]
+    for member in members:
+        client = member.toolset.session if member.down is None and member.scope is not None else None
+        if not isinstance(client, Client):
+            lines.append(f"\nServer {member.name}: unavailable ({member.down or 'not started'}).")
+            continue
+        info = client.server_info
+        said = f"{info.name} {info.version}".strip() if info is not None else "no serverInfo"
+        title = f" ({info.title})" if info is not None and info.title else ""
+        lines.append(f"\nServer {member.name} is {said}{title}.")
+        if client.instructions:
+            lines.append(f"Instructions of server {member.name}:\n{client.instructions}")
+    return "\n".join(lines)

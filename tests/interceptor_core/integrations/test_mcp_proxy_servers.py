@@ -394,3 +394,30 @@ async def test_a_server_reached_over_http(setup: Setup, tmp_path: Path) -> None:
     finally:
         remote.terminate()
         remote.wait(timeout=DEADLINE_S)
+
+
+async def test_each_servers_identity_and_instructions_and_completion(setup: Setup) -> None:
+    """The gateway's instructions say which server says what (each server's serverInfo and its
+    own instructions, a server that did not start as unavailable), and a completion of a prompt
+    goes to its server, answered as the server answers directly."""
+    ref = types.PromptReference(type="ref/prompt", name="completable-prompt")
+    async with Client(stdio_client(direct_params(setup.everything), errlog=setup.errlog)) as direct:
+        info, instructions = direct.server_info, direct.instructions
+        expected = await direct.complete(ref, {"name": "department", "value": "E"})
+    assert info is not None
+    assert instructions
+    async with setup.proxied() as proxied:
+        said = proxied.instructions or ""
+        completed = await proxied.complete(
+            ref.model_copy(update={"name": "beta__completable-prompt"}), {"name": "department", "value": "E"}
+        )
+        with pytest.raises(MCPError) as unknown:
+            await proxied.complete(
+                ref.model_copy(update={"name": "nobody__completable-prompt"}), {"name": "department", "value": "E"}
+            )
+    for server in ("alpha", "beta"):
+        assert f"Server {server} is {info.name} {info.version}" in said
+        assert f"Instructions of server {server}:\n{instructions}" in said
+    assert "Server broken: unavailable (upstream command" in said
+    assert completed == expected
+    assert unknown.value.code == -32602
