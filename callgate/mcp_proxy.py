@@ -763,10 +763,10 @@ async def _serve_gateway(
     grace_s: float,
     served: _Served,
 ) -> int:
-    from mcp import Client, StdioServerParameters
+    from mcp import StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from interceptor_core.integrations.mcp import McpToolset, client_of, crossing_tools
+    from interceptor_core.integrations.mcp import McpRelay, McpToolset, client_of, crossing_tools, upstream_client
     from interceptor_core.integrations.mcp_gateway import SEPARATOR, McpGateway, Member
 
     def run_for(ctx: Any) -> RunContext:
@@ -792,19 +792,31 @@ async def _serve_gateway(
         # One server's whole life: started, its tools registered, followed until it goes away or
         # the gateway stops. Whatever ends it marks the server down; nothing ends the others.
         command = spec.shown
-        transport: Any
-        if spec.url is not None:
-            transport = _http_upstream(spec.url, spec.headers or {})
-        else:
-            params = StdioServerParameters(
-                command=spec.command[0], args=list(spec.command[1:]), env={**os.environ, **spec.env}
-            )
-            transport = stdio_client(params, errlog=sys.stderr)
+        params = (
+            StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]), env={**os.environ, **spec.env})
+            if spec.command
+            else None
+        )
+
+        def transport() -> Any:
+            if params is None:
+                return _http_upstream(spec.url or "", spec.headers or {})
+            return stdio_client(params, errlog=sys.stderr)
+
+        def connect(capabilities: Any, options: dict[str, Any]) -> Any:
+            # Each client connection gets its own session with the server (over stdio, its own
+            # process), declaring what the client declared.
+            return upstream_client(transport(), capabilities, **options)
+
+        relay = member.relay = McpRelay(member.toolset)
+        member.connect = connect
         started = False
         try:
             # The deadline covers the handshake and the first listing, and is lifted once served.
             with anyio.CancelScope(deadline=anyio.current_time() + startup_timeout_s) as startup:
-                async with Client(transport, message_handler=member.toolset.on_message) as client:
+                # The gateway's own session with the server (its tools for the gate, list changes)
+                # declares no client capability.
+                async with upstream_client(transport(), None, **relay.client_options()) as client:
                     member.toolset.bind(client)
                     await member.toolset.load()
                     member.capabilities = client.server_capabilities

@@ -863,6 +863,9 @@ class _GatedServer:
     def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
         raise NotImplementedError
 
+    def _set_tasks(self, tasks: anyio.abc.TaskGroup | None) -> None:
+        self._tasks = tasks
+
     async def serve_stdio(
         self,
         *,
@@ -907,11 +910,11 @@ class _GatedServer:
                     tasks.cancel_scope.cancel()
 
                 tasks.start_soon(give_up_after_grace, stop)
-            self._tasks = tasks
+            self._set_tasks(tasks)
             try:
                 await self.server.run(read, write, self._init_options())
             finally:
-                self._tasks = None
+                self._set_tasks(None)
             tasks.cancel_scope.cancel()
 
     async def serve_http(
@@ -985,11 +988,11 @@ class _GatedServer:
                 tasks.start_soon(stop_when_asked, stop)
             if ready is not None:
                 tasks.start_soon(say_when_ready, ready)
-            self._tasks = tasks
+            self._set_tasks(tasks)
             try:
                 await server.serve(sockets=[sock] if sock is not None else None)
             finally:
-                self._tasks = None
+                self._set_tasks(None)
             tasks.cancel_scope.cancel()
 
     def _init_options(self) -> Any:
@@ -1141,6 +1144,11 @@ class McpProxy(_GatedServer):
             client.last = ctx
             self._clients.move_to_end(key)
         return client
+
+    def link_of(self, ctx: ServerRequestContext[Any]) -> _Link | None:
+        """The upstream session of its own the client of `ctx` has, if any."""
+        client = self._clients.get(getattr(ctx.session, "_connection", ctx.session))
+        return client.link if client is not None else None
 
     def _links(self, ctx: ServerRequestContext[Any]) -> bool:
         """Whether the connection of `ctx` gets an upstream session of its own: a handshake-era

@@ -8,16 +8,19 @@
 - Prompt names are prefixed the same way. Resource URIs are kept as they are and routed to the
   server that listed them (a URI no server listed is refused; one listed by two servers goes to
   the first in the configuration).
-- Each server's tools (and its `mcp.resources.read` and `mcp.prompts.get` crossings) are in an
-  agent scope named after the server, so a policy can target a server with `scope.agent`.
+- Each server is served by an `McpProxy` of its own (the single-server form's code), in an agent
+  scope named after the server, so a policy can target a server with `scope.agent`: its tool
+  calls, reads, gets, completions, subscriptions and setLevel go through it, and each client
+  connection gets its own session with each server, declaring what the client declared (so the
+  server's sampling, elicitation and roots requests, log messages, resource updates and list
+  changes reach that client alone, through the gate in the server's scope).
+- Lists are answered page by page: each page is one server's own, and the gateway's cursor names
+  the server and that server's cursor; a cursor the gateway did not give is invalid params.
+- The gateway's instructions say which server is what (its `serverInfo`) and carry each server's
+  own instructions.
 - A server that fails to start or stops serving is marked down: calls of its tools answer a tool
   error naming the server and its trouble, with one `ToolDenied` event in its scope; the other
   servers keep serving.
-
-Not relayed through several servers (the single-upstream `McpProxy` relays them): requests from a
-server to the client (sampling, elicitation, roots; the gateway declares no such capability
-upstream), resource subscriptions, completion, logging, progress notifications other than a tool
-call's, and list-changed notifications to the client. Lists are answered in one page.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import contextvars
 import json
 import logging
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,23 +45,20 @@ from mcp.server.lowlevel.server import NotificationOptions
 from mcp.shared.exceptions import MCPError
 
 from interceptor_core.context import RunContext
-from interceptor_core.exceptions import ToolApprovalRequiredError, ToolBlockedError
 from interceptor_core.gate import AgentScope
 from interceptor_core.integrations.mcp import (
     CROSSING_TOOLS,
     DENIED,
     MAX_ARGS_BYTES,
     MAX_NAME_CHARS,
+    McpProxy,
+    McpRelay,
     McpToolset,
+    UpstreamConnect,
     _bounded,
-    _downstream,
     _GatedServer,
     _params_problem,
-    _prompt_result,
     _ProxyServer,
-    _read_result,
-    _upstream_failure,
-    result_from_gate,
 )
 
 log = logging.getLogger("callgate.integrations.mcp_gateway")
@@ -93,7 +92,12 @@ class Member:
     scope: AgentScope | None = None
     down: str | None = None
     capabilities: types.ServerCapabilities = field(default_factory=types.ServerCapabilities)
-    next_refresh: float = 0.0
+    relay: McpRelay | None = None
+    """The callbacks of the gateway's own session with the server (bound to `proxy`)."""
+    connect: UpstreamConnect | None = None
+    """How a client connection gets its own session with the server."""
+    proxy: McpProxy | None = None
+    """What serves the server's crossings (built by the gateway for a server that started)."""
 
     @property
     def prefix(self) -> str:
@@ -148,7 +152,25 @@ class McpGateway(_GatedServer):
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
-        self.server.notification_options = NotificationOptions()
+        for member in members:
+            if member.down is None and member.scope is not None:
+                member.proxy = McpProxy(
+                    member.toolset,
+                    member.scope,
+                    name=name,
+                    run=run if run is not None else self.run,
+                    max_name_chars=max_name_chars,
+                    max_args_bytes=max_args_bytes,
+                    refresh_interval_s=refresh_interval_s,
+                    relay=member.relay,
+                    connect=member.connect,
+                )
+        caps = [m.capabilities for m in members]
+        self.server.notification_options = NotificationOptions(
+            tools_changed=True,
+            resources_changed=any(c.resources is not None and bool(c.resources.list_changed) for c in caps),
+            prompts_changed=any(c.prompts is not None and bool(c.prompts.list_changed) for c in caps),
+        )
         add = self.server.add_request_handler
         paginated = types.PaginatedRequestParams
         if any(m.capabilities.resources is not None for m in members):
@@ -160,9 +182,20 @@ class McpGateway(_GatedServer):
             add("prompts/get", types.GetPromptRequestParams, self._get_prompt)
         if any(m.capabilities.completions is not None for m in members):
             add("completion/complete", types.CompleteRequestParams, self._complete)
+        if any(c.resources is not None and c.resources.subscribe for c in caps):
+            add("resources/subscribe", types.SubscribeRequestParams, self._subscribe)
+            add("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe)
+        if any(c.logging is not None for c in caps):
+            add("logging/setLevel", types.SetLevelRequestParams, self._set_level)
         self.server.middleware.append(self._screen_params)
         # Clients use the handshake every SDK speaks; discovery would promise features not relayed.
         self.server._request_handlers.pop("server/discover", None)
+
+    def _set_tasks(self, tasks: anyio.abc.TaskGroup | None) -> None:
+        self._tasks = tasks
+        for member in self.members.values():
+            if member.proxy is not None:
+                member.proxy._tasks = tasks
 
     # -- members ----------------------------------------------------------------------------------
 
@@ -174,14 +207,22 @@ class McpGateway(_GatedServer):
             if self.on_down is not None:
                 self.on_down(member)
 
-    async def _still_up(self, member: Member) -> bool:
-        """After a failure: ask the server for a ping; a closed connection marks it down. Whether
-        it is still up."""
+    async def _still_up(self, member: Member, ctx: ServerRequestContext[Any] | None = None) -> bool:
+        """After a failure: ask the server for a ping (on the session of the client of `ctx`, when
+        it has its own); a closed connection marks it down. Whether it is still up."""
         if member.down is not None:
             return False
+        session = member.upstream()
+        if ctx is not None and member.proxy is not None:
+            link = member.proxy.link_of(ctx)
+            if link is not None and link.done.is_set():
+                self.mark_down(member, f"stopped serving: its connection closed ({link.error or 'ended'})")
+                return False
+            if link is not None and link.client is not None:
+                session = link.client.session
         with anyio.move_on_after(_PING_TIMEOUT_S):
             try:
-                await member.upstream().send_ping()
+                await session.send_ping()
             except MCPError as exc:
                 if exc.error.code == types.CONNECTION_CLOSED:
                     self.mark_down(member, "stopped serving: its connection closed")
@@ -213,6 +254,13 @@ class McpGateway(_GatedServer):
         return _request_run.get() or self.run
 
     async def _screened(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
+        if ctx.method == "notifications/initialized":
+            # Each server gets its session with this client now, declaring what the client declared.
+            result = await call_next(ctx)
+            for member in self._serving():
+                if member.proxy is not None:
+                    await member.proxy._client_ready(ctx)
+            return result
         problem = _params_problem(ctx.method, ctx.params) if ctx.request_id is not None else None
         if problem is not None:
             tool, message = problem
@@ -230,31 +278,9 @@ class McpGateway(_GatedServer):
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        member, page, next_cursor = await self._page(
-            "tools", params, lambda cursor: types.ListToolsRequest(params=cursor), types.ListToolsResult
-        )
-        if member is None or member.scope is None:
-            return types.ListToolsResult(tools=[], next_cursor=next_cursor)
-        if any(member.prefix + d.name not in member.scope.tools for d in page.tools):
-            await self._refresh(member)
-        shown = set(member.scope.shown_tools(self._run()))
-        tools = [
-            d.model_copy(update={"name": member.prefix + d.name})
-            for d in page.tools
-            if member.prefix + d.name in shown and member.prefix + d.name not in CROSSING_TOOLS
-        ]
+        member, page, next_cursor = await self._page("tools", params, lambda proxy, p: proxy._list_tools(ctx, p))
+        tools = list(page.tools) if member is not None else []
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
-
-    async def _refresh(self, member: Member) -> None:
-        if time.monotonic() < member.next_refresh:
-            return
-        member.next_refresh = time.monotonic() + self.refresh_interval_s
-        try:
-            await member.toolset.refresh()
-        except Exception as exc:
-            # The call is then answered as unknown, unless the ping finds the server gone.
-            log.warning("listing the tools of MCP server %r failed: %s", member.name, type(exc).__name__)
-            await self._still_up(member)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -273,22 +299,21 @@ class McpGateway(_GatedServer):
         if member is None or name in CROSSING_TOOLS:
             self.scope.refuse(_cut(name), f"unknown tool {_cut(name)}", run=self._run())
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {_cut(name)}")
-        if member.down is None and member.scope is not None and name not in member.scope.tools:
-            await self._refresh(member)
-        if member.down is not None or member.scope is None:
+        if member.down is not None or member.proxy is None:
             return self._refuse_down(member, name)
-        token = _downstream.set(ctx)
         try:
-            result = await member.scope.call(name, args, run=self._run())
-        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
-            raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
-        finally:
-            _downstream.reset(token)
-        if result.kind == "error" and not await self._still_up(member):
+            result = await member.proxy._call_tool(ctx, params)
+        except MCPError as exc:
+            if exc.error.code != types.CONNECTION_CLOSED and exc.error.code != types.INTERNAL_ERROR:
+                raise
+            if await self._still_up(member, ctx):
+                raise
+            # The client's session with the server was gone before the gate saw the call.
+            return self._refuse_down(member, name)
+        if result.is_error and not await self._still_up(member, ctx):
             # The server went away during the call: the gate recorded the failed call already.
             return types.CallToolResult(content=[_text(self._down_message(member))], is_error=True)
-        definition = member.toolset.definition(name)
-        return result_from_gate(result, definition.output_schema if definition is not None else None)
+        return result
 
     def _down_message(self, member: Member) -> str:
         return f"MCP server {member.name!r} is unavailable: {member.down}"
@@ -305,25 +330,23 @@ class McpGateway(_GatedServer):
         self,
         kind: str,
         params: types.PaginatedRequestParams | None,
-        request: Callable[[types.PaginatedRequestParams], Any],
-        result_type: Any,
+        fetch: Callable[[McpProxy, types.PaginatedRequestParams], Any],
     ) -> tuple[Member | None, Any, str | None]:
         """One page of a list, page by page across the servers in configuration order: the
         server the page is from, its page, and the gateway's cursor of the next page (which names
         the server and that server's own cursor), or None after the last. A cursor the gateway did
         not give is invalid params (not echoed). A server that cannot list (other than for its own
         cursor) is left out of the list, not the others."""
-        offering = [m for m in self._serving() if kind == "tools" or _offers(m, kind)]
+        offering = [m for m in self._serving() if m.proxy is not None and (kind == "tools" or _offers(m, kind))]
         start, inner = 0, None
         if params is not None and params.cursor is not None:
             name, inner = _read_cursor(params.cursor, self.members)
             start = next((i for i, m in enumerate(offering) if m.name == name), len(offering))
         for index in range(start, len(offering)):
             member = offering[index]
+            assert member.proxy is not None
             try:
-                page = await member.upstream().send_request(
-                    request(types.PaginatedRequestParams(cursor=inner)), result_type
-                )
+                page = await fetch(member.proxy, types.PaginatedRequestParams(cursor=inner))
             except MCPError as exc:
                 if exc.error.code == types.CONNECTION_CLOSED:
                     self.mark_down(member, "stopped serving: its connection closed")
@@ -347,7 +370,7 @@ class McpGateway(_GatedServer):
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         member, page, next_cursor = await self._page(
-            "resources", params, lambda cursor: types.ListResourcesRequest(params=cursor), types.ListResourcesResult
+            "resources", params, lambda proxy, p: proxy._list_resources(ctx, p)
         )
         if member is None:
             return types.ListResourcesResult(resources=[], next_cursor=next_cursor)
@@ -359,10 +382,7 @@ class McpGateway(_GatedServer):
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
         member, page, next_cursor = await self._page(
-            "resources",
-            params,
-            lambda cursor: types.ListResourceTemplatesRequest(params=cursor),
-            types.ListResourceTemplatesResult,
+            "resources", params, lambda proxy, p: proxy._list_resource_templates(ctx, p)
         )
         templates = list(page.resource_templates) if member is not None else []
         for template in templates:
@@ -373,9 +393,7 @@ class McpGateway(_GatedServer):
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        member, page, next_cursor = await self._page(
-            "prompts", params, lambda cursor: types.ListPromptsRequest(params=cursor), types.ListPromptsResult
-        )
+        member, page, next_cursor = await self._page("prompts", params, lambda proxy, p: proxy._list_prompts(ctx, p))
         if member is None:
             return types.ListPromptsResult(prompts=[], next_cursor=next_cursor)
         prompts = [p.model_copy(update={"name": member.prefix + p.name}) for p in page.prompts]
@@ -405,62 +423,79 @@ class McpGateway(_GatedServer):
             member = self.members.get(owner) if owner is not None else None
         if member is None:
             raise MCPError(types.INVALID_PARAMS, "Invalid params: the reference names no server of this gateway")
-        if member.down is not None:
+        if member.down is not None or member.proxy is None:
             raise MCPError(types.INTERNAL_ERROR, self._down_message(member))
-        request = types.CompleteRequest(params=params.model_copy(update={"ref": ref}))
-        result: types.CompleteResult = await member.upstream().send_request(request, types.CompleteResult)
-        return result
+        return await member.proxy._complete(ctx, params.model_copy(update={"ref": ref}))
 
-    async def _gated(self, ctx: ServerRequestContext[Any], member: Member, crossing: str, args: dict[str, Any]) -> Any:
-        """Put a read or a get through the gate in `member`'s scope; the upstream's result, or an
-        `MCPError` (the gate's denial, the upstream's own error, or the server being down)."""
-        if member.down is not None or member.scope is None:
-            message = self._down_message(member)
-            scope = member.scope if member.scope is not None else self.scope
-            scope.refuse(crossing, message, run=self._run(), crossing=CROSSING_TOOLS[crossing])
-            raise MCPError(types.INTERNAL_ERROR, message)
-        failures: list[MCPError] = []
-        token_d = _downstream.set(ctx)
-        token_f = _upstream_failure.set(failures)
-        try:
-            result = await member.scope.call(crossing, args, run=self._run())
-        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
-            raise MCPError(types.INTERNAL_ERROR, _bounded(str(exc))) from exc
-        finally:
-            _downstream.reset(token_d)
-            _upstream_failure.reset(token_f)
-        if (failures or result.kind == "error") and not await self._still_up(member):
-            raise MCPError(types.INTERNAL_ERROR, self._down_message(member))
-        if failures:
-            raise failures[0]
-        match result.kind:
-            case "ok" | "substituted":
-                return result.value
-            case "denied":
-                raise MCPError(DENIED, _bounded(result.to_model_text()))
-        raise MCPError(types.INTERNAL_ERROR, _bounded(result.to_model_text()))
-
-    async def _read_resource(
-        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
-        owner = self._resource_owner.get(params.uri)
+    async def _owner_of(self, ctx: ServerRequestContext[Any], uri: str) -> Member | None:
+        """The server that listed the resource `uri` (listing every server's resources first if
+        no listing named it yet)."""
+        owner = self._resource_owner.get(uri)
         listing: types.PaginatedRequestParams | None = None
         for _ in range(_LIST_PAGE_CAP):
             if owner is not None:
                 break
             page = await self._list_resources(ctx, listing)
-            owner = self._resource_owner.get(params.uri)
+            owner = self._resource_owner.get(uri)
             if page.next_cursor is None:
                 break
             listing = types.PaginatedRequestParams(cursor=page.next_cursor)
-        if owner is None:
+        return self.members.get(owner) if owner is not None else None
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        member = await self._owner_of(ctx, params.uri)
+        if member is None or member.proxy is None or member.down is not None:
+            raise MCPError(types.INVALID_PARAMS, "Invalid params: no serving server listed this resource URI")
+        return await member.proxy._subscribe(ctx, params)
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        member = await self._owner_of(ctx, params.uri)
+        if member is None or member.proxy is None or member.down is not None:
+            raise MCPError(types.INVALID_PARAMS, "Invalid params: no serving server listed this resource URI")
+        return await member.proxy._unsubscribe(ctx, params)
+
+    async def _set_level(
+        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        """The level goes to every serving server that logs (on this client's sessions)."""
+        for member in self._serving():
+            if member.proxy is not None and member.capabilities.logging is not None:
+                await member.proxy._set_level(ctx, params)
+        return types.EmptyResult()
+
+    async def _crossed(self, ctx: ServerRequestContext[Any], member: Member, crossing: str, cross: Any) -> Any:
+        """A read or a get through `member`'s own crossing (gated in its scope); a server that
+        went away during it answers the error that says so."""
+        if member.down is not None or member.proxy is None:
+            message = self._down_message(member)
+            scope = member.scope if member.scope is not None else self.scope
+            scope.refuse(crossing, message, run=self._run(), crossing=CROSSING_TOOLS[crossing])
+            raise MCPError(types.INTERNAL_ERROR, message)
+        try:
+            return await cross(member.proxy)
+        except MCPError as exc:
+            if exc.error.code != DENIED and not await self._still_up(member, ctx):
+                raise MCPError(types.INTERNAL_ERROR, self._down_message(member)) from None
+            raise
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        member = await self._owner_of(ctx, params.uri)
+        if member is None:
             message = "no server listed this resource URI: list resources first, or ask for a URI one of them lists"
             self.scope.refuse(
                 "mcp.resources.read", message, run=self._run(), crossing=CROSSING_TOOLS["mcp.resources.read"]
             )
             raise MCPError(types.INVALID_PARAMS, message)
-        value = await self._gated(ctx, self.members[owner], "mcp.resources.read", {"uri": params.uri})
-        return _read_result(params.uri, value)
+        result: types.ReadResourceResult = await self._crossed(
+            ctx, member, "mcp.resources.read", lambda proxy: proxy._read_resource(ctx, params)
+        )
+        return result
 
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
@@ -470,11 +505,11 @@ class McpGateway(_GatedServer):
             message = f"unknown prompt {_cut(params.name)}: prompt names are <server>{SEPARATOR}<prompt>"
             self.scope.refuse("mcp.prompts.get", message, run=self._run(), crossing=CROSSING_TOOLS["mcp.prompts.get"])
             raise MCPError(types.INVALID_PARAMS, message)
-        args: dict[str, Any] = {"name": prompt}
-        if params.arguments is not None:
-            args["arguments"] = dict(params.arguments)
-        value = await self._gated(ctx, member, "mcp.prompts.get", args)
-        return _prompt_result(value)
+        own = params.model_copy(update={"name": prompt})
+        result: types.GetPromptResult = await self._crossed(
+            ctx, member, "mcp.prompts.get", lambda proxy: proxy._get_prompt(ctx, own)
+        )
+        return result
 
 
 def _text(text: str) -> types.TextContent:

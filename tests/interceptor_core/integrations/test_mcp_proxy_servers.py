@@ -30,7 +30,7 @@ from interceptor_core.integrations.mcp import DENIED
 
 from .conftest import HERE, UPSTREAM, effects
 from .test_mcp import DEADLINE_S, read_events, text_of
-from .test_mcp_gateway import EVERYTHING, SERVERS, direct_params, wait_for_line
+from .test_mcp_gateway import EVERYTHING, SERVERS, Answers, direct_params, wait_for_line
 from .test_mcp_proxy import free_port
 
 POLICY = """\
@@ -79,10 +79,10 @@ class Setup:
         ]
 
     @asynccontextmanager
-    async def proxied(self) -> AsyncIterator[Client]:
+    async def proxied(self, **options: Any) -> AsyncIterator[Client]:
         env = {**os.environ, "PYTHONPATH": str(HERE)}
         params = StdioServerParameters(command=sys.executable, args=self.args(), env=env)
-        async with Client(stdio_client(params, errlog=self.errlog)) as client:
+        async with Client(stdio_client(params, errlog=self.errlog), **options) as client:
             yield client
 
     def events_until(self, until: Any) -> list[Any]:
@@ -421,3 +421,67 @@ async def test_each_servers_identity_and_instructions_and_completion(setup: Setu
     assert "Server broken: unavailable (upstream command" in said
     assert completed == expected
     assert unknown.value.code == -32602
+
+
+async def until(check: Any) -> None:
+    with anyio.fail_after(DEADLINE_S):
+        while not check():
+            await anyio.sleep(0.05)  # sleep-ok: polling with a deadline
+
+
+# Subscriptions and setLevel are deprecated in the newest protocol; server-everything speaks an older one.
+# About 20 s on a loaded machine: server-everything sends a subscription's updates every 5 s, and two
+# gateway processes start (with the client's own session of each server).
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+async def test_each_server_reaches_the_client_as_it_would_directly(setup: Setup) -> None:
+    """Per server, through the gate and in its scope: sampling, elicitation and roots requests
+    reach the client (whose capabilities each server sees, so it lists the tools that need them);
+    a resource subscription's updates, log messages after setLevel, and resources and prompts
+    list changes reach it too. A client that declares nothing is not shown those tools."""
+    files = {"UPSTREAM_ROOT": str(setup.root), "UPSTREAM_RESOURCES": "1"}
+    servers = [
+        {"name": "alpha", "command": ["node", str(setup.everything), "stdio"]},
+        {"name": "files", "command": [sys.executable, str(UPSTREAM)], "env": files},
+    ]
+    setup.config.write_text(yaml.safe_dump({"servers": servers}))
+    answers = Answers()
+    uri = "demo://resource/static/document/architecture.md"
+    async with setup.proxied(**answers.options()) as proxied:
+        names = {tool.name for page in await pages(proxied, "tools") for tool in page.tools}
+        assert {"alpha__trigger-sampling-request", "alpha__get-roots-list"} <= names
+        sampled = await proxied.call_tool("alpha__trigger-sampling-request", {"prompt": "hi", "maxTokens": 9})
+        elicited = await proxied.call_tool("alpha__trigger-elicitation-request", {})
+        roots = await proxied.call_tool("alpha__get-roots-list", {})
+        await proxied.subscribe_resource(uri)
+        await proxied.call_tool("alpha__toggle-subscriber-updates", {})
+        await proxied.set_logging_level("debug")
+        await proxied.call_tool("alpha__toggle-simulated-logging", {})
+        await proxied.call_tool("files__add_note", {})
+        await until(
+            lambda: (
+                answers.logs
+                and {type(n).__name__ for n in answers.notifications}
+                >= {"ResourceUpdatedNotification", "ResourceListChangedNotification", "PromptListChangedNotification"}
+            )
+        )
+        await proxied.call_tool("alpha__toggle-subscriber-updates", {})
+        await proxied.call_tool("alpha__toggle-simulated-logging", {})
+        resources = {r.uri for page in await pages(proxied, "resources") for r in page.resources}
+        prompts = {p.name for page in await pages(proxied, "prompts") for p in page.prompts}
+    assert "sampled by the test" in text_of(sampled)
+    assert len(answers.sampled) == len(answers.elicited) == 1
+    assert "decline" in str(elicited.model_dump()).lower()
+    assert "file:///srv/docs" in text_of(roots)
+    updated = [n for n in answers.notifications if isinstance(n, types.ResourceUpdatedNotification)]
+    assert updated[0].params.uri == uri
+    assert {"files://added", uri} <= resources
+    assert {"files__added", "alpha__simple-prompt"} <= prompts
+    found = setup.events_until(
+        lambda evs: {"sampling", "elicitation", "roots"} <= {getattr(e, "crossing", None) for e in evs}
+    )
+    crossings = {(e.crossing, e.agent) for e in found if e.crossing is not None}
+    assert {("sampling", "alpha"), ("elicitation", "alpha"), ("roots", "alpha")} <= crossings
+    async with setup.proxied() as plain:
+        names = {tool.name for page in await pages(plain, "tools") for tool in page.tools}
+    assert "alpha__echo" in names
+    assert not {"alpha__trigger-sampling-request", "alpha__get-roots-list"} & names
