@@ -1022,15 +1022,23 @@ class McpProxy(_GatedServer):
       `mcp.resources.read` (args `{"uri"}`) and `mcp.prompts.get` (args `{"name", "arguments"}`),
       so a policy decides on them and each leaves an outcome event with its `crossing`. A denial
       is the JSON-RPC error `DENIED` with the gate's message; an upstream error is passed on.
-    - `sampling/createMessage`, `elicitation/create` and `roots/list` from the upstream (given to
-      `McpRelay`) go through `scope.call` as `mcp.sampling.createMessage`,
-      `mcp.elicitation.create` and `mcp.roots.list` (args: the request's params; a rewrite changes
-      what the client is asked) and then to a client that declared the capability: the client
-      with a request in flight, most recent first, else the most recently active one. A denial
-      is answered to the upstream as the error `DENIED`.
+    - With `connect` (how to open an upstream session declaring given client capabilities), each
+      handshake-era client connection gets an upstream session of its own once its handshake
+      ends, declaring exactly what the client declared; its requests go to that session, which
+      closes with the connection (its exit stack). Without it, and for clients of the newest
+      protocol (no session), clients share the toolset's session.
+    - `sampling/createMessage`, `elicitation/create` and `roots/list` from the upstream go through
+      `scope.call` as `mcp.sampling.createMessage`, `mcp.elicitation.create` and `mcp.roots.list`
+      (args: the request's params; a rewrite changes what the client is asked) and then to the
+      client whose own session they came on (on the stream of its request in flight, when it has
+      one); from the shared session (given to `McpRelay`), to a client sharing it that declared
+      the capability (the one with a request in flight, most recent first, else the most recently
+      active one). A denial is answered to the upstream as the error `DENIED`.
     - Progress the client asked for (`progressToken`) is passed on from the upstream; upstream
       notifications (list changes, resource updates for the client's subscriptions, log
-      messages) reach the connected clients.
+      messages) reach the client of the session they came on (from the shared session, the
+      clients sharing it). `on_link_lost(exc)` hears of a client's own session that ended while
+      the client was connected.
 
     Hostile input is refused before the gate sees it: a tool name longer than `max_name_chars` or
     arguments larger than `max_args_bytes` (as JSON) get a JSON-RPC error (invalid params) that
