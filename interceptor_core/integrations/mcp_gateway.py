@@ -440,7 +440,22 @@ class McpGateway(_GatedServer):
             if page.next_cursor is None:
                 break
             listing = types.PaginatedRequestParams(cursor=page.next_cursor)
+        if owner is None:
+            owner = await self._template_owner_of(ctx, uri)
         return self.members.get(owner) if owner is not None else None
+
+    async def _template_owner_of(self, ctx: ServerRequestContext[Any], uri: str) -> str | None:
+        """The server that listed a resource template `uri` fills (the first, in the file's order)."""
+        listing: types.PaginatedRequestParams | None = None
+        for _ in range(_LIST_PAGE_CAP):
+            page = await self._list_resource_templates(ctx, listing)
+            for template in page.resource_templates:
+                if _fills(template.uri_template, uri):
+                    return self._template_owner.get(template.uri_template)
+            if page.next_cursor is None:
+                return None
+            listing = types.PaginatedRequestParams(cursor=page.next_cursor)
+        return None
 
     async def _subscribe(
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
@@ -568,3 +583,11 @@ def _instructions(members: Sequence[Member]) -> str:
         if client.instructions:
             lines.append(f"Instructions of server {member.name}:\n{client.instructions}")
     return "\n".join(lines)
+
+
+def _fills(template: str, uri: str) -> bool:
+    """Whether `uri` is `template` (a URI template) with each `{variable}` filled by a value
+    without `/`."""
+    parts = re.split(r"\{[^{}]*\}", template)
+    pattern = "[^/]+".join(re.escape(part) for part in parts)
+    return re.fullmatch(pattern, uri) is not None

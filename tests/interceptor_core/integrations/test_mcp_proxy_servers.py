@@ -436,8 +436,9 @@ async def until(check: Any) -> None:
 async def test_each_server_reaches_the_client_as_it_would_directly(setup: Setup) -> None:
     """Per server, through the gate and in its scope: sampling, elicitation and roots requests
     reach the client (whose capabilities each server sees, so it lists the tools that need them);
-    a resource subscription's updates, log messages after setLevel, and resources and prompts
-    list changes reach it too. A client that declares nothing is not shown those tools."""
+    a resource subscription's updates, log messages after setLevel, tools, resources and prompts
+    list changes (a tool added later is then called) and a read's progress reach it too. A client
+    that declares nothing is not shown those tools."""
     files = {"UPSTREAM_ROOT": str(setup.root), "UPSTREAM_RESOURCES": "1"}
     servers = [
         {"name": "alpha", "command": ["node", str(setup.everything), "stdio"]},
@@ -457,13 +458,22 @@ async def test_each_server_reaches_the_client_as_it_would_directly(setup: Setup)
         await proxied.set_logging_level("debug")
         await proxied.call_tool("alpha__toggle-simulated-logging", {})
         await proxied.call_tool("files__add_note", {})
-        await until(
-            lambda: (
-                answers.logs
-                and {type(n).__name__ for n in answers.notifications}
-                >= {"ResourceUpdatedNotification", "ResourceListChangedNotification", "PromptListChangedNotification"}
-            )
-        )
+        await proxied.call_tool("files__enable_archive", {})
+        heard = {
+            "ResourceUpdatedNotification",
+            "ResourceListChangedNotification",
+            "PromptListChangedNotification",
+            "ToolListChangedNotification",
+        }
+        await until(lambda: answers.logs and {type(n).__name__ for n in answers.notifications} >= heard)
+        steps: list[float] = []
+
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            steps.append(value)
+
+        read = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri="files://slow/3"))
+        await proxied.session.send_request(read, types.ReadResourceResult, progress_callback=progress)
+        archived = await proxied.call_tool("files__archive_file", {"path": "old.txt"})
         await proxied.call_tool("alpha__toggle-subscriber-updates", {})
         await proxied.call_tool("alpha__toggle-simulated-logging", {})
         resources = {r.uri for page in await pages(proxied, "resources") for r in page.resources}
@@ -476,6 +486,8 @@ async def test_each_server_reaches_the_client_as_it_would_directly(setup: Setup)
     assert updated[0].params.uri == uri
     assert {"files://added", uri} <= resources
     assert {"files__added", "alpha__simple-prompt"} <= prompts
+    assert steps == [1, 2, 3]
+    assert not archived.is_error
     found = setup.events_until(
         lambda evs: {"sampling", "elicitation", "roots"} <= {getattr(e, "crossing", None) for e in evs}
     )
