@@ -11,6 +11,10 @@ as in a deployment. Rounds of the paths alternate, so machine noise hits them al
 makes N calls in all. Reported: median and p99 latency per path, and the ratio of the proxied
 median to the direct one (target <= 1.5 over stdio).
 
+A third path is the several-servers form: `callgate mcp-proxy --config` in front of two instances
+of the same server (`alpha`, `beta`), calling `alpha__echo` and reading the same document (the
+column `gateway`, and its own figures).
+
 Two more rows split the proxy's share (not figures): `gate only` is the direct connection's call
 made through `scope.call` (the gate with the same policy, no proxy), and `in-process proxy` an
 `McpProxy` reached by an in-memory client (the gate and both SDK sides, no second process hop).
@@ -21,6 +25,7 @@ The last lines are the figures.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -94,9 +99,21 @@ async def main(calls: int, rounds: int) -> None:
             ],
             env=dict(os.environ),
         )
+        config = Path(work) / "servers.yaml"
+        node = f"[node, {json.dumps(str(server))}, stdio]"
+        config.write_text(f"servers:\n  - {{name: alpha, command: {node}}}\n  - {{name: beta, command: {node}}}\n")
+        several = StdioServerParameters(
+            command=sys.executable,
+            args=[
+                *("-m", "callgate.cli", "mcp-proxy", "--policy", str(policy)),
+                *("--events", str(Path(work) / "gateway.jsonl"), "--config", str(config)),
+            ],
+            env=dict(os.environ),
+        )
         async with (
             Client(stdio_client(direct, errlog=quiet)) as plain,
             Client(stdio_client(proxied, errlog=quiet)) as gated,
+            Client(stdio_client(several, errlog=quiet)) as gateway,
         ):
             toolset = McpToolset(raw_results=True)
             toolset.bind(plain)
@@ -105,36 +122,38 @@ async def main(calls: int, rounds: int) -> None:
             scope = gate.agent("mcp", tools=[*toolset.tools, *crossing_tools(toolset)])
             inproc = Client(McpProxy(toolset, scope).server, mode="legacy")
             await inproc.__aenter__()
-            clients = {"direct": plain, "proxy": gated}
+            clients = {"direct": plain, "proxy": gated, "gateway": gateway}
+            echo = {"direct": "echo", "proxy": "echo", "gateway": "alpha__echo"}
             extra: dict[str, Callable[[], Awaitable[Any]]] = {
                 "gate only": lambda: scope.call("echo", {"message": "hello"}),
                 "in-process proxy": lambda: inproc.call_tool("echo", {"message": "hello"}),
             }
-            ops: dict[str, Callable[[Client], Callable[[], Awaitable[Any]]]] = {
-                "tool call": lambda c: lambda: c.call_tool("echo", {"message": "hello"}),
-                "resource read": lambda c: lambda: c.read_resource(DOCUMENT, cache_mode="refresh"),
+            ops: dict[str, Callable[[Client, str], Callable[[], Awaitable[Any]]]] = {
+                "tool call": lambda c, path: lambda: c.call_tool(echo[path], {"message": "hello"}),
+                "resource read": lambda c, path: lambda: c.read_resource(DOCUMENT, cache_mode="refresh"),
             }
             samples: dict[tuple[str, str], list[float]] = {(o, p): [] for o in ops for p in clients}
             for make in ops.values():  # warm-up: imports, first listings, JIT of the server
-                for client in clients.values():
-                    await timed(make(client), 20)
+                for path, client in clients.items():
+                    await timed(make(client, path), 20)
             parts: dict[str, list[float]] = {name: [] for name in extra}
             per_round = max(1, calls // rounds)
             for _ in range(rounds):
                 for op, make in ops.items():
                     for path, client in clients.items():
-                        samples[(op, path)] += await timed(make(client), per_round)
+                        samples[(op, path)] += await timed(make(client, path), per_round)
                 for name, call in extra.items():
                     parts[name] += await timed(call, per_round)
             await inproc.__aexit__(None, None, None)
-    print(f"{'':16}{'direct median':>15}{'proxy median':>15}{'ratio':>8}{'direct p99':>13}{'proxy p99':>13}")
+    print(f"{'':24}{'direct median':>15}{'median':>15}{'ratio':>8}{'direct p99':>13}{'p99':>13}")
     for op in ops:
-        direct_s, proxy_s = samples[(op, "direct")], samples[(op, "proxy")]
-        d_med, p_med = statistics.median(direct_s), statistics.median(proxy_s)
-        print(
-            f"{op:16}{d_med * 1e6:>12.0f} us{p_med * 1e6:>12.0f} us{p_med / d_med:>8.2f}"
-            f"{p99(direct_s) * 1e6:>10.0f} us{p99(proxy_s) * 1e6:>10.0f} us"
-        )
+        for path in ("proxy", "gateway"):
+            direct_s, proxy_s = samples[(op, "direct")], samples[(op, path)]
+            d_med, p_med = statistics.median(direct_s), statistics.median(proxy_s)
+            print(
+                f"{op + ' ' + path:24}{d_med * 1e6:>12.0f} us{p_med * 1e6:>12.0f} us{p_med / d_med:>8.2f}"
+                f"{p99(direct_s) * 1e6:>10.0f} us{p99(proxy_s) * 1e6:>10.0f} us"
+            )
     for name, values in parts.items():
         print(f"{name:16}{'':15}{statistics.median(values) * 1e6:>12.0f} us   (tool call)")
     for op in ops:
@@ -148,6 +167,14 @@ async def main(calls: int, rounds: int) -> None:
             target="<= 1.5x direct",
         )
         report(f"mcp_proxy {key} p99", p99(proxy_s) * 1e6, "us", floor=p99(direct_s) * 1e6)
+        several_s = samples[(op, "gateway")]
+        report(
+            f"mcp_proxy gateway {key} median",
+            statistics.median(several_s) * 1e6,
+            "us",
+            floor=statistics.median(direct_s) * 1e6,
+            target="<= 1.5x direct",
+        )
 
 
 if __name__ == "__main__":

@@ -970,24 +970,8 @@ def mcp_proxy(
     )
 
     try:
-        if config is not None:
-            if ctx.args:
-                raise ProxyConfigError("--config lists the servers: give no command after --")
-            if http or tokens or jwt_jwks:
-                raise ProxyConfigError("--config serves over stdio only: --http, --tokens and --jwt-jwks do not apply")
-            servers = load_gateway_config(config)
-            built = build_proxy_gate(gate, policy or [], build_sinks(events, kafka, topic, spool_dir, confirm_group))
-            code = asyncio.run(
-                run_gateway(
-                    built,
-                    servers,
-                    agent=agent,
-                    tenant=tenant,
-                    principal=principal,
-                    startup_timeout_s=startup_timeout,
-                )
-            )
-            raise typer.Exit(code)
+        if config is not None and ctx.args:
+            raise ProxyConfigError("--config lists the servers: give no command after --")
         listen_on = parse_listen(http) if http else None
         if tokens is not None and listen_on is None:
             raise ProxyConfigError("--tokens authenticates HTTP clients: give --http HOST:PORT too")
@@ -999,6 +983,23 @@ def mcp_proxy(
             host, port = listen_on
             resource = resource_url or f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
             oauth = OAuthClients(jwt_jwks, issuer=jwt_issuer, audience=jwt_audience or resource, resource=resource)
+        if config is not None:
+            servers = load_gateway_config(config)
+            built = build_proxy_gate(gate, policy or [], build_sinks(events, kafka, topic, spool_dir, confirm_group))
+            code = asyncio.run(
+                run_gateway(
+                    built,
+                    servers,
+                    agent=agent,
+                    tenant=tenant,
+                    principal=principal,
+                    startup_timeout_s=startup_timeout,
+                    http=listen_on,
+                    tokens=table,
+                    oauth=oauth,
+                )
+            )
+            raise typer.Exit(code)
         built = build_proxy_gate(gate, policy or [], build_sinks(events, kafka, topic, spool_dir, confirm_group))
         code = asyncio.run(
             run_proxy(

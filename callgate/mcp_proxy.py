@@ -7,6 +7,7 @@ serves them over stdio (or streamable HTTP). Nothing is written to stdout but MC
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import inspect
@@ -18,7 +19,7 @@ import shlex
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -393,10 +394,17 @@ async def _serve(
     startup_timeout_s: float,
     grace_s: float,
 ) -> int:
-    from mcp import Client, StdioServerParameters
+    from mcp import StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from interceptor_core.integrations.mcp import McpProxy, McpRelay, McpToolset, client_of, crossing_tools
+    from interceptor_core.integrations.mcp import (
+        McpProxy,
+        McpRelay,
+        McpToolset,
+        client_of,
+        crossing_tools,
+        upstream_client,
+    )
 
     command = shlex.join(upstream)
     # A proxy stands in for the command, so the command sees the environment it would have seen.
@@ -456,6 +464,29 @@ async def _serve(
                 raise
             stop.set()
 
+    async def follow_lists(proxy: Any, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        # The upstream going away is told by `follow_upstream`; this stream only ends with it.
+        try:
+            await proxy.follow_lists(task_status=task_status)
+        except Exception as exc:
+            if _upstream_lost(exc) is None:
+                raise
+
+    def link_lost(exc: BaseException) -> None:
+        # Over stdio the one client's own upstream session is the upstream: its loss ends the
+        # proxy as the proxy's own session's does. Over HTTP only that client loses its session.
+        nonlocal lost
+        said = _upstream_lost(exc) or type(exc).__name__
+        if http is None:
+            lost = said
+            stop.set()
+        else:
+            print(f"callgate mcp-proxy: a client's upstream session stopped serving: {said}", file=sys.stderr)
+
+    def connect(capabilities: Any, options: dict[str, Any]) -> Any:
+        # Each client connection gets its own upstream process, declaring what the client declared.
+        return upstream_client(stdio_client(params, errlog=sys.stderr), capabilities, **options)
+
     async def give_up_after_timeout() -> None:
         nonlocal timed_out
         with anyio.move_on_after(startup_timeout_s):
@@ -468,7 +499,10 @@ async def _serve(
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(stop_on_signals)
             tasks.start_soon(give_up_after_timeout)
-            async with Client(stdio_client(params, errlog=sys.stderr), **relay.client_options()) as client:
+            # The proxy's own session (tools for the gate, list changes, clients of the newest
+            # protocol) declares no client capability: a client's own session declares its own.
+            control = upstream_client(stdio_client(params, errlog=sys.stderr), None, **relay.client_options())
+            async with control as client:
                 toolset.bind(client)
                 await toolset.load()
                 tools = [*toolset.tools, *crossing_tools(toolset)]
@@ -476,10 +510,17 @@ async def _serve(
                 started.set()
                 noise.starting = False
                 proxy = McpProxy(
-                    toolset, scope, name=f"callgate:{gate.name}", run=run_for if auth else run, relay=relay
+                    toolset,
+                    scope,
+                    name=f"callgate:{gate.name}",
+                    run=run_for if auth else run,
+                    relay=relay,
+                    connect=connect,
+                    on_link_lost=link_lost,
                 )
                 async with anyio.create_task_group() as serving:
                     await serving.start(follow_upstream)
+                    await serving.start(follow_lists, proxy)
                     if http is not None:
                         host, port = http
                         shown = f"[{host}]" if ":" in host else host
@@ -574,21 +615,36 @@ def audit_loss_status(gate: Gate) -> int:
 @dataclass(frozen=True)
 class UpstreamSpec:
     """One server of a `--config` file: its name (the prefix of its tools and prompts, and its
-    agent scope), its command, and the variables added to the proxy's environment for it."""
+    agent scope), and either its command and the variables added to the proxy's environment for
+    it, or the URL of a streamable HTTP server and the headers sent with every request to it."""
 
     name: str
     command: tuple[str, ...]
     env: Mapping[str, str]
+    url: str | None = None
+    headers: Mapping[str, str] | None = None
+
+    @property
+    def shown(self) -> str:
+        """The server as a line names it: its command, or its URL."""
+        return self.url if self.url is not None else shlex.join(self.command)
 
 
-_SERVER_KEYS = {"name", "command", "env"}
+_SERVER_KEYS = {"name", "command", "env", "url", "headers"}
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
 def load_gateway_config(path: Path) -> list[UpstreamSpec]:
     """Read a `--config` file: a YAML mapping with `servers`, a list of `{name, command, env?}`
-    (`command` a list of strings, `env` a mapping of strings). `ProxyConfigError` naming the file
-    and the entry for anything else: an unknown key, a name that is not a valid server name (see
-    `SERVER_NAME`) or is given twice, an empty command, a file that cannot be read or parsed."""
+    (`command` a list of strings, `env` a mapping of strings) or `{name, url, headers?}` (an
+    http or https URL of a streamable HTTP server, `headers` a mapping of strings).
+    `ProxyConfigError` naming the file and the entry for anything else: an unknown key, a name
+    that is not a valid server name (see `SERVER_NAME`) or is given twice, neither or both of
+    command and url, an empty command, a URL that is not http(s), a file that cannot be read or
+    parsed."""
     import yaml
 
     from interceptor_core.integrations.mcp_gateway import MAX_SERVER_NAME_CHARS, SERVER_NAME
@@ -613,7 +669,7 @@ def load_gateway_config(path: Path) -> list[UpstreamSpec]:
             raise ProxyConfigError(f"{where} must be a mapping with name and command")
         unknown = sorted(str(key) for key in set(entry) - _SERVER_KEYS)
         if unknown:
-            raise ProxyConfigError(f"{where}: unknown key {unknown[0]!r} (known: command, env, name)")
+            raise ProxyConfigError(f"{where}: unknown key {unknown[0]!r} (known: command, env, headers, name, url)")
         name = entry.get("name")
         if not isinstance(name, str) or len(name) > MAX_SERVER_NAME_CHARS or SERVER_NAME.fullmatch(name) is None:
             raise ProxyConfigError(
@@ -622,11 +678,25 @@ def load_gateway_config(path: Path) -> list[UpstreamSpec]:
             )
         if any(spec.name == name for spec in specs):
             raise ProxyConfigError(f"{where}: the server name {name!r} is given twice")
+        if ("command" in entry) == ("url" in entry):
+            raise ProxyConfigError(f"{where}: give either command (a server to start) or url (one to reach)")
+        if "url" in entry:
+            url, headers = entry["url"], entry.get("headers", {})
+            if "env" in entry:
+                raise ProxyConfigError(f"{where}: env applies to a command, not to a url")
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")) or url.strip() != url:
+                raise ProxyConfigError(f"{where}: url must be an http:// or https:// URL")
+            if not _strings(headers):
+                raise ProxyConfigError(f"{where}: headers must be a mapping of strings to strings")
+            specs.append(UpstreamSpec(name, (), {}, url, dict(headers)))
+            continue
+        if "headers" in entry:
+            raise ProxyConfigError(f"{where}: headers apply to a url, not to a command")
         command = entry.get("command")
         if not isinstance(command, list) or not command or not all(isinstance(part, str) and part for part in command):
             raise ProxyConfigError(f"{where}: command must be a non-empty list of strings")
         env = entry.get("env", {})
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        if not _strings(env):
             raise ProxyConfigError(f"{where}: env must be a mapping of strings to strings")
         specs.append(UpstreamSpec(name, tuple(command), dict(env)))
     return specs
@@ -641,21 +711,47 @@ async def run_gateway(
     principal: str = DEFAULT_PRINCIPAL,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
     grace_s: float = STDIO_GRACE_S,
+    http: tuple[str, int] | None = None,
+    tokens: TokenTable | None = None,
+    oauth: OAuthClients | None = None,
 ) -> int:
     """Start every server of `servers`, register each one's tools in an agent scope named after
-    it, and serve them all over stdio through `McpGateway` until the client side closes or
-    SIGINT/SIGTERM. A server that cannot start (within `startup_timeout_s`) or stops later is
-    reported on stderr (one line) and its tools answer an error; the others serve on.
-    `ProxyConfigError` when no server starts. Closes the gate's sinks on the way out; returns 0,
-    or 1 when an audit sink lost events."""
+    it, and serve them all through `McpGateway` over stdio (until the client side closes) or
+    streamable HTTP on `http` (authenticated as `run_proxy` does it, with `tokens` and `oauth`),
+    until SIGINT/SIGTERM. A server that cannot start (within `startup_timeout_s`) or stops later
+    is reported on stderr (one line) and its tools answer an error; the others serve on.
+    `ProxyConfigError` when no server starts, or for an HTTP address `run_proxy` refuses. Closes
+    the gate's sinks on the way out; returns 0, or 1 when an audit sink lost events."""
+    sock = None
     try:
         if any(spec.name == agent for spec in servers):
             raise ProxyConfigError(f"the server name {agent!r} is the gateway's own agent scope: rename the server")
+        if http is not None:
+            sock, loopback = listen_socket(*http)
+            if not loopback and tokens is None and oauth is None:
+                raise ProxyConfigError(
+                    f"--http {http[0]}:{http[1]} is not a loopback address: give --tokens FILE or --jwt-jwks so "
+                    "every client authenticates (or listen on 127.0.0.1)"
+                )
+        auth = ProxyAuth(tokens, oauth) if tokens is not None or oauth is not None else None
+        served = _Served(http, sock, auth)
         return await _serve_gateway(
-            gate, servers, agent, RunContext(tenant=tenant, principal=principal), startup_timeout_s, grace_s
+            gate, servers, agent, RunContext(tenant=tenant, principal=principal), startup_timeout_s, grace_s, served
         )
     finally:
+        if sock is not None:
+            sock.close()
         await gate.close()
+
+
+@dataclass(frozen=True)
+class _Served:
+    """Where a gateway serves: stdio (no `http`), or HTTP on a bound socket, with its clients'
+    authentication."""
+
+    http: tuple[str, int] | None
+    sock: socket.socket | None
+    auth: ProxyAuth | None
 
 
 async def _serve_gateway(
@@ -665,12 +761,17 @@ async def _serve_gateway(
     run: RunContext,
     startup_timeout_s: float,
     grace_s: float,
+    served: _Served,
 ) -> int:
-    from mcp import Client, StdioServerParameters
+    from mcp import StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from interceptor_core.integrations.mcp import McpToolset, crossing_tools
+    from interceptor_core.integrations.mcp import McpRelay, McpToolset, client_of, crossing_tools, upstream_client
     from interceptor_core.integrations.mcp_gateway import SEPARATOR, McpGateway, Member
+
+    def run_for(ctx: Any) -> RunContext:
+        client = client_of(ctx)
+        return client.run if isinstance(client, ProxyClient) else run
 
     members = [Member(spec.name, McpToolset(raw_results=True, prefix=spec.name + SEPARATOR)) for spec in servers]
     gateway: McpGateway | None = None
@@ -690,17 +791,32 @@ async def _serve_gateway(
     async def keep(member: Member, spec: UpstreamSpec, ready: anyio.Event) -> None:
         # One server's whole life: started, its tools registered, followed until it goes away or
         # the gateway stops. Whatever ends it marks the server down; nothing ends the others.
-        command = shlex.join(spec.command)
-        params = StdioServerParameters(
-            command=spec.command[0], args=list(spec.command[1:]), env={**os.environ, **spec.env}
+        command = spec.shown
+        params = (
+            StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]), env={**os.environ, **spec.env})
+            if spec.command
+            else None
         )
+
+        def transport() -> Any:
+            if params is None:
+                return _http_upstream(spec.url or "", spec.headers or {})
+            return stdio_client(params, errlog=sys.stderr)
+
+        def connect(capabilities: Any, options: dict[str, Any]) -> Any:
+            # Each client connection gets its own session with the server (over stdio, its own
+            # process), declaring what the client declared.
+            return upstream_client(transport(), capabilities, **options)
+
+        relay = member.relay = McpRelay(member.toolset)
+        member.connect = connect
         started = False
         try:
             # The deadline covers the handshake and the first listing, and is lifted once served.
             with anyio.CancelScope(deadline=anyio.current_time() + startup_timeout_s) as startup:
-                async with Client(
-                    stdio_client(params, errlog=sys.stderr), message_handler=member.toolset.on_message
-                ) as client:
+                # The gateway's own session with the server (its tools for the gate, list changes)
+                # declares no client capability.
+                async with upstream_client(transport(), None, **relay.client_options()) as client:
                     member.toolset.bind(client)
                     await member.toolset.load()
                     member.capabilities = client.server_capabilities
@@ -717,7 +833,8 @@ async def _serve_gateway(
             if started:
                 report(member, f"stopped serving: {_upstream_lost(exc) or type(exc).__name__}")
             else:
-                report(member, _startup_failure(command, spec.command[0], exc, noise.unparsed))
+                program = spec.command[0] if spec.command else command
+                report(member, _startup_failure(command, program, exc, noise.unparsed))
         finally:
             if not started:
                 if member.scope is None:
@@ -727,6 +844,9 @@ async def _serve_gateway(
     async def stop_on_signals() -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
+                if served.http is not None:
+                    stop.set()  # uvicorn's graceful shutdown has no second step
+                    return
                 if stop.is_set():
                     tasks.cancel_scope.cancel()
                     return
@@ -751,10 +871,32 @@ async def _serve_gateway(
                         members,
                         gate.agent(agent, tools=[], identity=run),
                         name=f"callgate:{gate.name}",
-                        run=run,
+                        run=run_for if served.auth else run,
                         on_down=said_down,
                     )
-                    await gateway.serve_stdio(stop=stop, grace_s=grace_s)
+                    if served.http is not None:
+                        host, port = served.http
+                        shown = f"[{host}]" if ":" in host else host
+
+                        def say_listening() -> None:
+                            print(
+                                f"callgate mcp-proxy: listening on http://{shown}:{port}/mcp",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+
+                        auth = served.auth
+                        await gateway.serve_http(
+                            host,
+                            port,
+                            stop=stop,
+                            sock=served.sock,
+                            authenticate=auth.client if auth else None,
+                            resource_metadata=auth.oauth.metadata if auth and auth.oauth else None,
+                            ready=say_listening,
+                        )
+                    else:
+                        await gateway.serve_stdio(stop=stop, grace_s=grace_s)
                     upstreams.cancel_scope.cancel()
             tasks.cancel_scope.cancel()
     finally:
@@ -763,3 +905,16 @@ async def _serve_gateway(
     if gateway is None:
         raise ProxyConfigError("no server of the config started: " + "; ".join(f"{m.name} {m.down}" for m in members))
     return audit_loss_status(gate)
+
+
+@contextlib.asynccontextmanager
+async def _http_upstream(url: str, headers: Mapping[str, str]) -> AsyncIterator[Any]:
+    """The streamable HTTP transport to the server at `url`, sending `headers` with every request."""
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    async with (
+        create_mcp_http_client(headers=dict(headers)) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams

@@ -46,7 +46,13 @@ from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ToolsListChanged,
+)
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
@@ -69,9 +75,11 @@ __all__ = [
     "McpRelay",
     "McpToolError",
     "McpToolset",
+    "UpstreamConnect",
     "crossing_tools",
     "error_text",
     "result_from_gate",
+    "upstream_client",
     "value_from_result",
 ]
 
@@ -187,6 +195,14 @@ class McpToolset:
         """Set the session (when the toolset had to exist first, for `on_message`)."""
         self._session = session
 
+    def current(self) -> Client | ClientSession:
+        """The session a call made now goes to: the upstream session of the client being served,
+        when it has one of its own (`McpProxy` routes each client's requests to it), else
+        `session`."""
+        routes = _routes.get()
+        routed = routes.get(self) if routes is not None else None
+        return routed if routed is not None else self.session
+
     @classmethod
     @contextlib.asynccontextmanager
     async def connect(
@@ -271,7 +287,7 @@ class McpToolset:
         return self.prefix + server_name
 
     async def _list_all(self) -> list[types.Tool]:
-        session = self.session
+        session = self.current()
         listed: list[types.Tool] = []
         cursor: str | None = None
         for _ in range(_LIST_PAGE_CAP):
@@ -294,7 +310,7 @@ class McpToolset:
             # request in this task's context before the gate started the call).
             client = _downstream.get()
             progress = _progress_relay(client) if client is not None else None
-            result = await toolset.session.call_tool(server_name, args, progress_callback=progress)
+            result = await toolset.current().call_tool(server_name, args, progress_callback=progress)
             if not isinstance(result, types.CallToolResult):
                 raise McpToolError(f"the server answered {type(result).__name__}, not a tool result")
             if result.is_error:
@@ -413,6 +429,11 @@ _downstream: contextvars.ContextVar[ServerRequestContext[Any] | None] = contextv
 """The client request a gated call serves, read by the call's body (which runs in a task copied
 from the handler's context) to pass the client's progress token on."""
 
+_routes: contextvars.ContextVar[dict[McpToolset, Client] | None] = contextvars.ContextVar(
+    "callgate_mcp_routes", default=None
+)
+"""The upstream sessions of the client a request serves, by toolset (see `McpToolset.current`)."""
+
 _upstream_failure: contextvars.ContextVar[list[MCPError] | None] = contextvars.ContextVar(
     "callgate_mcp_upstream_failure", default=None
 )
@@ -467,19 +488,138 @@ def _bounded(text: str) -> str:
     return text if len(text) <= _SHOWN_ERROR_CHARS else text[:_SHOWN_ERROR_CHARS] + "…"
 
 
+class _Refresh:
+    """When the tools were last listed again for an unknown name, and the listing running now."""
+
+    __slots__ = ("next", "running")
+
+    def __init__(self) -> None:
+        self.next = 0.0
+        self.running: anyio.Event | None = None
+
+
+class _Link:
+    """A client connection's own upstream session, opened with exactly the capabilities the
+    client declared, held by a task of the proxy's until the connection closes."""
+
+    __slots__ = ("client", "closing", "done", "error", "ready")
+
+    def __init__(self) -> None:
+        self.client: Client | None = None
+        self.error: str | None = None
+        self.ready = anyio.Event()
+        self.closing = anyio.Event()
+        self.done = anyio.Event()
+
+    async def aclose(self) -> None:
+        self.closing.set()
+        await self.done.wait()
+
+
 class _Client:
     """What an `McpProxy` knows of one client connection: its most recent request (whose session
-    reaches the connection's standalone channel), its requests in flight and its subscriptions."""
+    reaches the connection's standalone channel), its requests in flight, its subscriptions, its
+    own upstream session (`link`, when it has one) and its listing again of the tools."""
 
-    __slots__ = ("inflight", "last", "subscriptions")
+    __slots__ = ("inflight", "last", "link", "refresh", "subscriptions")
 
     def __init__(self, ctx: ServerRequestContext[Any]) -> None:
         self.last = ctx
         self.inflight: dict[Any, ServerRequestContext[Any]] = {}
         self.subscriptions: set[str] = set()
+        self.link: _Link | None = None
+        self.refresh = _Refresh()
 
     def can(self, capability: types.ClientCapabilities) -> bool:
         return self.last.session.check_client_capability(capability)
+
+
+def upstream_client(server: Any, capabilities: types.ClientCapabilities | None, **options: Any) -> Client:
+    """An `mcp.Client` of `server` (a transport, a URL, `StdioServerParameters`) that declares
+    exactly `capabilities` to it (none when None), whatever callbacks `options` holds: the
+    callbacks answer what the server asks anyway (through the gate, which records a refusal)."""
+    declared = capabilities if capabilities is not None else types.ClientCapabilities()
+    client = Client(server, **options)
+    build = client._build_session
+
+    async def build_declaring(exit_stack: contextlib.AsyncExitStack) -> ClientSession:
+        session = await build(exit_stack)
+        session._build_capabilities = lambda version: declared  # type: ignore[method-assign]
+        return session
+
+    client._build_session = build_declaring  # type: ignore[method-assign]
+    return client
+
+
+UpstreamConnect = Callable[
+    [types.ClientCapabilities | None, dict[str, Any]], contextlib.AbstractAsyncContextManager[Client]
+]
+"""Opens an upstream session declaring the given client capabilities, with the `mcp.Client`
+keyword arguments given (its callbacks): how `McpProxy` gives each client connection its own."""
+
+
+class _LinkRelay:
+    """The callbacks of one client's own upstream session: what the server sends on it of its own
+    accord reaches that client only (list changes, resource updates, log messages; sampling,
+    elicitation and roots requests through the gate)."""
+
+    def __init__(self, proxy: McpProxy, client: _Client) -> None:
+        self.proxy = proxy
+        self.client = client
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "message_handler": self.on_message,
+            "logging_callback": self.on_log,
+            "sampling_callback": self.on_sampling,
+            "elicitation_callback": self.on_elicitation,
+            "list_roots_callback": self.on_roots,
+        }
+
+    async def _forward(self, message: Any) -> None:
+        try:
+            await self.client.last.session.send_notification(message)
+        except Exception:  # the client went away; its connection's close ends the link
+            log.debug("could not pass a notification on to an MCP client", exc_info=True)
+
+    async def on_message(self, message: object) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            # New tools are registered in the gate (listed through this client's session, which
+            # sees what the server shows this client) before the client hears of them.
+            link = self.client.link
+            if link is not None and link.client is not None:
+                token = _routes.set({self.proxy.toolset: link.client})
+                try:
+                    await self.proxy.toolset.refresh()
+                except Exception:
+                    log.warning("listing the upstream's tools again failed", exc_info=True)
+                finally:
+                    _routes.reset(token)
+            await self._forward(message)
+        elif isinstance(
+            message,
+            types.ResourceListChangedNotification
+            | types.PromptListChangedNotification
+            | types.ResourceUpdatedNotification,
+        ):
+            await self._forward(message)
+
+    async def on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        await self._forward(types.LoggingMessageNotification(params=params))
+
+    async def on_sampling(
+        self, context: Any, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+        result_type = types.CreateMessageResultWithTools if params.tools else types.CreateMessageResult
+        return await self.proxy.ask_client("mcp.sampling.createMessage", _params(params), result_type, self.client)
+
+    async def on_elicitation(
+        self, context: Any, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        return await self.proxy.ask_client("mcp.elicitation.create", _params(params), types.ElicitResult, self.client)
+
+    async def on_roots(self, context: Any) -> types.ListRootsResult | types.ErrorData:
+        return await self.proxy.ask_client("mcp.roots.list", {}, types.ListRootsResult, self.client)
 
 
 class McpRelay:
@@ -655,7 +795,7 @@ def _crossing_tool(toolset: McpToolset, name: str) -> Tool[Any, Any]:
 async def _cross(toolset: McpToolset, name: str, args: dict[str, Any], target: ServerRequestContext[Any] | None) -> Any:
     """What a crossing tool does once the gate let it through: ask the upstream (a read, a get)
     or the client `target` (a server request), with the arguments as the chain left them."""
-    session = toolset.session
+    session = toolset.current()
     raw = session.session if isinstance(session, Client) else session
     progress = _progress_relay(target) if target is not None else None
     meta = target.meta if target is not None else None
@@ -708,474 +848,23 @@ class _ProxyServer(Server[Any]):
         )
 
 
-class McpProxy:
-    """A gated MCP server in front of an upstream one (what `callgate mcp-proxy` runs).
+class _GatedServer:
+    """How a gated MCP server (`McpProxy`, `McpGateway`) serves its clients: over stdio or
+    streamable HTTP, with the same answers to unreadable input and the same graceful stop."""
 
-    `toolset` holds the upstream session (built with `raw_results=True`, so a result passes
-    through unchanged); `scope` is the agent scope the upstream's tools are registered in.
-
-    What crosses, and what decides:
-
-    - The proxy offers what the upstream offers (its capabilities, `serverInfo` name, version and
-      title, `instructions`); its description says callgate serves it. When the upstream speaks a
-      handshake-era protocol (2025-11-25 and before), so does the proxy to its clients.
-    - `tools/list`, `resources/list`, `resources/templates/list` and `prompts/list` are relayed
-      page by page (the upstream's cursors pass through; the upstream's error for a bad cursor
-      comes back as it is); `tools/list` pages hide the tools no path of the chain can allow for
-      the client's run. `completion/complete`, `logging/setLevel`, `resources/subscribe` and
-      `resources/unsubscribe` are relayed as they are.
-    - `tools/call` goes through `scope.call` with `run` (a `RunContext`, or a function of the
-      request context returning one). A name the proxy does not know yet makes it list the
-      upstream again before answering (at most once per `refresh_interval_s`).
-    - `resources/read` and `prompts/get` go through `scope.call` too, as the gate tools
-      `mcp.resources.read` (args `{"uri"}`) and `mcp.prompts.get` (args `{"name", "arguments"}`),
-      so a policy decides on them and each leaves an outcome event with its `crossing`. A denial
-      is the JSON-RPC error `DENIED` with the gate's message; an upstream error is passed on.
-    - `sampling/createMessage`, `elicitation/create` and `roots/list` from the upstream (given to
-      `McpRelay`) go through `scope.call` as `mcp.sampling.createMessage`,
-      `mcp.elicitation.create` and `mcp.roots.list` (args: the request's params; a rewrite changes
-      what the client is asked) and then to a client that declared the capability: the client
-      with a request in flight, most recent first, else the most recently active one. A denial
-      is answered to the upstream as the error `DENIED`.
-    - Progress the client asked for (`progressToken`) is passed on from the upstream; upstream
-      notifications (list changes, resource updates for the client's subscriptions, log
-      messages) reach the connected clients.
-
-    Hostile input is refused before the gate sees it: a tool name longer than `max_name_chars` or
-    arguments larger than `max_args_bytes` (as JSON) get a JSON-RPC error (invalid params) that
-    states the sizes, never the input, and one small `ToolDenied` event (decided by validation,
-    the name cut to 64 characters, no arguments).
-    """
-
-    def __init__(
-        self,
-        toolset: McpToolset,
-        scope: AgentScope,
-        *,
-        name: str = "callgate-mcp-proxy",
-        run: RunContext | Callable[[ServerRequestContext[Any]], RunContext] | None = None,
-        max_name_chars: int = MAX_NAME_CHARS,
-        max_args_bytes: int = MAX_ARGS_BYTES,
-        refresh_interval_s: float = 1.0,
-        relay: McpRelay | None = None,
-    ) -> None:
-        if not toolset.raw_results:
-            raise ConfigurationError("McpProxy needs a toolset built with raw_results=True")
-        if max_name_chars < 1 or max_args_bytes < 2 or refresh_interval_s < 0:
-            raise ConfigurationError(
-                "max_name_chars must be at least 1, max_args_bytes at least 2 and refresh_interval_s not negative"
-            )
-        self.toolset = toolset
-        self.scope = scope
-        self.max_name_chars = max_name_chars
-        self.max_args_bytes = max_args_bytes
-        self.refresh_interval_s = refresh_interval_s
-        self._run = run if run is not None else RunContext(principal="mcp-client")
-        self._next_refresh = 0.0
-        self._refreshing: anyio.Event | None = None
-        self._bus = InMemorySubscriptionBus()
-        self._listen = ListenHandler(self._bus)
-        self._clients: OrderedDict[object, _Client] = OrderedDict()
-        session = toolset.session
-        upstream = session if isinstance(session, Client) else None
-        info = upstream.server_info if upstream is not None else None
-        caps = upstream.server_capabilities if upstream is not None else types.ServerCapabilities()
-        self._upstream_caps = caps
-        self._legacy = upstream is not None and upstream.protocol_version not in MODERN_PROTOCOL_VERSIONS
-        described = f"served through callgate ({name})"
-        self.server: Server[Any] = _ProxyServer(
-            info.name if info is not None else name,
-            version=info.version if info is not None else "",
-            title=info.title if info is not None else None,
-            description=f"{info.description} ({described})" if info is not None and info.description else described,
-            instructions=upstream.instructions if upstream is not None else None,
-            website_url=info.website_url if info is not None else None,
-            icons=info.icons if info is not None else None,
-            on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
-            on_subscriptions_listen=self._listen,
-        )
-        self.server.notification_options = NotificationOptions(
-            tools_changed=True,
-            resources_changed=bool(caps.resources and caps.resources.list_changed),
-            prompts_changed=bool(caps.prompts and caps.prompts.list_changed),
-        )
-        # The proxy serves (and so advertises) what the upstream offers, no more. Registered one by
-        # one: the constructor's logging keyword warns that the newest protocol deprecates it, and
-        # the upstream still offers it.
-        add = self.server.add_request_handler
-        paginated = types.PaginatedRequestParams
-        if caps.resources is not None:
-            add("resources/list", paginated, self._list_resources)
-            add("resources/templates/list", paginated, self._list_resource_templates)
-            add("resources/read", types.ReadResourceRequestParams, self._read_resource)
-            if caps.resources.subscribe:
-                add("resources/subscribe", types.SubscribeRequestParams, self._subscribe)
-                add("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe)
-        if caps.prompts is not None:
-            add("prompts/list", paginated, self._list_prompts)
-            add("prompts/get", types.GetPromptRequestParams, self._get_prompt)
-        if caps.completions is not None:
-            add("completion/complete", types.CompleteRequestParams, self._complete)
-        if caps.logging is not None:
-            add("logging/setLevel", types.SetLevelRequestParams, self._set_level)
-        self.server.middleware.append(self._screen_params)
-        if self._legacy:
-            # Without discovery, a client falls back to the handshake the upstream speaks.
-            self.server._request_handlers.pop("server/discover", None)
-        present = scope.tools
-        missing = [tool for tool in crossing_tools(toolset) if tool.name not in present]
-        if missing:
-            scope.add_tools(missing)
-        toolset.on_change(self._announce)
-        if relay is not None:
-            relay.toolset = relay.toolset or toolset
-            relay.proxy = self
-            for crossing in relay.unrecorded:
-                message = f"no client was connected yet to answer the {CROSSING_TOOLS[crossing]} request"
-                self.scope.refuse(crossing, message, run=self._refuse_run(), crossing=CROSSING_TOOLS[crossing])
-            relay.unrecorded.clear()
-
-    # -- clients --------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _serving(self, ctx: ServerRequestContext[Any]) -> Iterator[_Client]:
-        """Remember the client of `ctx` (most recently active last) and its request while it runs."""
-        key = getattr(ctx.session, "_connection", ctx.session)
-        client = self._clients.get(key)
-        if client is None:
-            client = self._clients[key] = _Client(ctx)
-            while len(self._clients) > _MAX_CLIENTS:
-                self._clients.popitem(last=False)
-        else:
-            client.last = ctx
-            self._clients.move_to_end(key)
-        request_id = ctx.request_id
-        if request_id is not None:
-            client.inflight[request_id] = ctx
-        try:
-            yield client
-        finally:
-            if request_id is not None:
-                client.inflight.pop(request_id, None)
-
-    async def _screen_params(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
-        """Server middleware: params of a gated method that are not of the shape the method takes
-        (arguments that are not an object, a name that is not a string) are refused with a short
-        error and a `ToolDenied` event before the SDK validates them; any other validation failure
-        is answered without echoing the input."""
-        if ctx.method == "notifications/initialized":
-            result = await call_next(ctx)
-            await self._client_ready(ctx)
-            return result
-        problem = _params_problem(ctx.method, ctx.params) if ctx.request_id is not None else None
-        if problem is not None:
-            tool, message = problem
-            crossing = CROSSING_TOOLS.get(tool)
-            self.scope.refuse(tool, message, run=self._run_for(ctx), crossing=crossing)
-            raise MCPError(types.INVALID_PARAMS, message)
-        try:
-            return await call_next(ctx)
-        except pydantic.ValidationError as exc:
-            where = sorted({".".join(str(part) for part in error["loc"]) or "params" for error in exc.errors()})
-            shown = ", ".join(where[:5]) + (", …" if len(where) > 5 else "")
-            raise MCPError(types.INVALID_PARAMS, _bounded(f"Invalid params: {shown}")) from None
-
-    async def _client_ready(self, ctx: ServerRequestContext[Any]) -> None:
-        """A client finished its handshake: remember it, and when it can give roots, tell the
-        upstream its roots changed (a server that asked at its own start, before any client, asks
-        again and gets this client's answer through the gate)."""
-        with self._serving(ctx) as client:
-            if not client.can(_CLIENT_CAPABILITY["mcp.roots.list"]):
-                return
-        try:
-            await self._upstream.send_notification(types.RootsListChangedNotification())
-        except Exception:  # the upstream's own trouble shows on the next request
-            log.debug("could not tell the upstream that the roots changed", exc_info=True)
-
-    def _refuse_run(self) -> RunContext:
-        """Whom a refusal that no client request carried is recorded for: the proxy's own run."""
-        return self._run if isinstance(self._run, RunContext) else RunContext(principal="mcp-client")
+    server: Server[Any]
+    _legacy: bool = False
+    """Whether the server speaks only the initialize handshake (`server/discover` is answered
+    with -32022 naming the handshake versions)."""
+    _tasks: anyio.abc.TaskGroup | None = None
+    """While serving: where tasks that live as long as the serving (a client's own upstream
+    session) run."""
 
     def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
-        """Record a request refused before it could be read as one (one `ToolDenied`, decided by
-        validation, with the size and depth the message states and no arguments)."""
-        self.scope.refuse(tool, message, run=run if run is not None else self._refuse_run())
+        raise NotImplementedError
 
-    def _run_for(self, ctx: ServerRequestContext[Any]) -> RunContext:
-        return self._run if isinstance(self._run, RunContext) else self._run(ctx)
-
-    def _target(self, crossing: str) -> ServerRequestContext[Any] | None:
-        """The client request a server request is put to: of the clients that declared the
-        capability, the one with a request in flight (most recently active first), else the most
-        recently active one."""
-        capability = _CLIENT_CAPABILITY[crossing]
-        able = [client for client in reversed(self._clients.values()) if client.can(capability)]
-        for client in able:
-            if client.inflight:
-                return next(reversed(client.inflight.values()))
-        return able[0].last if able else None
-
-    async def ask_client(self, crossing: str, args: dict[str, Any], result_type: type[_R]) -> _R | types.ErrorData:
-        """Put a server request (`crossing`: one of the `mcp.sampling.createMessage`,
-        `mcp.elicitation.create`, `mcp.roots.list` tools) through the gate to a client; the
-        client's result (a substitute is validated as `result_type`), or the `ErrorData` the
-        upstream is answered with."""
-        target = self._target(crossing)
-        if target is None:
-            # No client to ask: recorded like any other refusal, so the audit shows the attempt.
-            message = f"no connected client declared the {CROSSING_TOOLS[crossing]} capability"
-            self.scope.refuse(crossing, message, crossing=CROSSING_TOOLS[crossing])
-            return types.ErrorData(code=types.INVALID_REQUEST, message=message)
-        failures: list[MCPError] = []
-        token_d = _downstream.set(target)
-        token_f = _upstream_failure.set(failures)
-        try:
-            result = await self.scope.call(crossing, args, run=self._run_for(target))
-        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
-            return types.ErrorData(code=DENIED, message=_bounded(str(exc)))
-        finally:
-            _downstream.reset(token_d)
-            _upstream_failure.reset(token_f)
-        if failures:
-            return failures[0].error
-        match result.kind:
-            case "ok" | "substituted":
-                value = result.value
-                if isinstance(value, result_type):
-                    return value
-                try:
-                    return result_type.model_validate(value, by_name=False)
-                except pydantic.ValidationError:
-                    return types.ErrorData(
-                        code=types.INTERNAL_ERROR, message="the gate's answer is not a client result"
-                    )
-            case "denied":
-                return types.ErrorData(code=DENIED, message=_bounded(result.to_model_text()))
-            case "error":
-                return types.ErrorData(code=types.INTERNAL_ERROR, message=_bounded(result.to_model_text()))
-        raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
-
-    async def notify_clients(self, message: object) -> None:
-        """Pass an upstream notification on: list changes and log messages to every client
-        connection, a resource update to the clients subscribed to its URI. Others are dropped
-        (progress rides its own request; tools list changes go through the toolset's refresh)."""
-        if isinstance(message, types.ResourceUpdatedNotification):
-            clients = [c for c in self._clients.values() if message.params.uri in c.subscriptions]
-        elif isinstance(
-            message,
-            types.ResourceListChangedNotification
-            | types.PromptListChangedNotification
-            | types.LoggingMessageNotification,
-        ):
-            clients = list(self._clients.values())
-        else:
-            return
-        for client in clients:
-            try:
-                await client.last.session.send_notification(message)
-            except Exception:  # a client that went away must not stop the others hearing of it
-                log.debug("could not pass a notification on to an MCP client", exc_info=True)
-
-    async def _announce(self, _new: list[Tool[Any, Any]]) -> None:
-        await self._bus.publish(ToolsListChanged())
-        for client in list(self._clients.values()):
-            if client.last.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                continue
-            try:
-                await client.last.session.send_tool_list_changed()
-            except Exception:  # a client that went away must not stop the others hearing of it
-                log.debug("could not notify an MCP client of a tools list change", exc_info=True)
-
-    # -- relayed as they are ------------------------------------------------------------------------
-
-    @property
-    def _upstream(self) -> ClientSession:
-        session = self.toolset.session
-        return session.session if isinstance(session, Client) else session
-
-    async def _relay(self, ctx: ServerRequestContext[Any], request: Any, result_type: Any) -> Any:
-        with self._serving(ctx):
-            return await self._upstream.send_request(request, result_type, progress_callback=_progress_relay(ctx))
-
-    async def _list_resources(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourcesResult:
-        result: types.ListResourcesResult = await self._relay(
-            ctx, types.ListResourcesRequest(params=params), types.ListResourcesResult
-        )
-        return result
-
-    async def _list_resource_templates(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourceTemplatesResult:
-        result: types.ListResourceTemplatesResult = await self._relay(
-            ctx, types.ListResourceTemplatesRequest(params=params), types.ListResourceTemplatesResult
-        )
-        return result
-
-    async def _list_prompts(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListPromptsResult:
-        result: types.ListPromptsResult = await self._relay(
-            ctx, types.ListPromptsRequest(params=params), types.ListPromptsResult
-        )
-        return result
-
-    async def _complete(
-        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
-    ) -> types.CompleteResult:
-        result: types.CompleteResult = await self._relay(
-            ctx, types.CompleteRequest(params=params), types.CompleteResult
-        )
-        return result
-
-    async def _set_level(
-        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
-    ) -> types.EmptyResult:
-        # One upstream connection serves every client: the last level asked for holds for all.
-        result: types.EmptyResult = await self._relay(ctx, types.SetLevelRequest(params=params), types.EmptyResult)
-        return result
-
-    async def _subscribe(
-        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
-    ) -> types.EmptyResult:
-        with self._serving(ctx) as client:
-            result: types.EmptyResult = await self._upstream.send_request(
-                types.SubscribeRequest(params=params), types.EmptyResult
-            )
-            client.subscriptions.add(params.uri)
-            return result
-
-    async def _unsubscribe(
-        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
-    ) -> types.EmptyResult:
-        with self._serving(ctx) as client:
-            client.subscriptions.discard(params.uri)
-            # Another client may still want the updates of this URI: the upstream keeps sending them.
-            if any(params.uri in other.subscriptions for other in self._clients.values()):
-                return types.EmptyResult()
-            result: types.EmptyResult = await self._upstream.send_request(
-                types.UnsubscribeRequest(params=params), types.EmptyResult
-            )
-            return result
-
-    # -- decided by the gate ------------------------------------------------------------------------
-
-    async def _gated(self, ctx: ServerRequestContext[Any], crossing: str, args: dict[str, Any]) -> Any:
-        """Put a client request through the gate as the crossing tool `crossing`; the upstream's
-        result, or an `MCPError` (the gate's denial, or the upstream's own error)."""
-        failures: list[MCPError] = []
-        with self._serving(ctx):
-            token_d = _downstream.set(ctx)
-            token_f = _upstream_failure.set(failures)
-            try:
-                result = await self.scope.call(crossing, args, run=self._run_for(ctx))
-            except (ToolBlockedError, ToolApprovalRequiredError) as exc:
-                raise MCPError(types.INTERNAL_ERROR, _bounded(str(exc))) from exc
-            finally:
-                _downstream.reset(token_d)
-                _upstream_failure.reset(token_f)
-        if failures:
-            raise failures[0]
-        match result.kind:
-            case "ok" | "substituted":
-                return result.value
-            case "denied":
-                raise MCPError(DENIED, _bounded(result.to_model_text()))
-            case "error":
-                raise MCPError(types.INTERNAL_ERROR, _bounded(result.to_model_text()))
-        raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
-
-    async def _read_resource(
-        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
-        value = await self._gated(ctx, "mcp.resources.read", {"uri": params.uri})
-        return _read_result(params.uri, value)
-
-    async def _get_prompt(
-        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
-    ) -> types.GetPromptResult:
-        args: dict[str, Any] = {"name": params.name}
-        if params.arguments is not None:
-            args["arguments"] = dict(params.arguments)
-        value = await self._gated(ctx, "mcp.prompts.get", args)
-        return _prompt_result(value)
-
-    async def _list_tools(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
-        with self._serving(ctx):
-            page: types.ListToolsResult = await self._upstream.send_request(
-                types.ListToolsRequest(params=params), types.ListToolsResult
-            )
-        if any(self.toolset.tool_name(d.name) not in self.scope.tools for d in page.tools):
-            await self._refresh_for_unknown()
-        # Only the tools some path of the chain can allow for this client's run; calls of the
-        # others are still mediated (and refused) if a client asks for them by name.
-        shown = set(self.scope.shown_tools(self._run_for(ctx)))
-        tools = []
-        for definition in page.tools:
-            name = self.toolset.tool_name(definition.name)
-            if name in shown and name not in CROSSING_TOOLS:
-                tools.append(definition.model_copy(update={"name": name}))
-        return page.model_copy(update={"tools": tools})
-
-    def _refusal(self, name: str, args: dict[str, Any]) -> str | None:
-        """Why a call is refused before the gate (sizes only, never the input), or None."""
-        if len(name) > self.max_name_chars:
-            return f"tool name of {len(name)} characters refused: this proxy accepts at most {self.max_name_chars}"
-        if len(args) and (size := len(pydantic_core.to_json(args))) > self.max_args_bytes:
-            return f"arguments of {size} bytes refused: this proxy accepts at most {self.max_args_bytes}"
-        return None
-
-    async def _refresh_for_unknown(self) -> None:
-        """List the upstream again for a name the proxy does not know, at most once per
-        `refresh_interval_s`; callers arriving during a listing wait for it instead of starting one."""
-        if self._refreshing is not None:
-            await self._refreshing.wait()
-            return
-        if time.monotonic() < self._next_refresh:
-            return
-        self._refreshing = done = anyio.Event()
-        try:
-            await self.toolset.refresh()
-        except Exception:
-            # The call is then answered as unknown; the upstream's failure is not the client's to read.
-            log.warning("listing the upstream's tools again failed", exc_info=True)
-        finally:
-            self._next_refresh = time.monotonic() + self.refresh_interval_s
-            self._refreshing = None
-            done.set()
-
-    async def _call_tool(
-        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        with self._serving(ctx):
-            run = self._run_for(ctx)
-            args = dict(params.arguments or {})
-            refusal = self._refusal(params.name, args)
-            if refusal is not None:
-                name = params.name
-                shown = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
-                self.scope.refuse(shown, refusal, run=run)
-                raise MCPError(types.INVALID_PARAMS, refusal)
-            if params.name in CROSSING_TOOLS:
-                # The gate tools of other crossings are not tools of the upstream's.
-                self.scope.refuse(params.name, f"unknown tool {params.name}", run=run)
-                raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
-            if params.name not in self.scope.tools:
-                await self._refresh_for_unknown()
-            token = _downstream.set(ctx)
-            try:
-                result = await self.scope.call(params.name, args, run=run)
-            except (ToolBlockedError, ToolApprovalRequiredError) as exc:
-                # A block stops the caller's run: a protocol error, not a result a model would read on.
-                raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
-            finally:
-                _downstream.reset(token)
-        definition = self.toolset.definition(params.name)
-        return result_from_gate(result, definition.output_schema if definition is not None else None)
+    def _set_tasks(self, tasks: anyio.abc.TaskGroup | None) -> None:
+        self._tasks = tasks
 
     async def serve_stdio(
         self,
@@ -1221,7 +910,11 @@ class McpProxy:
                     tasks.cancel_scope.cancel()
 
                 tasks.start_soon(give_up_after_grace, stop)
-            await self.server.run(read, write, self._init_options())
+            self._set_tasks(tasks)
+            try:
+                await self.server.run(read, write, self._init_options())
+            finally:
+                self._set_tasks(None)
             tasks.cancel_scope.cancel()
 
     async def serve_http(
@@ -1295,11 +988,636 @@ class McpProxy:
                 tasks.start_soon(stop_when_asked, stop)
             if ready is not None:
                 tasks.start_soon(say_when_ready, ready)
-            await server.serve(sockets=[sock] if sock is not None else None)
+            self._set_tasks(tasks)
+            try:
+                await server.serve(sockets=[sock] if sock is not None else None)
+            finally:
+                self._set_tasks(None)
             tasks.cancel_scope.cancel()
 
     def _init_options(self) -> Any:
         return self.server.create_initialization_options()
+
+
+class McpProxy(_GatedServer):
+    """A gated MCP server in front of an upstream one (what `callgate mcp-proxy` runs).
+
+    `toolset` holds the upstream session (built with `raw_results=True`, so a result passes
+    through unchanged); `scope` is the agent scope the upstream's tools are registered in.
+
+    What crosses, and what decides:
+
+    - The proxy offers what the upstream offers (its capabilities, `serverInfo` name, version and
+      title, `instructions`); its description says callgate serves it. When the upstream speaks a
+      handshake-era protocol (2025-11-25 and before), so does the proxy to its clients.
+    - `tools/list`, `resources/list`, `resources/templates/list` and `prompts/list` are relayed
+      page by page (the upstream's cursors pass through; the upstream's error for a bad cursor
+      comes back as it is); `tools/list` pages hide the tools no path of the chain can allow for
+      the client's run. `completion/complete`, `logging/setLevel`, `resources/subscribe` and
+      `resources/unsubscribe` are relayed as they are.
+    - `tools/call` goes through `scope.call` with `run` (a `RunContext`, or a function of the
+      request context returning one). A name the proxy does not know yet makes it list the
+      upstream again before answering (at most once per `refresh_interval_s`).
+    - `resources/read` and `prompts/get` go through `scope.call` too, as the gate tools
+      `mcp.resources.read` (args `{"uri"}`) and `mcp.prompts.get` (args `{"name", "arguments"}`),
+      so a policy decides on them and each leaves an outcome event with its `crossing`. A denial
+      is the JSON-RPC error `DENIED` with the gate's message; an upstream error is passed on.
+    - With `connect` (how to open an upstream session declaring given client capabilities), each
+      handshake-era client connection gets an upstream session of its own once its handshake
+      ends, declaring exactly what the client declared; its requests go to that session, which
+      closes with the connection (its exit stack). Without it, and for clients of the newest
+      protocol (no session), clients share the toolset's session.
+    - `sampling/createMessage`, `elicitation/create` and `roots/list` from the upstream go through
+      `scope.call` as `mcp.sampling.createMessage`, `mcp.elicitation.create` and `mcp.roots.list`
+      (args: the request's params; a rewrite changes what the client is asked) and then to the
+      client whose own session they came on (on the stream of its request in flight, when it has
+      one); from the shared session (given to `McpRelay`), to a client sharing it that declared
+      the capability (the one with a request in flight, most recent first, else the most recently
+      active one). A denial is answered to the upstream as the error `DENIED`.
+    - Progress the client asked for (`progressToken`) is passed on from the upstream; upstream
+      notifications (list changes, resource updates for the client's subscriptions, log
+      messages) reach the client of the session they came on (from the shared session, the
+      clients sharing it). `on_link_lost(exc)` hears of a client's own session that ended while
+      the client was connected.
+
+    Hostile input is refused before the gate sees it: a tool name longer than `max_name_chars` or
+    arguments larger than `max_args_bytes` (as JSON) get a JSON-RPC error (invalid params) that
+    states the sizes, never the input, and one small `ToolDenied` event (decided by validation,
+    the name cut to 64 characters, no arguments).
+    """
+
+    def __init__(
+        self,
+        toolset: McpToolset,
+        scope: AgentScope,
+        *,
+        name: str = "callgate-mcp-proxy",
+        run: RunContext | Callable[[ServerRequestContext[Any]], RunContext] | None = None,
+        max_name_chars: int = MAX_NAME_CHARS,
+        max_args_bytes: int = MAX_ARGS_BYTES,
+        refresh_interval_s: float = 1.0,
+        relay: McpRelay | None = None,
+        connect: UpstreamConnect | None = None,
+        on_link_lost: Callable[[BaseException], object] | None = None,
+    ) -> None:
+        if not toolset.raw_results:
+            raise ConfigurationError("McpProxy needs a toolset built with raw_results=True")
+        if max_name_chars < 1 or max_args_bytes < 2 or refresh_interval_s < 0:
+            raise ConfigurationError(
+                "max_name_chars must be at least 1, max_args_bytes at least 2 and refresh_interval_s not negative"
+            )
+        self.toolset = toolset
+        self.scope = scope
+        self.max_name_chars = max_name_chars
+        self.max_args_bytes = max_args_bytes
+        self.refresh_interval_s = refresh_interval_s
+        self._run = run if run is not None else RunContext(principal="mcp-client")
+        self._shared_refresh = _Refresh()
+        self._connect = connect
+        self._on_link_lost = on_link_lost
+        self._bus = InMemorySubscriptionBus()
+        self._listen = ListenHandler(self._bus)
+        self._clients: OrderedDict[object, _Client] = OrderedDict()
+        session = toolset.session
+        upstream = session if isinstance(session, Client) else None
+        info = upstream.server_info if upstream is not None else None
+        caps = upstream.server_capabilities if upstream is not None else types.ServerCapabilities()
+        self._upstream_caps = caps
+        self._legacy = upstream is not None and upstream.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        described = f"served through callgate ({name})"
+        self.server: Server[Any] = _ProxyServer(
+            info.name if info is not None else name,
+            version=info.version if info is not None else "",
+            title=info.title if info is not None else None,
+            description=f"{info.description} ({described})" if info is not None and info.description else described,
+            instructions=upstream.instructions if upstream is not None else None,
+            website_url=info.website_url if info is not None else None,
+            icons=info.icons if info is not None else None,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=self._listen,
+        )
+        self.server.notification_options = NotificationOptions(
+            tools_changed=True,
+            resources_changed=bool(caps.resources and caps.resources.list_changed),
+            prompts_changed=bool(caps.prompts and caps.prompts.list_changed),
+        )
+        # The proxy serves (and so advertises) what the upstream offers, no more. Registered one by
+        # one: the constructor's logging keyword warns that the newest protocol deprecates it, and
+        # the upstream still offers it.
+        add = self.server.add_request_handler
+        paginated = types.PaginatedRequestParams
+        if caps.resources is not None:
+            add("resources/list", paginated, self._list_resources)
+            add("resources/templates/list", paginated, self._list_resource_templates)
+            add("resources/read", types.ReadResourceRequestParams, self._read_resource)
+            if caps.resources.subscribe:
+                add("resources/subscribe", types.SubscribeRequestParams, self._subscribe)
+                add("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe)
+        if caps.prompts is not None:
+            add("prompts/list", paginated, self._list_prompts)
+            add("prompts/get", types.GetPromptRequestParams, self._get_prompt)
+        if caps.completions is not None:
+            add("completion/complete", types.CompleteRequestParams, self._complete)
+        if caps.logging is not None:
+            add("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+        self.server.middleware.append(self._screen_params)
+        if self._legacy:
+            # Without discovery, a client falls back to the handshake the upstream speaks.
+            self.server._request_handlers.pop("server/discover", None)
+        present = scope.tools
+        missing = [tool for tool in crossing_tools(toolset) if tool.name not in present]
+        if missing:
+            scope.add_tools(missing)
+        toolset.on_change(self._announce)
+        if relay is not None:
+            relay.toolset = relay.toolset or toolset
+            relay.proxy = self
+            for crossing in relay.unrecorded:
+                message = f"no client was connected yet to answer the {CROSSING_TOOLS[crossing]} request"
+                self.scope.refuse(crossing, message, run=self._refuse_run(), crossing=CROSSING_TOOLS[crossing])
+            relay.unrecorded.clear()
+
+    # -- clients --------------------------------------------------------------------------------
+
+    def _remember(self, ctx: ServerRequestContext[Any]) -> _Client:
+        """The client of `ctx` (remembered, most recently active last), its last request `ctx`."""
+        key = getattr(ctx.session, "_connection", ctx.session)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = _Client(ctx)
+            while len(self._clients) > _MAX_CLIENTS:
+                self._clients.popitem(last=False)
+        else:
+            client.last = ctx
+            self._clients.move_to_end(key)
+        return client
+
+    def link_of(self, ctx: ServerRequestContext[Any]) -> _Link | None:
+        """The upstream session of its own the client of `ctx` has, if any."""
+        client = self._clients.get(getattr(ctx.session, "_connection", ctx.session))
+        return client.link if client is not None else None
+
+    def _links(self, ctx: ServerRequestContext[Any]) -> bool:
+        """Whether the connection of `ctx` gets an upstream session of its own: a handshake-era
+        connection (it declared its capabilities once, for the session) of a proxy that can open
+        one (`connect`) and is serving."""
+        connection = getattr(ctx.session, "_connection", None)
+        return (
+            self._connect is not None
+            and self._tasks is not None
+            and connection is not None
+            and connection.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        )
+
+    def _open_link(self, ctx: ServerRequestContext[Any], client: _Client) -> _Link:
+        """Start the task holding the client's own upstream session; it ends when the client's
+        connection closes (or the proxy stops serving)."""
+        link = client.link = _Link()
+        connection = ctx.session._connection
+        connection.exit_stack.push_async_callback(link.aclose)
+        capabilities = ctx.session.client_capabilities
+        assert self._tasks is not None
+        self._tasks.start_soon(self._hold, client, link, capabilities)
+        return link
+
+    async def _hold(self, client: _Client, link: _Link, capabilities: types.ClientCapabilities | None) -> None:
+        assert self._connect is not None
+        relay = _LinkRelay(self, client)
+        try:
+            async with self._connect(capabilities, relay.options()) as upstream, anyio.create_task_group() as tasks:
+                if upstream.session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    # A server on the newest protocol tells of list changes on a listen stream only
+                    # (open before the client's first request: no change can pass unheard); the
+                    # stream also tells when the server goes away.
+                    await tasks.start(self._follow_link, upstream, relay)
+                link.client = upstream
+                link.ready.set()
+                await link.closing.wait()
+                tasks.cancel_scope.cancel()
+        except Exception as exc:
+            link.error = _bounded(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            if link.client is not None and not link.closing.is_set() and self._on_link_lost is not None:
+                self._on_link_lost(exc)
+            elif link.client is None:
+                log.warning("could not open an upstream session for an MCP client: %s", link.error)
+        finally:
+            link.client = None
+            link.ready.set()
+            link.done.set()
+
+    async def _follow_link(
+        self,
+        upstream: Client,
+        relay: _LinkRelay,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        caps = upstream.server_capabilities
+        async with listen(
+            upstream.session,
+            tools_list_changed=True,
+            prompts_list_changed=bool(caps.prompts and caps.prompts.list_changed),
+            resources_list_changed=bool(caps.resources and caps.resources.list_changed),
+        ) as subscription:
+            task_status.started()
+            # Each event also reaches the session's message handler, which passes it on.
+            async for _event in subscription:
+                pass
+
+    @contextlib.asynccontextmanager
+    async def _serving(self, ctx: ServerRequestContext[Any]) -> AsyncIterator[_Client]:
+        """Remember the client of `ctx` and its request while it runs, and route what the request
+        asks of the upstream to the client's own upstream session when it has one."""
+        client = self._remember(ctx)
+        link = client.link
+        if link is None and self._links(ctx):
+            link = self._open_link(ctx, client)
+        token = None
+        if link is not None:
+            await link.ready.wait()
+            if link.client is None:
+                raise MCPError(
+                    types.INTERNAL_ERROR, f"the upstream session of this client is not available: {link.error}"
+                )
+            token = _routes.set({self.toolset: link.client})
+        request_id = ctx.request_id
+        if request_id is not None:
+            client.inflight[request_id] = ctx
+        try:
+            yield client
+        finally:
+            if request_id is not None:
+                client.inflight.pop(request_id, None)
+            if token is not None:
+                _routes.reset(token)
+
+    async def _screen_params(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
+        """Server middleware: params of a gated method that are not of the shape the method takes
+        (arguments that are not an object, a name that is not a string) are refused with a short
+        error and a `ToolDenied` event before the SDK validates them; any other validation failure
+        is answered without echoing the input."""
+        if ctx.method == "notifications/initialized":
+            result = await call_next(ctx)
+            await self._client_ready(ctx)
+            return result
+        problem = _params_problem(ctx.method, ctx.params) if ctx.request_id is not None else None
+        if problem is not None:
+            tool, message = problem
+            crossing = CROSSING_TOOLS.get(tool)
+            self.scope.refuse(tool, message, run=self._run_for(ctx), crossing=crossing)
+            raise MCPError(types.INVALID_PARAMS, message)
+        try:
+            return await call_next(ctx)
+        except pydantic.ValidationError as exc:
+            where = sorted({".".join(str(part) for part in error["loc"]) or "params" for error in exc.errors()})
+            shown = ", ".join(where[:5]) + (", …" if len(where) > 5 else "")
+            raise MCPError(types.INVALID_PARAMS, _bounded(f"Invalid params: {shown}")) from None
+
+    async def _client_ready(self, ctx: ServerRequestContext[Any]) -> None:
+        """A client finished its handshake: open its own upstream session (declaring what it
+        declared); or, sharing the proxy's, when it can give roots, tell the upstream its roots
+        changed (a server that asked at its own start, before any client, asks again and gets
+        this client's answer through the gate)."""
+        client = self._remember(ctx)
+        if client.link is None and self._links(ctx):
+            self._open_link(ctx, client)
+            return
+        if client.link is not None or not client.can(_CLIENT_CAPABILITY["mcp.roots.list"]):
+            return
+        try:
+            await self._upstream.send_notification(types.RootsListChangedNotification())
+        except Exception:  # the upstream's own trouble shows on the next request
+            log.debug("could not tell the upstream that the roots changed", exc_info=True)
+
+    def _refuse_run(self) -> RunContext:
+        """Whom a refusal that no client request carried is recorded for: the proxy's own run."""
+        return self._run if isinstance(self._run, RunContext) else RunContext(principal="mcp-client")
+
+    def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
+        """Record a request refused before it could be read as one (one `ToolDenied`, decided by
+        validation, with the size and depth the message states and no arguments)."""
+        self.scope.refuse(tool, message, run=run if run is not None else self._refuse_run())
+
+    def _run_for(self, ctx: ServerRequestContext[Any]) -> RunContext:
+        return self._run if isinstance(self._run, RunContext) else self._run(ctx)
+
+    def _target(self, crossing: str) -> ServerRequestContext[Any] | None:
+        """The client request a server request is put to: of the clients that declared the
+        capability, the one with a request in flight (most recently active first), else the most
+        recently active one. Only clients sharing the proxy's upstream session are candidates:
+        the others have their own, and its requests go to them alone."""
+        capability = _CLIENT_CAPABILITY[crossing]
+        able = [client for client in reversed(self._clients.values()) if client.link is None and client.can(capability)]
+        for client in able:
+            if client.inflight:
+                return next(reversed(client.inflight.values()))
+        return able[0].last if able else None
+
+    async def ask_client(
+        self, crossing: str, args: dict[str, Any], result_type: type[_R], owner: _Client | None = None
+    ) -> _R | types.ErrorData:
+        """Put a server request (`crossing`: one of the `mcp.sampling.createMessage`,
+        `mcp.elicitation.create`, `mcp.roots.list` tools) through the gate to a client: `owner`,
+        the client whose own upstream session it came on (on the stream of its request in flight,
+        most recent first, when it has one), else one sharing the proxy's (see `_target`). The
+        client's result (a substitute is validated as `result_type`), or the `ErrorData` the
+        upstream is answered with."""
+        if owner is None:
+            target = self._target(crossing)
+        elif owner.can(_CLIENT_CAPABILITY[crossing]):
+            target = next(reversed(owner.inflight.values())) if owner.inflight else owner.last
+        else:
+            target = None
+        if target is None:
+            # No client to ask: recorded like any other refusal, so the audit shows the attempt.
+            who = "this client did not" if owner is not None else "no connected client"
+            message = f"{who} declared the {CROSSING_TOOLS[crossing]} capability"
+            run = self._run_for(owner.last) if owner is not None else self._refuse_run()
+            self.scope.refuse(crossing, message, run=run, crossing=CROSSING_TOOLS[crossing])
+            return types.ErrorData(code=types.INVALID_REQUEST, message=message)
+        failures: list[MCPError] = []
+        token_d = _downstream.set(target)
+        token_f = _upstream_failure.set(failures)
+        try:
+            result = await self.scope.call(crossing, args, run=self._run_for(target))
+        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
+            return types.ErrorData(code=DENIED, message=_bounded(str(exc)))
+        finally:
+            _downstream.reset(token_d)
+            _upstream_failure.reset(token_f)
+        if failures:
+            return failures[0].error
+        match result.kind:
+            case "ok" | "substituted":
+                value = result.value
+                if isinstance(value, result_type):
+                    return value
+                try:
+                    return result_type.model_validate(value, by_name=False)
+                except pydantic.ValidationError:
+                    return types.ErrorData(
+                        code=types.INTERNAL_ERROR, message="the gate's answer is not a client result"
+                    )
+            case "denied":
+                return types.ErrorData(code=DENIED, message=_bounded(result.to_model_text()))
+            case "error":
+                return types.ErrorData(code=types.INTERNAL_ERROR, message=_bounded(result.to_model_text()))
+        raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
+
+    async def notify_clients(self, message: object) -> None:
+        """Pass a notification of the proxy's own upstream session on to the clients sharing it:
+        list changes and log messages to every one, a resource update to those subscribed to its
+        URI. Others are dropped (progress rides its own request; tools list changes go through
+        the toolset's refresh). Clients with their own upstream session hear it on that one."""
+        shared = [c for c in self._clients.values() if c.link is None]
+        if isinstance(message, types.ResourceUpdatedNotification):
+            clients = [c for c in shared if message.params.uri in c.subscriptions]
+        elif isinstance(message, types.ResourceListChangedNotification | types.PromptListChangedNotification):
+            # (Clients of the newest protocol hear list changes on their listen streams.)
+            clients = [c for c in shared if c.last.protocol_version not in MODERN_PROTOCOL_VERSIONS]
+        elif isinstance(
+            message,
+            types.LoggingMessageNotification,
+        ):
+            clients = shared
+        else:
+            return
+        for client in clients:
+            try:
+                await client.last.session.send_notification(message)
+            except Exception:  # a client that went away must not stop the others hearing of it
+                log.debug("could not pass a notification on to an MCP client", exc_info=True)
+
+    async def follow_lists(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Pass the upstream's resources and prompts list changes on, until cancelled: on the
+        newest protocol the proxy's own session hears them on a listen stream, published here to
+        the clients' listen streams.
+        On an older protocol they arrive as notifications (`McpRelay`); this returns at once.
+        Tools list changes are `McpToolset.follow`'s."""
+        session = self.toolset.session
+        raw = session.session if isinstance(session, Client) else session
+        caps = self._upstream_caps
+        prompts = caps.prompts is not None and bool(caps.prompts.list_changed)
+        resources = caps.resources is not None and bool(caps.resources.list_changed)
+        if raw.protocol_version not in MODERN_PROTOCOL_VERSIONS or not (prompts or resources):
+            task_status.started()
+            return
+        async with listen(raw, prompts_list_changed=prompts, resources_list_changed=resources) as subscription:
+            task_status.started()
+            # (Each event also reaches the session's message handler, `McpRelay`, which tells the
+            # clients of older protocols.)
+            async for event in subscription:
+                if isinstance(event, PromptsListChanged | ResourcesListChanged):
+                    await self._bus.publish(event)
+
+    async def _announce(self, _new: list[Tool[Any, Any]]) -> None:
+        await self._bus.publish(ToolsListChanged())
+        for client in list(self._clients.values()):
+            if client.last.protocol_version in MODERN_PROTOCOL_VERSIONS or client.link is not None:
+                # (A client with its own upstream session hears that session's own notification.)
+                continue
+            try:
+                await client.last.session.send_tool_list_changed()
+            except Exception:  # a client that went away must not stop the others hearing of it
+                log.debug("could not notify an MCP client of a tools list change", exc_info=True)
+
+    # -- relayed as they are ------------------------------------------------------------------------
+
+    @property
+    def _upstream(self) -> ClientSession:
+        session = self.toolset.current()
+        return session.session if isinstance(session, Client) else session
+
+    async def _relay(self, ctx: ServerRequestContext[Any], request: Any, result_type: Any) -> Any:
+        async with self._serving(ctx):
+            return await self._upstream.send_request(request, result_type, progress_callback=_progress_relay(ctx))
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        result: types.ListResourcesResult = await self._relay(
+            ctx, types.ListResourcesRequest(params=params), types.ListResourcesResult
+        )
+        return result
+
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        result: types.ListResourceTemplatesResult = await self._relay(
+            ctx, types.ListResourceTemplatesRequest(params=params), types.ListResourceTemplatesResult
+        )
+        return result
+
+    async def _list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        result: types.ListPromptsResult = await self._relay(
+            ctx, types.ListPromptsRequest(params=params), types.ListPromptsResult
+        )
+        return result
+
+    async def _complete(
+        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        result: types.CompleteResult = await self._relay(
+            ctx, types.CompleteRequest(params=params), types.CompleteResult
+        )
+        return result
+
+    async def _set_level(
+        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        # Per client when it has its own upstream session; else the last level asked for holds for
+        # every client sharing the proxy's.
+        result: types.EmptyResult = await self._relay(ctx, types.SetLevelRequest(params=params), types.EmptyResult)
+        return result
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        async with self._serving(ctx) as client:
+            result: types.EmptyResult = await self._upstream.send_request(
+                types.SubscribeRequest(params=params), types.EmptyResult
+            )
+            client.subscriptions.add(params.uri)
+            return result
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        async with self._serving(ctx) as client:
+            client.subscriptions.discard(params.uri)
+            # Another client sharing the upstream session may still want the updates of this URI:
+            # the upstream keeps sending them.
+            if client.link is None and any(
+                params.uri in other.subscriptions for other in self._clients.values() if other.link is None
+            ):
+                return types.EmptyResult()
+            result: types.EmptyResult = await self._upstream.send_request(
+                types.UnsubscribeRequest(params=params), types.EmptyResult
+            )
+            return result
+
+    # -- decided by the gate ------------------------------------------------------------------------
+
+    async def _gated(self, ctx: ServerRequestContext[Any], crossing: str, args: dict[str, Any]) -> Any:
+        """Put a client request through the gate as the crossing tool `crossing`; the upstream's
+        result, or an `MCPError` (the gate's denial, or the upstream's own error)."""
+        failures: list[MCPError] = []
+        async with self._serving(ctx):
+            token_d = _downstream.set(ctx)
+            token_f = _upstream_failure.set(failures)
+            try:
+                result = await self.scope.call(crossing, args, run=self._run_for(ctx))
+            except (ToolBlockedError, ToolApprovalRequiredError) as exc:
+                raise MCPError(types.INTERNAL_ERROR, _bounded(str(exc))) from exc
+            finally:
+                _downstream.reset(token_d)
+                _upstream_failure.reset(token_f)
+        if failures:
+            raise failures[0]
+        match result.kind:
+            case "ok" | "substituted":
+                return result.value
+            case "denied":
+                raise MCPError(DENIED, _bounded(result.to_model_text()))
+            case "error":
+                raise MCPError(types.INTERNAL_ERROR, _bounded(result.to_model_text()))
+        raise AssertionError(f"unknown result kind {result.kind!r}")  # pragma: no cover
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        value = await self._gated(ctx, "mcp.resources.read", {"uri": params.uri})
+        return _read_result(params.uri, value)
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        args: dict[str, Any] = {"name": params.name}
+        if params.arguments is not None:
+            args["arguments"] = dict(params.arguments)
+        value = await self._gated(ctx, "mcp.prompts.get", args)
+        return _prompt_result(value)
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        async with self._serving(ctx) as client:
+            page: types.ListToolsResult = await self._upstream.send_request(
+                types.ListToolsRequest(params=params), types.ListToolsResult
+            )
+            if any(self.toolset.tool_name(d.name) not in self.scope.tools for d in page.tools):
+                await self._refresh_for_unknown(client)
+        # Only the tools some path of the chain can allow for this client's run; calls of the
+        # others are still mediated (and refused) if a client asks for them by name.
+        shown = set(self.scope.shown_tools(self._run_for(ctx)))
+        tools = []
+        for definition in page.tools:
+            name = self.toolset.tool_name(definition.name)
+            if name in shown and name not in CROSSING_TOOLS:
+                tools.append(definition.model_copy(update={"name": name}))
+        return page.model_copy(update={"tools": tools})
+
+    def _refusal(self, name: str, args: dict[str, Any]) -> str | None:
+        """Why a call is refused before the gate (sizes only, never the input), or None."""
+        if len(name) > self.max_name_chars:
+            return f"tool name of {len(name)} characters refused: this proxy accepts at most {self.max_name_chars}"
+        if len(args) and (size := len(pydantic_core.to_json(args))) > self.max_args_bytes:
+            return f"arguments of {size} bytes refused: this proxy accepts at most {self.max_args_bytes}"
+        return None
+
+    async def _refresh_for_unknown(self, client: _Client) -> None:
+        """List the upstream again for a name the proxy does not know (through the client's own
+        upstream session, which lists what the server shows this client), at most once per
+        `refresh_interval_s` per upstream session; callers arriving during a listing wait for it
+        instead of starting one."""
+        refresh = client.refresh if client.link is not None else self._shared_refresh
+        if refresh.running is not None:
+            await refresh.running.wait()
+            return
+        if time.monotonic() < refresh.next:
+            return
+        refresh.running = done = anyio.Event()
+        try:
+            await self.toolset.refresh()
+        except Exception:
+            # The call is then answered as unknown; the upstream's failure is not the client's to read.
+            log.warning("listing the upstream's tools again failed", exc_info=True)
+        finally:
+            refresh.next = time.monotonic() + self.refresh_interval_s
+            refresh.running = None
+            done.set()
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        async with self._serving(ctx) as client:
+            run = self._run_for(ctx)
+            args = dict(params.arguments or {})
+            refusal = self._refusal(params.name, args)
+            if refusal is not None:
+                name = params.name
+                shown = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
+                self.scope.refuse(shown, refusal, run=run)
+                raise MCPError(types.INVALID_PARAMS, refusal)
+            if params.name in CROSSING_TOOLS:
+                # The gate tools of other crossings are not tools of the upstream's.
+                self.scope.refuse(params.name, f"unknown tool {params.name}", run=run)
+                raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+            if params.name not in self.scope.tools:
+                await self._refresh_for_unknown(client)
+            token = _downstream.set(ctx)
+            try:
+                result = await self.scope.call(params.name, args, run=run)
+            except (ToolBlockedError, ToolApprovalRequiredError) as exc:
+                # A block stops the caller's run: a protocol error, not a result a model would read on.
+                raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+            finally:
+                _downstream.reset(token)
+        definition = self.toolset.definition(params.name)
+        return result_from_gate(result, definition.output_schema if definition is not None else None)
 
 
 def client_of(ctx: ServerRequestContext[Any]) -> object | None:

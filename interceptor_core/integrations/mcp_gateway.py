@@ -8,24 +8,29 @@
 - Prompt names are prefixed the same way. Resource URIs are kept as they are and routed to the
   server that listed them (a URI no server listed is refused; one listed by two servers goes to
   the first in the configuration).
-- Each server's tools (and its `mcp.resources.read` and `mcp.prompts.get` crossings) are in an
-  agent scope named after the server, so a policy can target a server with `scope.agent`.
+- Each server is served by an `McpProxy` of its own (the single-server form's code), in an agent
+  scope named after the server, so a policy can target a server with `scope.agent`: its tool
+  calls, reads, gets, completions, subscriptions and setLevel go through it, and each client
+  connection gets its own session with each server, declaring what the client declared (so the
+  server's sampling, elicitation and roots requests, log messages, resource updates and list
+  changes reach that client alone, through the gate in the server's scope).
+- Lists are answered page by page: each page is one server's own, and the gateway's cursor names
+  the server and that server's cursor; a cursor the gateway did not give is invalid params.
+- The gateway's instructions say which server is what (its `serverInfo`) and carry each server's
+  own instructions.
 - A server that fails to start or stops serving is marked down: calls of its tools answer a tool
   error naming the server and its trouble, with one `ToolDenied` event in its scope; the other
   servers keep serving.
-
-Not relayed through several servers (the single-upstream `McpProxy` relays them): requests from a
-server to the client (sampling, elicitation, roots; the gateway declares no such capability
-upstream), resource subscriptions, completion, logging, progress notifications other than a tool
-call's, and list-changed notifications to the client. Lists are answered in one page.
 """
 
 from __future__ import annotations
 
+import base64
+import contextvars
+import json
 import logging
 import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,25 +45,20 @@ from mcp.server.lowlevel.server import NotificationOptions
 from mcp.shared.exceptions import MCPError
 
 from interceptor_core.context import RunContext
-from interceptor_core.exceptions import ToolApprovalRequiredError, ToolBlockedError
 from interceptor_core.gate import AgentScope
 from interceptor_core.integrations.mcp import (
     CROSSING_TOOLS,
     DENIED,
     MAX_ARGS_BYTES,
-    MAX_LINE_BYTES,
     MAX_NAME_CHARS,
-    STDIO_GRACE_S,
+    McpProxy,
+    McpRelay,
     McpToolset,
+    UpstreamConnect,
     _bounded,
-    _downstream,
+    _GatedServer,
     _params_problem,
-    _prompt_result,
     _ProxyServer,
-    _read_result,
-    _stdio_transport,
-    _upstream_failure,
-    result_from_gate,
 )
 
 log = logging.getLogger("callgate.integrations.mcp_gateway")
@@ -76,6 +76,8 @@ MAX_SERVER_NAME_CHARS = 32
 
 _SHOWN_NAME_CHARS = 64
 
+_request_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("callgate_gateway_run", default=None)
+
 _PING_TIMEOUT_S = 5.0
 """How long a server has to answer the ping that follows a failed call before it is left up."""
 
@@ -90,7 +92,12 @@ class Member:
     scope: AgentScope | None = None
     down: str | None = None
     capabilities: types.ServerCapabilities = field(default_factory=types.ServerCapabilities)
-    next_refresh: float = 0.0
+    relay: McpRelay | None = None
+    """The callbacks of the gateway's own session with the server (bound to `proxy`)."""
+    connect: UpstreamConnect | None = None
+    """How a client connection gets its own session with the server."""
+    proxy: McpProxy | None = None
+    """What serves the server's crossings (built by the gateway for a server that started)."""
 
     @property
     def prefix(self) -> str:
@@ -105,12 +112,13 @@ def _cut(name: str) -> str:
     return name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
 
 
-class McpGateway:
+class McpGateway(_GatedServer):
     """A gated MCP server over several upstreams (see the module's description).
 
     `members` are the upstreams in configuration order, each started already (`scope` set) or
     down; `scope` is the gateway's own agent scope, where refusals that name no server (an unknown
-    prefix, an unreadable request) are recorded. Calls carry `run`. Serve with `serve_stdio`."""
+    prefix, an unreadable request) are recorded. Calls carry `run` (a `RunContext`, or a function
+    of the request context returning one). Serve with `serve_stdio` or `serve_http`."""
 
     def __init__(
         self,
@@ -118,7 +126,7 @@ class McpGateway:
         scope: AgentScope,
         *,
         name: str = "callgate-mcp-gateway",
-        run: RunContext | None = None,
+        run: RunContext | Callable[[ServerRequestContext[Any]], RunContext] | None = None,
         max_name_chars: int = MAX_NAME_CHARS,
         max_args_bytes: int = MAX_ARGS_BYTES,
         refresh_interval_s: float = 1.0,
@@ -127,21 +135,42 @@ class McpGateway:
         self.on_down = on_down
         self.members = {member.name: member for member in members}
         self.scope = scope
-        self.run = run if run is not None else RunContext(principal="mcp-client")
+        self.run = run if isinstance(run, RunContext) else RunContext(principal="mcp-client")
+        self._run_of = run if run is not None and not isinstance(run, RunContext) else None
+        self._legacy = True  # clients use the handshake every SDK speaks
         self.max_name_chars = max_name_chars
         self.max_args_bytes = max_args_bytes
         self.refresh_interval_s = refresh_interval_s
         self._resource_owner: dict[str, str] = {}
+        self._template_owner: dict[str, str] = {}
         served = [m.name for m in members]
         self.server: Server[Any] = _ProxyServer(
             name,
             version="",
             description=f"served through callgate: {', '.join(served)}",
-            instructions=f"Tools and prompts are named <server>{SEPARATOR}<name>; servers: {', '.join(served)}.",
+            instructions=_instructions(members),
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
-        self.server.notification_options = NotificationOptions()
+        for member in members:
+            if member.down is None and member.scope is not None:
+                member.proxy = McpProxy(
+                    member.toolset,
+                    member.scope,
+                    name=name,
+                    run=run if run is not None else self.run,
+                    max_name_chars=max_name_chars,
+                    max_args_bytes=max_args_bytes,
+                    refresh_interval_s=refresh_interval_s,
+                    relay=member.relay,
+                    connect=member.connect,
+                )
+        caps = [m.capabilities for m in members]
+        self.server.notification_options = NotificationOptions(
+            tools_changed=True,
+            resources_changed=any(c.resources is not None and bool(c.resources.list_changed) for c in caps),
+            prompts_changed=any(c.prompts is not None and bool(c.prompts.list_changed) for c in caps),
+        )
         add = self.server.add_request_handler
         paginated = types.PaginatedRequestParams
         if any(m.capabilities.resources is not None for m in members):
@@ -151,9 +180,22 @@ class McpGateway:
         if any(m.capabilities.prompts is not None for m in members):
             add("prompts/list", paginated, self._list_prompts)
             add("prompts/get", types.GetPromptRequestParams, self._get_prompt)
+        if any(m.capabilities.completions is not None for m in members):
+            add("completion/complete", types.CompleteRequestParams, self._complete)
+        if any(c.resources is not None and c.resources.subscribe for c in caps):
+            add("resources/subscribe", types.SubscribeRequestParams, self._subscribe)
+            add("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe)
+        if any(c.logging is not None for c in caps):
+            add("logging/setLevel", types.SetLevelRequestParams, self._set_level)
         self.server.middleware.append(self._screen_params)
         # Clients use the handshake every SDK speaks; discovery would promise features not relayed.
         self.server._request_handlers.pop("server/discover", None)
+
+    def _set_tasks(self, tasks: anyio.abc.TaskGroup | None) -> None:
+        self._tasks = tasks
+        for member in self.members.values():
+            if member.proxy is not None:
+                member.proxy._tasks = tasks
 
     # -- members ----------------------------------------------------------------------------------
 
@@ -165,14 +207,22 @@ class McpGateway:
             if self.on_down is not None:
                 self.on_down(member)
 
-    async def _still_up(self, member: Member) -> bool:
-        """After a failure: ask the server for a ping; a closed connection marks it down. Whether
-        it is still up."""
+    async def _still_up(self, member: Member, ctx: ServerRequestContext[Any] | None = None) -> bool:
+        """After a failure: ask the server for a ping (on the session of the client of `ctx`, when
+        it has its own); a closed connection marks it down. Whether it is still up."""
         if member.down is not None:
             return False
+        session = member.upstream()
+        if ctx is not None and member.proxy is not None:
+            link = member.proxy.link_of(ctx)
+            if link is not None and link.done.is_set():
+                self.mark_down(member, f"stopped serving: its connection closed ({link.error or 'ended'})")
+                return False
+            if link is not None and link.client is not None:
+                session = link.client.session
         with anyio.move_on_after(_PING_TIMEOUT_S):
             try:
-                await member.upstream().send_ping()
+                await session.send_ping()
             except MCPError as exc:
                 if exc.error.code == types.CONNECTION_CLOSED:
                     self.mark_down(member, "stopped serving: its connection closed")
@@ -193,10 +243,28 @@ class McpGateway:
         self.scope.refuse(tool, message, run=run if run is not None else self.run)
 
     async def _screen_params(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
+        token = _request_run.set(self._run_of(ctx) if self._run_of is not None else self.run)
+        try:
+            return await self._screened(ctx, call_next)
+        finally:
+            _request_run.reset(token)
+
+    def _run(self) -> RunContext:
+        """Whom the request being served is for (the gateway's `run`, or its function's answer)."""
+        return _request_run.get() or self.run
+
+    async def _screened(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
+        if ctx.method == "notifications/initialized":
+            # Each server gets its session with this client now, declaring what the client declared.
+            result = await call_next(ctx)
+            for member in self._serving():
+                if member.proxy is not None:
+                    await member.proxy._client_ready(ctx)
+            return result
         problem = _params_problem(ctx.method, ctx.params) if ctx.request_id is not None else None
         if problem is not None:
             tool, message = problem
-            self.scope.refuse(tool, message, run=self.run, crossing=CROSSING_TOOLS.get(tool))
+            self.scope.refuse(tool, message, run=self._run(), crossing=CROSSING_TOOLS.get(tool))
             raise MCPError(types.INVALID_PARAMS, message)
         try:
             return await call_next(ctx)
@@ -210,26 +278,9 @@ class McpGateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        tools: list[types.Tool] = []
-        for member in self._serving():
-            assert member.scope is not None
-            shown = member.scope.shown_tools(self.run)
-            for name in shown:
-                definition = member.toolset.definition(name)
-                if definition is not None and name not in CROSSING_TOOLS:
-                    tools.append(definition.model_copy(update={"name": name}))
-        return types.ListToolsResult(tools=tools)
-
-    async def _refresh(self, member: Member) -> None:
-        if time.monotonic() < member.next_refresh:
-            return
-        member.next_refresh = time.monotonic() + self.refresh_interval_s
-        try:
-            await member.toolset.refresh()
-        except Exception as exc:
-            # The call is then answered as unknown, unless the ping finds the server gone.
-            log.warning("listing the tools of MCP server %r failed: %s", member.name, type(exc).__name__)
-            await self._still_up(member)
+        member, page, next_cursor = await self._page("tools", params, lambda proxy, p: proxy._list_tools(ctx, p))
+        tools = list(page.tools) if member is not None else []
+        return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -242,28 +293,27 @@ class McpGateway:
         elif len(args) and (size := len(pydantic_core.to_json(args))) > self.max_args_bytes:
             refusal = f"arguments of {size} bytes refused: this proxy accepts at most {self.max_args_bytes}"
         if refusal is not None:
-            self.scope.refuse(_cut(name), refusal, run=self.run)
+            self.scope.refuse(_cut(name), refusal, run=self._run())
             raise MCPError(types.INVALID_PARAMS, refusal)
         member, _tool = self._member_of(name)
         if member is None or name in CROSSING_TOOLS:
-            self.scope.refuse(_cut(name), f"unknown tool {_cut(name)}", run=self.run)
+            self.scope.refuse(_cut(name), f"unknown tool {_cut(name)}", run=self._run())
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {_cut(name)}")
-        if member.down is None and member.scope is not None and name not in member.scope.tools:
-            await self._refresh(member)
-        if member.down is not None or member.scope is None:
+        if member.down is not None or member.proxy is None:
             return self._refuse_down(member, name)
-        token = _downstream.set(ctx)
         try:
-            result = await member.scope.call(name, args, run=self.run)
-        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
-            raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
-        finally:
-            _downstream.reset(token)
-        if result.kind == "error" and not await self._still_up(member):
+            result = await member.proxy._call_tool(ctx, params)
+        except MCPError as exc:
+            if exc.error.code != types.CONNECTION_CLOSED and exc.error.code != types.INTERNAL_ERROR:
+                raise
+            if await self._still_up(member, ctx):
+                raise
+            # The client's session with the server was gone before the gate saw the call.
+            return self._refuse_down(member, name)
+        if result.is_error and not await self._still_up(member, ctx):
             # The server went away during the call: the gate recorded the failed call already.
             return types.CallToolResult(content=[_text(self._down_message(member))], is_error=True)
-        definition = member.toolset.definition(name)
-        return result_from_gate(result, definition.output_schema if definition is not None else None)
+        return result
 
     def _down_message(self, member: Member) -> str:
         return f"MCP server {member.name!r} is unavailable: {member.down}"
@@ -271,124 +321,196 @@ class McpGateway:
     def _refuse_down(self, member: Member, name: str) -> types.CallToolResult:
         message = self._down_message(member)
         scope = member.scope if member.scope is not None else self.scope
-        scope.refuse(_cut(name), message, run=self.run)
+        scope.refuse(_cut(name), message, run=self._run())
         return types.CallToolResult(content=[_text(message)], is_error=True)
 
     # -- resources and prompts ----------------------------------------------------------------------
 
-    async def _walk(self, member: Member, request: Callable[[str | None], Any], result_type: Any) -> list[Any]:
-        pages = []
-        cursor: str | None = None
-        for _ in range(1000):
-            page = await member.upstream().send_request(request(cursor), result_type)
-            pages.append(page)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        return pages
-
-    async def _each(
-        self, kind: str, request: Callable[[str | None], Any], result_type: Any
-    ) -> list[tuple[Member, Any]]:
-        found = []
-        for member in self._serving():
-            offered = member.capabilities.resources if kind == "resources" else member.capabilities.prompts
-            if offered is None:
-                continue
+    async def _page(
+        self,
+        kind: str,
+        params: types.PaginatedRequestParams | None,
+        fetch: Callable[[McpProxy, types.PaginatedRequestParams], Any],
+    ) -> tuple[Member | None, Any, str | None]:
+        """One page of a list, page by page across the servers in configuration order: the
+        server the page is from, its page, and the gateway's cursor of the next page (which names
+        the server and that server's own cursor), or None after the last. A cursor the gateway did
+        not give is invalid params (not echoed). A server that cannot list (other than for its own
+        cursor) is left out of the list, not the others."""
+        offering = [m for m in self._serving() if m.proxy is not None and (kind == "tools" or _offers(m, kind))]
+        start, inner = 0, None
+        if params is not None and params.cursor is not None:
+            name, inner = _read_cursor(params.cursor, self.members)
+            start = next((i for i, m in enumerate(offering) if m.name == name), len(offering))
+        for index in range(start, len(offering)):
+            member = offering[index]
+            assert member.proxy is not None
             try:
-                for page in await self._walk(member, request, result_type):
-                    found.append((member, page))
+                page = await fetch(member.proxy, types.PaginatedRequestParams(cursor=inner))
             except MCPError as exc:
-                # One server's error leaves its entries out of the list, not the others'.
                 if exc.error.code == types.CONNECTION_CLOSED:
                     self.mark_down(member, "stopped serving: its connection closed")
+                elif inner is not None:
+                    raise MCPError(exc.error.code, _bounded(exc.error.message)) from None
                 else:
                     log.warning("MCP server %r could not list its %s: %s", member.name, kind, _bounded(str(exc)))
+                inner = None
+                continue
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
                 self.mark_down(member, f"stopped serving: its connection closed ({type(exc).__name__})")
-            except Exception as exc:
-                log.warning("MCP server %r answered its %s list wrongly: %s", member.name, kind, type(exc).__name__)
-        return found
+                inner = None
+                continue
+            if page.next_cursor is not None:
+                return member, page, _give_cursor(member.name, page.next_cursor)
+            following = offering[index + 1] if index + 1 < len(offering) else None
+            return member, page, _give_cursor(following.name, None) if following is not None else None
+        return None, None, None
 
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        def request(cursor: str | None) -> Any:
-            return types.ListResourcesRequest(params=types.PaginatedRequestParams(cursor=cursor))
-
-        resources: list[types.Resource] = []
-        for member, page in await self._each("resources", request, types.ListResourcesResult):
-            for resource in page.resources:
-                self._resource_owner.setdefault(resource.uri, member.name)
-                resources.append(resource)
-        return types.ListResourcesResult(resources=resources)
+        member, page, next_cursor = await self._page(
+            "resources", params, lambda proxy, p: proxy._list_resources(ctx, p)
+        )
+        if member is None:
+            return types.ListResourcesResult(resources=[], next_cursor=next_cursor)
+        for resource in page.resources:
+            self._resource_owner.setdefault(resource.uri, member.name)
+        return types.ListResourcesResult(resources=list(page.resources), next_cursor=next_cursor)
 
     async def _list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        def request(cursor: str | None) -> Any:
-            return types.ListResourceTemplatesRequest(params=types.PaginatedRequestParams(cursor=cursor))
-
-        templates: list[types.ResourceTemplate] = []
-        for _member, page in await self._each("resources", request, types.ListResourceTemplatesResult):
-            templates.extend(page.resource_templates)
-        return types.ListResourceTemplatesResult(resource_templates=templates)
+        member, page, next_cursor = await self._page(
+            "resources", params, lambda proxy, p: proxy._list_resource_templates(ctx, p)
+        )
+        templates = list(page.resource_templates) if member is not None else []
+        for template in templates:
+            assert member is not None
+            self._template_owner.setdefault(template.uri_template, member.name)
+        return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        def request(cursor: str | None) -> Any:
-            return types.ListPromptsRequest(params=types.PaginatedRequestParams(cursor=cursor))
+        member, page, next_cursor = await self._page("prompts", params, lambda proxy, p: proxy._list_prompts(ctx, p))
+        if member is None:
+            return types.ListPromptsResult(prompts=[], next_cursor=next_cursor)
+        prompts = [p.model_copy(update={"name": member.prefix + p.name}) for p in page.prompts]
+        return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
 
-        prompts: list[types.Prompt] = []
-        for member, page in await self._each("prompts", request, types.ListPromptsResult):
-            prompts.extend(p.model_copy(update={"name": member.prefix + p.name}) for p in page.prompts)
-        return types.ListPromptsResult(prompts=prompts)
+    async def _complete(
+        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        """A completion goes to the server of the prompt (by its prefix, which it loses) or of
+        the resource template (the server that listed it)."""
+        ref = params.ref
+        member: Member | None
+        if isinstance(ref, types.PromptReference):
+            member, name = self._member_of(ref.name)
+            ref = ref.model_copy(update={"name": name})
+        else:
+            owner = self._template_owner.get(ref.uri)
+            listing: types.PaginatedRequestParams | None = None
+            for _ in range(_LIST_PAGE_CAP):
+                if owner is not None:
+                    break
+                page = await self._list_resource_templates(ctx, listing)
+                owner = self._template_owner.get(ref.uri)
+                if page.next_cursor is None:
+                    break
+                listing = types.PaginatedRequestParams(cursor=page.next_cursor)
+            member = self.members.get(owner) if owner is not None else None
+        if member is None:
+            raise MCPError(types.INVALID_PARAMS, "Invalid params: the reference names no server of this gateway")
+        if member.down is not None or member.proxy is None:
+            raise MCPError(types.INTERNAL_ERROR, self._down_message(member))
+        return await member.proxy._complete(ctx, params.model_copy(update={"ref": ref}))
 
-    async def _gated(self, ctx: ServerRequestContext[Any], member: Member, crossing: str, args: dict[str, Any]) -> Any:
-        """Put a read or a get through the gate in `member`'s scope; the upstream's result, or an
-        `MCPError` (the gate's denial, the upstream's own error, or the server being down)."""
-        if member.down is not None or member.scope is None:
+    async def _owner_of(self, ctx: ServerRequestContext[Any], uri: str) -> Member | None:
+        """The server that listed the resource `uri` (listing every server's resources first if
+        no listing named it yet)."""
+        owner = self._resource_owner.get(uri)
+        listing: types.PaginatedRequestParams | None = None
+        for _ in range(_LIST_PAGE_CAP):
+            if owner is not None:
+                break
+            page = await self._list_resources(ctx, listing)
+            owner = self._resource_owner.get(uri)
+            if page.next_cursor is None:
+                break
+            listing = types.PaginatedRequestParams(cursor=page.next_cursor)
+        if owner is None:
+            owner = await self._template_owner_of(ctx, uri)
+        return self.members.get(owner) if owner is not None else None
+
+    async def _template_owner_of(self, ctx: ServerRequestContext[Any], uri: str) -> str | None:
+        """The server that listed a resource template `uri` fills (the first, in the file's order)."""
+        listing: types.PaginatedRequestParams | None = None
+        for _ in range(_LIST_PAGE_CAP):
+            page = await self._list_resource_templates(ctx, listing)
+            for template in page.resource_templates:
+                if _fills(template.uri_template, uri):
+                    return self._template_owner.get(template.uri_template)
+            if page.next_cursor is None:
+                return None
+            listing = types.PaginatedRequestParams(cursor=page.next_cursor)
+        return None
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        member = await self._owner_of(ctx, params.uri)
+        if member is None or member.proxy is None or member.down is not None:
+            raise MCPError(types.INVALID_PARAMS, "Invalid params: no serving server listed this resource URI")
+        return await member.proxy._subscribe(ctx, params)
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        member = await self._owner_of(ctx, params.uri)
+        if member is None or member.proxy is None or member.down is not None:
+            raise MCPError(types.INVALID_PARAMS, "Invalid params: no serving server listed this resource URI")
+        return await member.proxy._unsubscribe(ctx, params)
+
+    async def _set_level(
+        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        """The level goes to every serving server that logs (on this client's sessions)."""
+        for member in self._serving():
+            if member.proxy is not None and member.capabilities.logging is not None:
+                await member.proxy._set_level(ctx, params)
+        return types.EmptyResult()
+
+    async def _crossed(self, ctx: ServerRequestContext[Any], member: Member, crossing: str, cross: Any) -> Any:
+        """A read or a get through `member`'s own crossing (gated in its scope); a server that
+        went away during it answers the error that says so."""
+        if member.down is not None or member.proxy is None:
             message = self._down_message(member)
             scope = member.scope if member.scope is not None else self.scope
-            scope.refuse(crossing, message, run=self.run, crossing=CROSSING_TOOLS[crossing])
+            scope.refuse(crossing, message, run=self._run(), crossing=CROSSING_TOOLS[crossing])
             raise MCPError(types.INTERNAL_ERROR, message)
-        failures: list[MCPError] = []
-        token_d = _downstream.set(ctx)
-        token_f = _upstream_failure.set(failures)
         try:
-            result = await member.scope.call(crossing, args, run=self.run)
-        except (ToolBlockedError, ToolApprovalRequiredError) as exc:
-            raise MCPError(types.INTERNAL_ERROR, _bounded(str(exc))) from exc
-        finally:
-            _downstream.reset(token_d)
-            _upstream_failure.reset(token_f)
-        if (failures or result.kind == "error") and not await self._still_up(member):
-            raise MCPError(types.INTERNAL_ERROR, self._down_message(member))
-        if failures:
-            raise failures[0]
-        match result.kind:
-            case "ok" | "substituted":
-                return result.value
-            case "denied":
-                raise MCPError(DENIED, _bounded(result.to_model_text()))
-        raise MCPError(types.INTERNAL_ERROR, _bounded(result.to_model_text()))
+            return await cross(member.proxy)
+        except MCPError as exc:
+            if exc.error.code != DENIED and not await self._still_up(member, ctx):
+                raise MCPError(types.INTERNAL_ERROR, self._down_message(member)) from None
+            raise
 
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
-        owner = self._resource_owner.get(params.uri)
-        if owner is None:
-            await self._list_resources(ctx, None)
-            owner = self._resource_owner.get(params.uri)
-        if owner is None:
+        member = await self._owner_of(ctx, params.uri)
+        if member is None:
             message = "no server listed this resource URI: list resources first, or ask for a URI one of them lists"
             self.scope.refuse(
-                "mcp.resources.read", message, run=self.run, crossing=CROSSING_TOOLS["mcp.resources.read"]
+                "mcp.resources.read", message, run=self._run(), crossing=CROSSING_TOOLS["mcp.resources.read"]
             )
             raise MCPError(types.INVALID_PARAMS, message)
-        value = await self._gated(ctx, self.members[owner], "mcp.resources.read", {"uri": params.uri})
-        return _read_result(params.uri, value)
+        result: types.ReadResourceResult = await self._crossed(
+            ctx, member, "mcp.resources.read", lambda proxy: proxy._read_resource(ctx, params)
+        )
+        return result
 
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
@@ -396,41 +518,76 @@ class McpGateway:
         member, prompt = self._member_of(params.name)
         if member is None:
             message = f"unknown prompt {_cut(params.name)}: prompt names are <server>{SEPARATOR}<prompt>"
-            self.scope.refuse("mcp.prompts.get", message, run=self.run, crossing=CROSSING_TOOLS["mcp.prompts.get"])
+            self.scope.refuse("mcp.prompts.get", message, run=self._run(), crossing=CROSSING_TOOLS["mcp.prompts.get"])
             raise MCPError(types.INVALID_PARAMS, message)
-        args: dict[str, Any] = {"name": prompt}
-        if params.arguments is not None:
-            args["arguments"] = dict(params.arguments)
-        value = await self._gated(ctx, member, "mcp.prompts.get", args)
-        return _prompt_result(value)
-
-    # -- serving ------------------------------------------------------------------------------------
-
-    async def serve_stdio(
-        self,
-        *,
-        stop: anyio.Event | None = None,
-        max_line_bytes: int = MAX_LINE_BYTES,
-        grace_s: float = STDIO_GRACE_S,
-        draining: Callable[[int], object] | None = None,
-    ) -> None:
-        """Serve one MCP client on stdin/stdout until stdin closes or `stop` is set, as
-        `McpProxy.serve_stdio` does (the same transport, the same answers to unreadable lines)."""
-        async with (
-            _stdio_transport(max_line_bytes, stop, grace_s, draining, True, self._refuse_unread) as (read, write),
-            anyio.create_task_group() as tasks,
-        ):
-            if stop is not None:
-
-                async def give_up_after_grace(stop: anyio.Event) -> None:
-                    await stop.wait()
-                    await anyio.sleep(grace_s + 5.0)
-                    tasks.cancel_scope.cancel()
-
-                tasks.start_soon(give_up_after_grace, stop)
-            await self.server.run(read, write, self.server.create_initialization_options())
-            tasks.cancel_scope.cancel()
+        own = params.model_copy(update={"name": prompt})
+        result: types.GetPromptResult = await self._crossed(
+            ctx, member, "mcp.prompts.get", lambda proxy: proxy._get_prompt(ctx, own)
+        )
+        return result
 
 
 def _text(text: str) -> types.TextContent:
     return types.TextContent(type="text", text=text)
+
+
+_LIST_PAGE_CAP = 1000
+"""Pages of a resources/list walk (to find who listed a URI) before giving up."""
+
+_MAX_CURSOR_CHARS = 4096
+"""The longest cursor the gateway reads (its own are a server name and that server's cursor)."""
+
+_BAD_CURSOR = "Invalid params: the cursor is not one this gateway gave"
+
+
+def _offers(member: Member, kind: str) -> bool:
+    caps = member.capabilities
+    return (caps.resources if kind == "resources" else caps.prompts) is not None
+
+
+def _give_cursor(server: str, cursor: str | None) -> str:
+    """The gateway's cursor for a list's next page: the server and its own cursor (None: the
+    server's first page)."""
+    return base64.urlsafe_b64encode(json.dumps([server, cursor]).encode()).decode()
+
+
+def _read_cursor(cursor: str, members: Mapping[str, Member]) -> tuple[str, str | None]:
+    """The server and its own cursor a gateway's cursor names; invalid params (never echoing the
+    cursor) for anything the gateway did not give."""
+    try:
+        if len(cursor) > _MAX_CURSOR_CHARS:
+            raise ValueError
+        server, inner = json.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
+    except (ValueError, TypeError, UnicodeError):
+        raise MCPError(types.INVALID_PARAMS, _BAD_CURSOR) from None
+    if not isinstance(server, str) or server not in members or not (inner is None or isinstance(inner, str)):
+        raise MCPError(types.INVALID_PARAMS, _BAD_CURSOR)
+    return server, inner
+
+
+def _instructions(members: Sequence[Member]) -> str:
+    """The gateway's instructions: how names are made, then which server says what (its
+    `serverInfo` and its own instructions), server by server."""
+    lines = [
+        f"Tools and prompts are named <server>{SEPARATOR}<name>; servers: {', '.join(m.name for m in members)}.",
+    ]
+    for member in members:
+        client = member.toolset.session if member.down is None and member.scope is not None else None
+        if not isinstance(client, Client):
+            lines.append(f"\nServer {member.name}: unavailable ({member.down or 'not started'}).")
+            continue
+        info = client.server_info
+        said = f"{info.name} {info.version}".strip() if info is not None else "no serverInfo"
+        title = f" ({info.title})" if info is not None and info.title else ""
+        lines.append(f"\nServer {member.name} is {said}{title}.")
+        if client.instructions:
+            lines.append(f"Instructions of server {member.name}:\n{client.instructions}")
+    return "\n".join(lines)
+
+
+def _fills(template: str, uri: str) -> bool:
+    """Whether `uri` is `template` (a URI template) with each `{variable}` filled by a value
+    without `/`."""
+    parts = re.split(r"\{[^{}]*\}", template)
+    pattern = "[^/]+".join(re.escape(part) for part in parts)
+    return re.fullmatch(pattern, uri) is not None

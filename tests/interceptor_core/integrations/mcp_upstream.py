@@ -12,6 +12,12 @@ root, or absolute.
 With UPSTREAM_SLOW_TOOL=1 it also has `slow_write`, which writes slow.started, then waits until
 a writer opens the FIFO $UPSTREAM_ROOT/release.fifo (the test makes it) and writes one line,
 before it writes its file: a call a test holds in flight for as long as it needs.
+
+With UPSTREAM_RESOURCES=1 it also serves resources and prompts: `files://notes`; `files://slow/N`,
+whose read reports N progress steps; `files://held`, whose read writes held.started and
+waits for the release FIFO as `slow_write` does (a cancelled read records `read held
+cancelled`); the prompt `greet`; and the tool `add_note`, which adds the resource `files://added`
+and the prompt `added` and announces both lists changed (on both protocol eras).
 """
 
 import os
@@ -124,6 +130,50 @@ if os.environ.get("UPSTREAM_SLOW_TOOL") == "1":
         return f"wrote {len(text)} chars to {path}"
 
 
+if os.environ.get("UPSTREAM_RESOURCES") == "1":
+
+    @server.resource("files://notes", name="notes", mime_type="text/plain")
+    def notes() -> str:
+        return "the notes"
+
+    @server.resource("files://slow/{steps}", name="slow", mime_type="text/plain")
+    async def slow(steps: str, ctx: Context) -> str:
+        for step in range(1, int(steps) + 1):
+            await ctx.report_progress(step, int(steps), f"step {step}")
+        return "read slowly"
+
+    def wait_for_read_release() -> str:
+        with (root / "release.fifo").open() as fifo:  # blocks until the test opens it to write
+            return fifo.readline().strip()
+
+    @server.resource("files://held", name="held", mime_type="text/plain")
+    async def held() -> str:
+        (root / "held.started").write_text("held")
+        try:
+            return await anyio.to_thread.run_sync(wait_for_read_release, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            record("read held cancelled")
+            raise
+
+    @server.prompt(name="greet", description="Says hello")
+    def greet() -> str:
+        return "hello"
+
+    @server.tool(description="Adds a resource and a prompt")
+    async def add_note(ctx: Context) -> str:
+        server.resource("files://added", name="added", mime_type="text/plain")(lambda: "added")
+        server.prompt(name="added", description="Added later")(lambda: "added")
+        await ctx.notify_resources_changed()
+        await ctx.notify_prompts_changed()
+        if ctx.protocol_version != "2026-07-28":
+            await ctx.session.send_resource_list_changed()
+            await ctx.session.send_prompt_list_changed()
+        record("add_note")
+        return "added"
+
+
 if __name__ == "__main__":
     (root / "upstream.pid").write_text(str(os.getpid()))
+    with (root / "upstream.pids").open("a") as pids:  # every process started, one a line
+        pids.write(f"{os.getpid()}\n")
     server.run()

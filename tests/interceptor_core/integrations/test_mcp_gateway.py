@@ -416,7 +416,7 @@ class TestWhatFlowsBack:
 
 
 @pytest.fixture(scope="module")
-def http_gateway(everything: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def http_gateway(everything: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, int]]:
     where = tmp_path_factory.mktemp("http-gateway")
     policy, events = where / "gateway.policy.yaml", where / "events.jsonl"
     policy.write_text(POLICY)
@@ -430,7 +430,7 @@ def http_gateway(everything: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         )
     try:
         wait_for_line(where / "stderr.log", "listening on", process)
-        yield f"http://127.0.0.1:{port}/mcp", events
+        yield f"http://127.0.0.1:{port}/mcp", events, process.pid
     finally:
         process.terminate()
         process.wait(timeout=DEADLINE_S)
@@ -439,10 +439,12 @@ def http_gateway(everything: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 class TestStreamableHttp:
     """One proxy process over HTTP for the module; each test its own client session."""
 
-    async def test_reads_prompts_and_sampling_over_http(self, http_gateway: tuple[str, Path], gateway: Gateway) -> None:
+    async def test_reads_prompts_and_sampling_over_http(
+        self, http_gateway: tuple[str, Path, int], gateway: Gateway
+    ) -> None:
         """Over streamable HTTP: the lists, an allowed and a denied read, and a sampling round
         trip behave as over stdio."""
-        url, _events = http_gateway
+        url, _events, _pid = http_gateway
         async with gateway.direct() as direct:
             expected = dump(await direct.list_resources())
             doc = dump(await direct.read_resource("demo://resource/static/document/architecture.md"))
@@ -463,6 +465,74 @@ class TestStreamableHttp:
             sampled = await client.call_tool("trigger-sampling-request", {"prompt": "hi", "maxTokens": 10})
         assert "sampled by the test" in str(dump(sampled))
         assert len(answers.sampled) == 1
+
+
+LEVELS = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+
+
+def upstreams_of(pid: int) -> int:
+    """How many server-everything processes the process `pid` has started and not yet reaped."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone while read
+        if int(fields[1]) == pid and fields[0] != "Z" and b"server-everything" in cmdline:
+            count += 1
+    return count
+
+
+async def wait_for(check: Any) -> None:
+    with anyio.fail_after(DEADLINE_S):
+        while not check():
+            await anyio.sleep(0.05)  # sleep-ok: polling with a deadline
+
+
+class TestEachClientItsOwnSession:
+    """Each HTTP client session gets its own upstream session, declaring exactly what the client
+    declared: two concurrent SDK clients, one that can sample, elicit and give roots, one that
+    cannot, and a third like the first."""
+
+    # The client's setLevel is deprecated in the newest protocol; this server speaks an older one.
+    @pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+    async def test_capabilities_server_requests_and_log_levels_are_per_client(
+        self, http_gateway: tuple[str, Path, int]
+    ) -> None:
+        url, _events, pid = http_gateway
+        able, other = Answers(), Answers()
+        plain = Answers()
+        plain_options = {"logging_callback": plain.log, "message_handler": plain.message}
+        before = upstreams_of(pid)
+        async with (
+            Client(url, **able.options()) as first,
+            Client(url, **plain_options) as second,
+            Client(url, **other.options()) as third,
+        ):
+            # One upstream process per client session.
+            await wait_for(lambda: upstreams_of(pid) == before + 3)
+            gated = {"trigger-sampling-request", "trigger-elicitation-request", "get-roots-list"}
+            assert gated <= {tool.name for tool in (await first.list_tools()).tools}
+            assert gated.isdisjoint({tool.name for tool in (await second.list_tools()).tools})
+            # Two sampling requests at once: each reaches the client whose call triggered it.
+            async with anyio.create_task_group() as tasks:
+                for client, prompt in ((first, "from first"), (third, "from third")):
+                    tasks.start_soon(client.call_tool, "trigger-sampling-request", {"prompt": prompt, "maxTokens": 9})
+            assert ["from first" in str(dump(p)) for p in able.sampled] == [True]
+            assert ["from third" in str(dump(p)) for p in other.sampled] == [True]
+            # The last setLevel is the second client's, and holds for it alone.
+            await first.set_logging_level("debug")
+            await second.set_logging_level("emergency")
+            await first.call_tool("toggle-simulated-logging", {})
+            await second.call_tool("toggle-simulated-logging", {})
+            # This server logs a level drawn at random every 5 s, filtered by the session's level.
+            await wait_for(lambda: any(entry.level != "emergency" for entry in able.logs))
+            assert {entry.level for entry in plain.logs} <= {"emergency"}
+            await first.call_tool("toggle-simulated-logging", {})
+            await second.call_tool("toggle-simulated-logging", {})
+        # A session that ends closes its upstream process.
+        await wait_for(lambda: upstreams_of(pid) == before)
 
 
 def wait_for_line(path: Path, text: str, process: subprocess.Popen[bytes]) -> None:
