@@ -329,6 +329,29 @@ def approval_routes(
 
     from consumers.access_log import AccessRecord
 
+    async def logged(
+        identity: Identity, at: datetime, started: float, query: str, params: dict[str, Any], status: int
+    ) -> bool:
+        """Write the request's access-log line; False when it could not be written (logged)."""
+        if access_log is None:
+            return True
+        record = AccessRecord(
+            time=at,
+            subject=identity.subject,
+            roles=tuple(sorted(identity.roles)),
+            query=query,
+            params=params,
+            status=status,
+            row_count=None,
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+        try:
+            await run_in_threadpool(access_log.record, record)
+        except Exception:
+            log.exception("read API: cannot record %s's %s of %s", identity.subject, query, params["approval_id"])
+            return False
+        return True
+
     async def decide(request: Request) -> Response:
         identity = await identify(request)
         if not isinstance(identity, Identity):
@@ -359,24 +382,10 @@ def approval_routes(
                     "event_id": event.event_id,
                     "call_id": event.call_id,
                 }
-        if access_log is not None:
-            record = AccessRecord(
-                time=at,
-                subject=identity.subject,
-                roles=tuple(sorted(identity.roles)),
-                query=f"approval:{decision or 'invalid'}",
-                params={"approval_id": approval_id, "note": note},
-                status=status,
-                row_count=None,
-                duration_ms=(time.perf_counter() - started) * 1000,
-            )
-            try:
-                await run_in_threadpool(access_log.record, record)
-            except Exception:
-                log.exception("read API: cannot record %s's decision on %s", identity.subject, approval_id)
-                if status == 200:
-                    # The decision stands (it was published); say that its access line is missing.
-                    body["warning"] = "the decision was taken but its access-log line could not be written"
+        query, params = f"approval:{decision or 'invalid'}", {"approval_id": approval_id, "note": note}
+        if not await logged(identity, at, started, query, params, status) and status == 200:
+            # The decision stands (it was published); say that its access line is missing.
+            body["warning"] = "the decision was taken but its access-log line could not be written"
         return JSONResponse(body, status_code=status)
 
     async def claim(request: Request) -> Response:
@@ -407,21 +416,8 @@ def approval_routes(
             else:
                 status = 200
                 body = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in held.items()}
-        if access_log is not None:
-            record = AccessRecord(
-                time=at,
-                subject=identity.subject,
-                roles=tuple(sorted(identity.roles)),
-                query="approval:claim",
-                params={"approval_id": approval_id, **{k: v for k, v in given.items() if k != "args_digest"}},
-                status=status,
-                row_count=None,
-                duration_ms=(time.perf_counter() - started) * 1000,
-            )
-            try:
-                await run_in_threadpool(access_log.record, record)
-            except Exception:
-                log.exception("read API: cannot record %s's claim of %s", identity.subject, approval_id)
+        params = {"approval_id": approval_id, **{k: v for k, v in given.items() if k != "args_digest"}}
+        await logged(identity, at, started, "approval:claim", params, status)
         return JSONResponse(body, status_code=status)
 
     return [
