@@ -479,3 +479,49 @@ class TestDashboardQueries:
         assert [(r["partition"], r["next_offset"]) for r in rows] == [(0, len(fx.shop)), (1, 51)]
         assert [r["recent_events"] for r in rows] == [len(fx.shop), len(fx.lab) - 1]
         assert all(r["median_delay_s"] >= 0 for r in rows)
+
+
+class TestApprovalQueriesAtScale:
+    def test_thousands_of_pending_requests_list_within_the_stores_memory(self, tmp_path: Any) -> None:
+        """6,000 pending requests under the store's default memory limit: `pending_approvals` pages
+        them and `approval_request` finds one (reading each request's JSON once per row, not once per
+        column, which ran out of memory here)."""
+        from events.chain import Producer, new_event_id
+        from events.models import ApprovalRequestedEvent
+
+        producer, now = Producer(), datetime.now(UTC)
+        requests = [
+            producer.seal(
+                ApprovalRequestedEvent,
+                {
+                    "event_id": new_event_id(),
+                    "time": now + timedelta(microseconds=i),
+                    "gate": "g",
+                    "tool": "refund",
+                    "call_id": f"c-{i}",
+                    "run_id": f"run-{i // 20}",
+                    "tenant": f"tenant-{i % 50}",
+                    "principal": f"user-{i % 500}",
+                    "args": {"order_id": f"ACME-{i}", "amount_cents": i},
+                    "decisions": [],
+                    "reason": "refund over 100",
+                    "requested_by": ("policy",),
+                    "approval_id": f"{i:032x}",
+                    "args_digest": "d" * 64,
+                    "policy_version": "p" * 64,
+                    "rule": "big-refunds",
+                    "expires_at": (now + timedelta(hours=1)).isoformat(),
+                },
+            )
+            for i in range(6000)
+        ]
+        with AuditStore(tmp_path / "audit.duckdb") as store:
+            records = [RawRecord(TOPIC, 0, i, e.producer_id.encode(), encode_event(e)) for i, e in enumerate(requests)]
+            store.ingest(records, {(TOPIC, 0): len(records)})
+            con = store.cursor()
+            page = run_query(con, "pending_approvals", {"limit": 100}).rows
+            one = run_query(con, "approval_request", {"approval_id": f"{17:032x}"}).rows
+        assert [row["approval_id"] for row in page] == [f"{i:032x}" for i in range(5999, 5899, -1)]
+        assert page[0]["args"] == {"order_id": "ACME-5999", "amount_cents": 5999}
+        assert page[0]["requested_by"] == ["policy"]
+        assert (one[0]["status"], one[0]["tenant"], one[0]["rule"]) == ("pending", "tenant-17", "big-refunds")
