@@ -31,15 +31,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 import duckdb
 
+if TYPE_CHECKING:
+    import psycopg
+
 __all__ = [
     "LAKE_ALIAS",
+    "TURN_WAIT_S",
     "Lake",
     "LakeError",
     "NoSnapshotsError",
+    "WriterTurns",
     "at_snapshot",
     "attach_lake",
     "extension_file",
@@ -168,6 +173,116 @@ def attach_lake(con: duckdb.DuckDBPyConnection, lake: Lake, *, read_only: bool =
     if read_only or lake.as_of is not None:
         options.append("READ_ONLY")
     con.execute(f"ATTACH {_text('ducklake:' + lake.catalog)} AS {LAKE_ALIAS} ({', '.join(options)})").fetchall()
+
+
+TURN_WAIT_S: Final = 10.0
+"""How long a lake writer waits for its turn (`WriterTurns`) before it writes without one (a write
+transaction takes 0.1 to 2 s over PostgreSQL, measured in bench/lake.py; this is several of them)."""
+
+# The advisory lock of a lake's writers: two int4 halves (pg_locks shows them as classid and objid),
+# in the catalog's database (PostgreSQL scopes advisory locks by database).
+_TURN_KEY: Final = (0x63676C6B, 0x77726974)  # "cglk", "writ"
+
+
+class WriterTurns:
+    """Writers of one lake whose catalog is PostgreSQL take turns at writing: `turn()` holds a session
+    advisory lock in the catalog's database, on a connection of its own, from before a write
+    transaction begins until after it ends. The next writer then begins on a snapshot that holds the
+    previous one's commit, instead of colliding with it at commit (DuckLake's conflict check refuses
+    all but one of two overlapping writes, and the loser runs its whole transaction again).
+
+    A speed measure only: correctness rests on the conflict check and the offsets fence
+    (`consumers.store.StoreFencedError`), which hold with or without a turn. A turn not had within
+    `TURN_WAIT_S`, or a lock connection that fails, and the writer goes on without one (counted in
+    `missed`); while the holder that outwaited it (a paused process) still holds the lock, the next
+    turns do not wait for it again. A SQLite catalog takes no turns (one host). Not safe from several
+    threads: one per store, used under its write lock. Blocks for the wait."""
+
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+        self.missed = 0
+        """Turns not had (waited out, or the lock connection failed): those writes went on without one."""
+        self._con: psycopg.Connection[Any] | None = None
+        self._stuck_holder: int | None = None  # the backend that held the lock through a whole wait
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[bool]:
+        """Hold the lake's turn for the block; yields whether it is held (True also for a SQLite
+        catalog, which needs none). Never raises for the lock itself."""
+        if self.lake.kind != "postgres":
+            yield True
+            return
+        held = self._take()
+        try:
+            yield held
+        finally:
+            if held:
+                self._give_back()
+
+    def close(self) -> None:
+        """Close the lock connection (its session's locks go with it); idempotent."""
+        if self._con is not None:
+            with contextlib.suppress(Exception):
+                self._con.close()
+            self._con = None
+
+    def _take(self) -> bool:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            if self._con is None:
+                dsn = self.lake.catalog.partition(":")[2]
+                name = str(conninfo_to_dict(dsn).get("application_name") or "callgate")
+                self._con = psycopg.connect(
+                    dsn,
+                    autocommit=True,
+                    application_name=f"{name} lake turns",
+                    connect_timeout=max(2, int(TURN_WAIT_S)),
+                )
+            con = self._con
+            if self._stuck_holder is not None:
+                row = con.execute("SELECT pg_try_advisory_lock(%s::integer, %s::integer)", _TURN_KEY).fetchone()
+                if row and row[0]:
+                    self._stuck_holder = None
+                    return True
+                if self._holder(con) == self._stuck_holder:
+                    self.missed += 1
+                    return False
+                self._stuck_holder = None
+            con.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, int(TURN_WAIT_S * 1000))}ms",))
+            try:
+                con.execute("SELECT pg_advisory_lock(%s::integer, %s::integer)", _TURN_KEY)
+            except psycopg.errors.LockNotAvailable:
+                self._stuck_holder = self._holder(con)
+                self.missed += 1
+                return False
+            return True
+        except psycopg.Error:
+            # A catalog the lock cannot reach: the write goes on, and fails or not on its own.
+            self.close()
+            self.missed += 1
+            return False
+
+    def _give_back(self) -> None:
+        import psycopg
+
+        if self._con is None:
+            return
+        try:
+            self._con.execute("SELECT pg_advisory_unlock(%s::integer, %s::integer)", _TURN_KEY)
+        except psycopg.Error:
+            self.close()  # the session's end releases the lock
+
+    @staticmethod
+    def _holder(con: psycopg.Connection[Any]) -> int | None:
+        row = con.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND classid = %s::oid AND objid = %s::oid",
+            _TURN_KEY,
+        ).fetchone()
+        return int(row[0]) if row else None
 
 
 KEPT_SNAPSHOTS: Final = 4

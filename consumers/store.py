@@ -44,7 +44,7 @@ import pyarrow as pa  # type: ignore[import-untyped]  # ships no type informatio
 
 from consumers.archive import CREATE_ARCHIVE_TABLES, ArchivedDay, archive_days, with_archive
 from consumers.checkpoints import CheckpointVerifier
-from consumers.lake import LAKE_ALIAS, Lake, attach_lake
+from consumers.lake import LAKE_ALIAS, Lake, WriterTurns, attach_lake
 from consumers.proofs import fold, fold_all
 from events import EventBase, EventParseError
 from events.codec import ReadEvent, read_event
@@ -1402,6 +1402,9 @@ class AuditStore:
         self.read_only = read_only
         self.commit_conflicts = 0
         """Lake commits refused for a conflict with another writer's and run again (`_in_transaction`)."""
+        self.turns = WriterTurns(self.lake) if self.lake is not None and not read_only else None
+        """How this store's lake writes take turns with other writers' (`consumers.lake.WriterTurns`),
+        or None (a DuckDB file, or read-only)."""
         # Per topic, the offsets this store last read (`offsets`) or wrote: what the fence expects.
         self._known_offsets: dict[str, dict[int, int]] = {}
         self._lake_ready = False
@@ -1423,6 +1426,8 @@ class AuditStore:
             self._migrate()
         except BaseException:
             self._root.close()
+            if self.turns is not None:
+                self.turns.close()
             raise
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -1431,6 +1436,8 @@ class AuditStore:
         """Close the store and every cursor it handed out, and release the file's lock; idempotent."""
         with self._write_lock, self._cursor_lock:
             self._root.close()
+            if self.turns is not None:
+                self.turns.close()
 
     def __enter__(self) -> AuditStore:
         return self
@@ -1680,32 +1687,34 @@ class AuditStore:
         rolled back and re-raised when it raises. In a lake, a commit refused for a conflict with
         another writer's (DuckLake's own check: any two transactions that change one table) is run
         again from the start on a fresh snapshot, up to `MAX_COMMIT_ATTEMPTS` times: `work` must be
-        repeatable, and sees what the other writer committed (the offsets fence included)."""
+        repeatable, and sees what the other writer committed (the offsets fence included). Each attempt
+        first waits for its turn among the lake's writers (`turns`), so that overlapping writes are rare."""
         attempt = 0
         while True:
             con = self._con
-            con.begin()
-            try:
-                if self.lake is not None and self._lake_ready:
-                    con.execute(_COUNT_LAKE_COMMIT)
-                result = work(con)
-                con.commit()
-                return result
-            except duckdb.TransactionException as exc:
-                with contextlib.suppress(duckdb.Error):
-                    con.rollback()
-                attempt += 1
-                if self.lake is None or "conflict" not in str(exc).lower() or attempt >= MAX_COMMIT_ATTEMPTS:
+            with self.turns.turn() if self.turns is not None else contextlib.nullcontext():
+                con.begin()
+                try:
+                    if self.lake is not None and self._lake_ready:
+                        con.execute(_COUNT_LAKE_COMMIT)
+                    result = work(con)
+                    con.commit()
+                    return result
+                except duckdb.TransactionException as exc:
+                    with contextlib.suppress(duckdb.Error):
+                        con.rollback()
+                    attempt += 1
+                    if self.lake is None or "conflict" not in str(exc).lower() or attempt >= MAX_COMMIT_ATTEMPTS:
+                        raise
+                    self.commit_conflicts += 1
+                except BaseException:
+                    # The original error says what went wrong; a failing rollback (a dead connection)
+                    # must not replace it, and DuckDB discards the open transaction anyway.
+                    with contextlib.suppress(duckdb.Error):
+                        con.rollback()
                     raise
-                self.commit_conflicts += 1
-                # Jitter, so that writers refused together do not collide again in step.
-                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
-            except BaseException:
-                # The original error says what went wrong; a failing rollback (a dead connection)
-                # must not replace it, and DuckDB discards the open transaction anyway.
-                with contextlib.suppress(duckdb.Error):
-                    con.rollback()
-                raise
+            # Jitter outside the turn, so that writers refused together do not collide again in step.
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
 
     def _trim_cache(self, con: duckdb.DuckDBPyConnection) -> None:
         """Evict what the buffer pool holds of the tables' blocks beyond `table_cache_bytes`, once it

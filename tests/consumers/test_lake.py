@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import consumers.lake
 from callgate.broker import EmbeddedBroker
 from consumers import AuditStore, RawRecord
 from consumers.lake import LakeError, lake_from_options
@@ -142,8 +143,10 @@ class TestOneWriterAtATime:
     def test_a_commit_after_another_writers_is_refused_by_the_lakes_conflict_check(
         self, new_lake: NewLake, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """A's transaction has read the offsets when B commits partition 0: A's commit conflicts in the lake,
-        its retry on a fresh snapshot finds the offsets moved and raises StoreFencedError; B's rows stay once."""
+        """A's transaction holds the writers' turn and has read the offsets (a paused writer) when B, its
+        wait for the turn run out, commits partition 0 without one: A's commit conflicts in the lake, its
+        retry on a fresh snapshot finds the offsets moved and raises StoreFencedError; B's rows stay once."""
+        monkeypatch.setattr(consumers.lake, "TURN_WAIT_S", 0.2)
         lake = new_lake()
         batch = records(gate_events(5))
         with AuditStore(lake) as a, AuditStore(lake) as b:
@@ -161,6 +164,9 @@ class TestOneWriterAtATime:
             with pytest.raises(StoreFencedError):
                 a.ingest(batch, {(TOPIC, 0): len(batch)})
             assert interleaved == [3]
+            assert b.turns is not None
+            assert a.turns is not None
+            assert (a.turns.missed, b.turns.missed) == (0, 1)
             assert a.commit_conflicts == 1
             ids = b.cursor().execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchall()
             assert ids == [(3, 3)]
@@ -202,7 +208,7 @@ class TestOneWriterAtATime:
 class TestWriterProcesses:
     def test_three_processes_write_one_lake_each_event_once(self, new_lake: NewLake, tmp_path: Path) -> None:
         """Three writer processes, a partition each, store their batches at once: every event once, every
-        partition's offset at its end, no chain break (commits that conflicted were run again)."""
+        partition's offset at its end, no chain break, and no commit conflicted (the writers took turns)."""
         lake = new_lake()
         writers = [_Writer(lake) for _ in range(3)]
         expected: set[str] = set()
@@ -215,7 +221,7 @@ class TestWriterProcesses:
         finally:
             codes = [writer.close() for writer in writers]
         assert codes == [0, 0, 0]
-        assert [a[:2] for a in answers] == [["stored", "41"]] * 3
+        assert answers == [["stored", "41", "0"]] * 3
         with AuditStore(lake, read_only=True) as reader:
             rows = reader.cursor().execute("SELECT event_id FROM events").fetchall()
             assert sorted(i for (i,) in rows) == sorted(expected)
