@@ -21,7 +21,8 @@ DuckDB file, and the named queries on the lake against the file.
    `callgate materialize --assignment group --lake` processes on the embedded broker, events sealed
    as they are emitted through a KafkaSink at 2,000 and then 10,000 events/s; the lag of an event is
    from its decision (`time`) to its commit in the lake (`ingested_at`): p50 and p99, and how many
-   were stored once all were in.
+   were stored once all were in; and the Parquet files the timed part wrote, as files an hour at that
+   pace, and the events table's live files after `ducklake_merge_adjacent_files`.
 4. Queries at scale (`--queries-at N`, alone): N synthetic events generated in SQL (bench/queries.py's
    week of traffic, with its dead letters, chain breaks and offsets) into a DuckDB file, then copied
    into a lake over PostgreSQL in bulk, 10 inserts of a tenth of the week each (10 snapshots, a few
@@ -263,8 +264,10 @@ def queries_at_scale(n: int, runs: int, scratch_dir: str | None = None) -> None:
 
 async def lake_lag(
     server: LocalPostgres, tmp: Path, rate: int, seconds: float, members: int = 3
-) -> tuple[float, float, int]:
-    """p50 and p99 (s) of decision-to-commit at `rate` events/s into a lake three materializers write."""
+) -> tuple[float, float, int, float, int]:
+    """p50 and p99 (s) of decision-to-commit at `rate` events/s into a lake `members` materializers
+    write, the events, the Parquet files the timed part wrote per hour at that pace, and the events
+    table's live files after `ducklake_merge_adjacent_files`."""
     import asyncio
 
     from callgate.broker import EmbeddedBroker
@@ -310,6 +313,7 @@ async def lake_lag(
                     if time.monotonic() - sent < 3.0:
                         break
                 group = max(1, rate // 1000)
+                files_at_start = _parquet_files(lake.data)
                 start = time.perf_counter()
                 for i in range(0, total, group):
                     for j in range(min(group, total - i)):
@@ -324,6 +328,8 @@ async def lake_lag(
                     if time.monotonic() > deadline:
                         raise SystemExit("the lake did not get every event within 600 s")
                     await asyncio.sleep(0.5)
+                written = _parquet_files(lake.data) - files_at_start
+                files_per_hour = written / (time.perf_counter() - start) * 3600
                 lags = [
                     float(row[0])
                     for row in reader.cursor()
@@ -336,7 +342,16 @@ async def lake_lag(
                 member.send_signal(signal.SIGTERM)
             for member in running:
                 member.wait(timeout=60)
-    return statistics.median(lags), statistics.quantiles(lags, n=100)[98], len(lags)
+    with AuditStore(lake) as compacting:
+        compacting.cursor().execute("CALL ducklake_merge_adjacent_files('lake')").fetchall()
+        ((live,),) = (
+            compacting.cursor().execute("SELECT count(*) FROM ducklake_list_files('lake', 'events')").fetchall()
+        )
+    return statistics.median(lags), statistics.quantiles(lags, n=100)[98], len(lags), files_per_hour, int(live)
+
+
+def _parquet_files(data: str) -> int:
+    return len(list(Path(data).rglob("*.parquet")))
 
 
 def _sealed_fields() -> dict[str, Any]:
@@ -396,10 +411,14 @@ def main() -> None:
         with postgres() as server, tempfile.TemporaryDirectory(prefix="callgate-bench-lag-") as scratch:
             for members in [int(m) for m in args.lag_members.split(",")]:
                 for rate in (2_000, 10_000):
-                    p50, p99, count = asyncio.run(lake_lag(server, Path(scratch), rate, args.lag_seconds, members))
+                    p50, p99, count, per_hour, live = asyncio.run(
+                        lake_lag(server, Path(scratch), rate, args.lag_seconds, members)
+                    )
                     where = f"lag at {rate:,} events/s into a lake of {members} materializers"
                     print(f"{where}: p50 {p50:.2f} s, p99 {p99:.2f} s ({count:,} events)")
+                    print(f"  data files written at that pace: {per_hour:,.0f} an hour; after compaction: {live}")
                     report(f"lake lag p99 at {rate} events/s, {members} materializers", p99, "s")
+                    report(f"lake data files an hour at {rate} events/s, {members} materializers", per_hour, "files")
         if args.only_lag:
             return
 
