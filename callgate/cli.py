@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -21,6 +22,7 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
+_T = TypeVar("_T")
 
 
 def resolve_gate(spec: str) -> Any:
@@ -230,6 +232,18 @@ DataOption = Annotated[
     str | None,
     typer.Option(help="With --lake: where the lake's Parquet files are, a directory or s3://BUCKET/PREFIX/."),
 ]
+
+
+def _loaded(option: str, load: Callable[[Path], _T], path: Path | None, errors: type[Exception]) -> _T | None:
+    """`load(path)`, or None without a path; a file it refuses ends the start: exit 2 with one line
+    naming the option."""
+    if path is None:
+        return None
+    try:
+        return load(path)
+    except errors as exc:
+        typer.echo(f"error: {option}: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _store_home(
@@ -463,36 +477,14 @@ def materialize(
     if store_home is None:
         typer.echo("error: give --db FILE or --lake CATALOG --data PATH", err=True)
         raise typer.Exit(2)
-    keys = None
     if require_signed and trusted_keys is None:
         typer.echo("error: --require-signed needs --trusted-keys", err=True)
         raise typer.Exit(2)
-    if trusted_keys is not None:
-        from events.signing import SigningError, load_trusted_keys
+    from events.signing import SigningError, SigningKey, load_trusted_keys
 
-        try:
-            keys = load_trusted_keys(trusted_keys)
-        except SigningError as exc:
-            typer.echo(f"error: --trusted-keys: {exc}", err=True)
-            raise typer.Exit(2) from None
-    signer = None
-    if decision_key is not None:
-        from events.signing import SigningError, SigningKey
-
-        try:
-            signer = SigningKey.load(decision_key)
-        except SigningError as exc:
-            typer.echo(f"error: --decision-key: {exc}", err=True)
-            raise typer.Exit(2) from None
-    desk_keys = None
-    if decision_pub is not None:
-        from events.signing import SigningError, load_trusted_keys
-
-        try:
-            desk_keys = load_trusted_keys(decision_pub)
-        except SigningError as exc:
-            typer.echo(f"error: --decision-pub: {exc}", err=True)
-            raise typer.Exit(2) from None
+    keys = _loaded("--trusted-keys", load_trusted_keys, trusted_keys, SigningError)
+    signer = _loaded("--decision-key", SigningKey.load, decision_key, SigningError)
+    desk_keys = _loaded("--decision-pub", load_trusted_keys, decision_pub, SigningError)
     api_address = _host_port(api) if api else None
     if allow_remote:
         typer.echo("warning: --allow-remote is the old name of --insecure-no-auth; use that", err=True)
@@ -511,15 +503,9 @@ def materialize(
     tls = _api_tls(api, tls_cert, tls_key)
     _check_api_exposure(api, api_address, authenticator, tls, insecure_no_auth)
 
-    hooks = None
-    if webhooks is not None:
-        from consumers.webhooks import WebhookError, load_webhooks
+    from consumers.webhooks import WebhookError, load_webhooks
 
-        try:
-            hooks = load_webhooks(webhooks)
-        except WebhookError as exc:
-            typer.echo(f"error: --webhooks: {exc}", err=True)
-            raise typer.Exit(2) from None
+    hooks = _loaded("--webhooks", load_webhooks, webhooks, WebhookError)
 
     try:
         materializer = Materializer(
