@@ -21,12 +21,13 @@ from dashboard import ui
 
 st.title("Approvals")
 
-# approval id -> what this session decided (shown so, until the store has the decision).
+# approval id -> (what this session decided, the request as shown): the request stays on the page
+# with its decision after it leaves the pending list, which can happen before the page reruns.
 DECIDED_KEY = "approvals_decided"
 
 cfg = ui.config()
 session = ui.access()
-decided: dict[str, str] = st.session_state.setdefault(DECIDED_KEY, {})
+decided: dict[str, tuple[str, dict[str, Any]]] = st.session_state.setdefault(DECIDED_KEY, {})
 
 
 def decide(request: dict[str, Any], approved: bool) -> None:
@@ -43,8 +44,9 @@ def decide(request: dict[str, Any], approved: bool) -> None:
         st.text(str(exc))
         return
     if status == 200:
-        decided[approval_id] = f"{'approved' if approved else 'denied'} by {body.get('by')}"
-        st.toast(f"Request {approval_id[:12]}… {decided[approval_id]}")
+        told = f"{'approved' if approved else 'denied'} by {body.get('by')}"
+        decided[approval_id] = (told, request)
+        st.toast(f"Request {approval_id[:12]}… {told}")
     else:
         st.session_state[f"refused-{approval_id}"] = f"Refused ({status}): {body.get('error', body)}"
 
@@ -82,7 +84,7 @@ def show(request: dict[str, Any]) -> None:
         if refused:
             st.error(refused)
         if approval_id in decided:
-            st.success(decided[approval_id])
+            st.success(decided[approval_id][0])
             return
         st.text_input("Note", key=f"note-{approval_id}", placeholder="why (the model reads it on a denial)")
         buttons = st.columns([1, 1, 4])
@@ -132,8 +134,12 @@ with ui.problems():
     rows = ui.query("pending_approvals", {"tenant": ui.filters_tenant(), "limit": 200})
     waiting = [row for row in rows if row["approval_id"] not in decided]
     st.caption("1 request waiting." if len(waiting) == 1 else f"{len(waiting)} requests waiting, newest first.")
-    if not rows:
+    if not waiting:
         st.info("No request is waiting for a reviewer.")
-    for row in rows:
+    for row in waiting:
         show(row)
+    if decided:
+        st.subheader("Decided here")
+        for _, request in reversed(list(decided.values())[-20:]):
+            show(request)
     look_up()

@@ -107,17 +107,27 @@ class Stack:
         self.ran = tmp_path / "ran.txt"
         self.ran.touch()
         self.hooks: Hooks | None = None
+        self.agents: list[subprocess.Popen[str]] = []
 
     def agent(
         self, call_id: str, amount: int = 20000, *, timeout_s: float = 120, tenant: str = "acme"
     ) -> subprocess.Popen[str]:
         spool = self.tmp_path / f"spool-{uuid.uuid4().hex[:8]}"
         args = [self.bootstrap, self.topic, self.decisions, str(spool), str(self.ran), call_id, str(amount)]
-        return subprocess.Popen(
+        agent = subprocess.Popen(
             [sys.executable, str(AGENT), *args, str(timeout_s), tenant, "u-1", self.api, self.tokens["gate-acme"]],
             stdout=subprocess.PIPE,
             text=True,
         )
+        self.agents.append(agent)
+        return agent
+
+    def stop_agents(self) -> None:
+        """Every agent process this stack started is gone, whatever a test left running."""
+        for agent in self.agents:
+            if agent.poll() is None:
+                agent.kill()
+            agent.communicate()
 
     def query(self, name: str, **params: Any) -> list[dict[str, Any]]:
         try:
@@ -198,13 +208,14 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Stack]:
         stdout=subprocess.PIPE,
         text=True,
     )
+    built = Stack(kafka_broker.bootstrap, tmp_path, tokens, api, url)
+    built.topic, built.decisions, built.hooks = topic, decisions, hooks
     try:
         assert console.stdout is not None
         assert console.stdout.readline().startswith(f"dashboard at {url}")
-        built = Stack(kafka_broker.bootstrap, tmp_path, tokens, api, url)
-        built.topic, built.decisions, built.hooks = topic, decisions, hooks
         yield built
     finally:
+        built.stop_agents()
         hooks.server.shutdown()
         hooks.server.server_close()
         stop(console)
@@ -298,7 +309,6 @@ def test_a_reviewer_approves_in_the_console_and_the_call_runs_once(chromium: str
             asked = stack.pending("call-resume")
             paused.send_signal(signal.SIGKILL)
             paused.wait(10)
-            paused.stdout.close()  # type: ignore[union-attr]
             box = decide(page, asked["approval_id"], "Approve", "resume it")
             expect(box.get_by_text("approved by rev-1")).to_be_visible(timeout=30_000)
             assert stack.runs("call-resume") == 0
