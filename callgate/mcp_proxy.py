@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import math
 import os
+import re
 import shlex
 import signal
 import socket
@@ -637,13 +638,38 @@ def _strings(value: object) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?")
+
+
+def _header_problem(headers: Mapping[str, str]) -> str | None:
+    """What is wrong with a `url` entry's headers (naming the header, never its value, which may
+    be a credential), or None: a name that is not an HTTP token, a name given twice (names are
+    case-insensitive), a value that is not printable ASCII or has spaces around it."""
+    seen: set[str] = set()
+    for name, value in headers.items():
+        if _HEADER_NAME.fullmatch(name) is None:
+            return f"the header name {name[:64]!r} is not an HTTP header name"
+        if name.lower() in seen:
+            return f"the header {name!r} is given twice (header names are case-insensitive)"
+        seen.add(name.lower())
+        if _HEADER_VALUE.fullmatch(value) is None:
+            return (
+                f"the value of header {name!r} must be printable ASCII without spaces around it "
+                "(no line breaks or control characters)"
+            )
+    return None
+
+
 def load_gateway_config(path: Path) -> list[UpstreamSpec]:
     """Read a `--config` file: a YAML mapping with `servers`, a list of `{name, command, env?}`
     (`command` a list of strings, `env` a mapping of strings) or `{name, url, headers?}` (an
-    http or https URL of a streamable HTTP server, `headers` a mapping of strings).
+    http or https URL of a streamable HTTP server, `headers` a mapping of HTTP header names to
+    printable ASCII values).
     `ProxyConfigError` naming the file and the entry for anything else: an unknown key, a name
     that is not a valid server name (see `SERVER_NAME`) or is given twice, neither or both of
-    command and url, an empty command, a URL that is not http(s), a file that cannot be read or
+    command and url, an empty command, a URL that is not http(s), a header that could not be sent
+    as given (see `_header_problem`; its value is never shown), a file that cannot be read or
     parsed."""
     import yaml
 
@@ -688,6 +714,8 @@ def load_gateway_config(path: Path) -> list[UpstreamSpec]:
                 raise ProxyConfigError(f"{where}: url must be an http:// or https:// URL")
             if not _strings(headers):
                 raise ProxyConfigError(f"{where}: headers must be a mapping of strings to strings")
+            if (problem := _header_problem(headers)) is not None:
+                raise ProxyConfigError(f"{where}: {problem}")
             specs.append(UpstreamSpec(name, (), {}, url, dict(headers)))
             continue
         if "headers" in entry:
