@@ -1,7 +1,9 @@
 """OpenAI Agents SDK through the gate: `gate_function_tools` gates `FunctionTool`s (an agent's
 `as_tool()` included, with the tools of the agents nested in it), `GatedMCPServer` gates an SDK MCP
-server, and `reject` rejects a call paused for approval and records the refusal (a plain
-`state.reject(item)` is recorded too, when the resumed run lists its tools).
+server; `approve` and `reject` decide a call paused for approval naming who decided (the SDK's own
+`state.approve(item)` and `state.reject(item)` work too, naming nobody; a plain rejection is
+recorded when the resumed run lists its tools, in this process or another one resuming from the
+state string).
 
 ```python
 tools = gate_function_tools([write_file, delete_file], gate=gate, agent="writer")
@@ -40,7 +42,7 @@ from agents.agent import AgentBase
 from agents.agent_tool_state import get_agent_tool_state_scope, peek_agent_tool_run_result
 from agents.exceptions import ModelBehaviorError
 from agents.mcp import MCPServer, MCPToolMetaContext
-from agents.run_context import RunContextWrapper
+from agents.run_context import RunContextWrapper, _ApprovalRecord
 from agents.tool import (
     ToolErrorFunction,
     _FailureHandlingFunctionToolInvoker,
@@ -61,7 +63,7 @@ from interceptor_core.integrations._schema import SchemaArgs, schema_model, sche
 from interceptor_core.integrations.mcp import McpToolError, error_text, result_from_gate
 from interceptor_core.tools import Tool
 
-__all__ = ["GatedMCPServer", "gate_function_tools", "reject"]
+__all__ = ["GatedMCPServer", "approve", "gate_function_tools", "reject"]
 
 # The SDK's invocation pipeline is private API (`_FailureHandlingFunctionToolInvoker` and its
 # `_invoke_tool_impl`, `_parse_function_tool_json_input`): the `openai-agents` extra pins 0.24.x,
@@ -169,8 +171,9 @@ def gate_function_tools(
     before this returns. Raises `ConfigurationError` for a name or schema the gate cannot take.
 
     `sdk_approvals` (default True): when the gate has no `approval_handler`, a call its chain
-    requires approval for interrupts the SDK's run (`RunResult.interruptions`; approve it on the
-    run's state, or reject it with `reject(state, item)`, and run again), as a tool's own
+    requires approval for interrupts the SDK's run (`RunResult.interruptions`; decide it on the
+    run's state with `approve(state, item, by=)` or `reject(state, item, by=)`, or the SDK's own
+    `state.approve` / `state.reject`, and run again), as a tool's own
     `needs_approval` does. The chain is then asked at the SDK's approval step too, and the pause is
     recorded as the durable `ApprovalRequested` (no outcome: the resumed call has it); the tools'
     `needs_approval` is a function, which the SDK asks only for arguments that are a JSON object:
@@ -311,6 +314,82 @@ class _Pauses:
         return found
 
 
+_NOTES = "callgate:paused-calls"
+"""Where the gate keeps, in a run's own state, what it knows of the run's calls paused for approval:
+the key of an approval record of the run (`RunContextWrapper._approvals`, private), the one place
+the SDK's state string (`RunState.to_string`) carries data of ours into another process. No tool can
+have the name (tool names have no colon), and the record approves and rejects nothing; its per-call
+messages (`rejection_messages`, kept in the string as given) hold, by call id, a JSON object: the
+paused call's `tool` and `arguments` (so that a rejection given with the SDK's own `state.reject` is
+recorded wherever the run resumes), and `by` and `note` once `approve` named who approved."""
+
+
+def _notes(wrapper: object, *, create: bool = False) -> dict[str, str] | None:
+    """The notes of the run whose approvals `wrapper` holds (None when it has none)."""
+    approvals = getattr(wrapper, "_approvals", None)
+    if not isinstance(approvals, dict):
+        return None
+    record = approvals.get(_NOTES)
+    if record is None and create:
+        record = approvals[_NOTES] = _ApprovalRecord()
+    return record.rejection_messages if isinstance(record, _ApprovalRecord) else None
+
+
+def _read_note(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _note(wrapper: object, call_id: str, fields: dict[str, Any]) -> None:
+    """Add `fields` to the note of the paused call `call_id` in the run's state."""
+    notes = _notes(wrapper, create=True)
+    if notes is not None:
+        notes[call_id] = json.dumps({**_read_note(notes.get(call_id)), **fields})
+
+
+def _take_note(wrapper: object, call_id: str) -> dict[str, Any]:
+    """The note of the call `call_id`, removed from the run's state: the call is concluded."""
+    notes = _notes(wrapper)
+    return _read_note(notes.pop(call_id, None)) if notes else {}
+
+
+def _text(note: dict[str, Any], field: str) -> str | None:
+    value = note.get(field)
+    return value if isinstance(value, str) else None
+
+
+def _sdk_approval(wrapper: RunContextWrapper[Any], call_id: str) -> Approval:
+    """The approval the SDK's run gave the call: who approved and why when `approve` said so."""
+    note = _take_note(wrapper, call_id)
+    return Approval(approved=True, by=_text(note, "by"), note=_text(note, "note") or _SDK_APPROVED.note)
+
+
+def _sdk_rejections(
+    wrapper: RunContextWrapper[Any], name: str, pauses: _Pauses | None, default_run: RunContext
+) -> list[tuple[str, Any, RunContext]]:
+    """The calls of tool `name` paused in this run that its approvals reject and that were not
+    recorded yet, concluded here (each is recorded once, whichever listing of the tools sees it
+    first): from this process's pauses, and from the notes the run's state carries (a run paused in
+    another process), with their arguments and `RunContext`."""
+    found = {c: (p.params, p.run) for c, p in pauses.rejected(wrapper, name)} if pauses is not None else {}
+    notes = _notes(wrapper)
+    if notes:
+        context = wrapper.context
+        run = context if isinstance(context, RunContext) else default_run
+        for call_id, text in list(notes.items()):
+            note = _read_note(text)
+            if note.get("tool") != name or wrapper.is_tool_approved(name, call_id) is not False:
+                continue
+            del notes[call_id]
+            found.setdefault(call_id, (note.get("arguments"), run))
+            if pauses is not None:
+                pauses.conclude(call_id)
+    return [(call_id, params, run) for call_id, (params, run) in found.items()]
+
+
 IsEnabled = bool | Callable[[RunContextWrapper[Any], AgentBase], Any]
 
 _SDK_REJECTED = "rejected in the OpenAI Agents SDK run (RunState.reject)"
@@ -321,13 +400,14 @@ def _records_rejections(own: IsEnabled, target: _GatedTarget, pauses: _Pauses) -
     its paused calls with `state.reject(item)`. The SDK answers such a call with its rejection text
     without calling the tool, and lists the agent's tools (asking each `is_enabled`, with the run's
     approvals) before its next model call: that is where the rejection is seen and recorded, as
-    `reject` records it, with `by` unknown and the SDK's rejection message as the note."""
+    `reject` records it, with `by` unknown and the SDK's rejection message as the note, in this
+    process or in another one resuming the run from its state string."""
 
     async def is_enabled(wrapper: RunContextWrapper[Any], agent: AgentBase) -> bool:
-        for call_id, paused in pauses.rejected(wrapper, target.name):
+        for call_id, params, run in _sdk_rejections(wrapper, target.name, pauses, target.default_run):
             note = wrapper.get_rejection_message(target.name, call_id) or _SDK_REJECTED
             with contextlib.suppress(ToolBlockedError):  # a block now is recorded; the run goes on
-                await _record_rejection(target, paused.params, paused.run, call_id, None, note)
+                await _record_rejection(target, params, run, call_id, None, note)
         if callable(own):
             decided = own(wrapper, agent)
             return bool(await decided if inspect.isawaitable(decided) else decided)
@@ -418,7 +498,7 @@ class _GatedInvocation:
         approval = None
         asks = None
         if scope.gate.approval_handler is None and ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
-            approval = _SDK_APPROVED
+            approval = _sdk_approval(ctx, ctx.tool_call_id)
             # The SDK's approval answers the tool's own request too: record it as one.
             asks = await _own_request(self.own_approval, ctx, input, ctx.tool_call_id)
         self.pauses.conclude(ctx.tool_call_id)  # it reached the tool: no rejection to look for
@@ -532,6 +612,7 @@ def _needs_approval(
         paused = await _pause(scope, name, params, run, call_id, asks)
         if paused or asks is not None:
             pauses.add(call_id, params, run)
+            _note(run_ctx, call_id, {"tool": name, "arguments": params})
         return paused or asks is not None
 
     return needs_approval
@@ -570,11 +651,35 @@ async def reject(
         context = getattr(wrapper, "context", None)
         run = context if isinstance(context, RunContext) else target.default_run
     call_id = item.call_id or ""
+    # Recorded here, not again when the run lists its tools (in this process or another).
     if target.pauses is not None:
-        target.pauses.conclude(call_id)  # recorded here, not again when the run lists its tools
+        target.pauses.conclude(call_id)
+    _take_note(_holder(state, item), call_id)
     text = await _record_rejection(target, params, run, call_id, by, note)
     state.reject(item, always_reject=always_reject, rejection_message=text)
     return text
+
+
+def approve(
+    state: Any, item: Any, *, by: str | None = None, note: str | None = None, always_approve: bool = False
+) -> None:
+    """Approve an interrupted call on the run's state, as `state.approve(item)` does, naming who
+    approved: the resumed call's `ApprovalResolved` carries `by` and `note` (the SDK's own approval
+    says neither). They are kept in the run's state, its string (`to_string`) included, so a run
+    resumed in another process names them too; the SDK checks neither, so whoever may write the
+    state may name anyone, as they may approve anything. `state` and `item` are as for `reject`;
+    `item` not a call of a gated tool is approved and nothing is kept."""
+    state.approve(item, always_approve=always_approve)
+    if _gated_target(item) is not None:
+        _note(_holder(state, item), item.call_id or "", {"by": by, "note": note})
+
+
+def _holder(state: Any, item: Any) -> object:
+    """The `RunContextWrapper` of the run `item` paused: `state`'s, or that of the nested run of an
+    agent made a tool, which the SDK resumes from it (both private)."""
+    find = getattr(state, "_find_nested_approval_state", None)
+    nested = find(item) if callable(find) else None
+    return getattr(nested[0] if nested is not None else state, "_context", None)
 
 
 async def _record_rejection(
@@ -770,13 +875,11 @@ class GatedMCPServer(MCPServer):
         function tools do (the SDK lists the server's tools, with the run's approvals, before
         its next model call)."""
         default_run = self.run if self.run is not None else self._default_run
-        for name, pauses in self._pauses.items():
-            for call_id, paused in pauses.rejected(wrapper, name):
+        for name in list(scope.tools):
+            for call_id, params, run in _sdk_rejections(wrapper, name, self._pauses.get(name), default_run):
                 note = wrapper.get_rejection_message(name, call_id) or _SDK_REJECTED
                 with contextlib.suppress(ToolBlockedError):
-                    await _record_rejection(
-                        _GatedTarget(scope, name, default_run), paused.params, paused.run, call_id, None, note
-                    )
+                    await _record_rejection(_GatedTarget(scope, name, default_run), params, run, call_id, None, note)
 
     def _gate_tool(self, definition: types.Tool) -> Tool[Any, Any]:
         server_name = definition.name
@@ -828,7 +931,7 @@ class GatedMCPServer(MCPServer):
             if tool_name in self._pauses:
                 self._pauses[tool_name].conclude(call_id)
             if scope.gate.approval_handler is None and sdk_ctx.is_tool_approved(sdk_ctx.tool_name, call_id):
-                approval = _SDK_APPROVED
+                approval = _sdk_approval(sdk_ctx, call_id)
                 own = self._own_approvals.get(tool_name, False)
                 asks = await _own_request(own, sdk_ctx, json.dumps(arguments or {}), call_id)
         token = _mcp_meta.set(meta)
