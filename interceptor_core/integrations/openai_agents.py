@@ -852,9 +852,7 @@ class GatedMCPServer(MCPServer):
     ) -> list[types.Tool]:
         """The wrapped server's tools; new ones are registered in the agent scope first."""
         tools = await self.server.list_tools(run_context, agent)
-        if run_context is not None and self._scope is not None:
-            await self._record_sdk_rejections(run_context, self._scope)
-        # No await from here on: concurrent listings cannot both create the scope.
+        # No await from here on, until the scope exists: concurrent listings cannot both create it.
         known = set(self._scope.tools) if self._scope is not None else set()
         new: list[Tool[Any, Any]] = []
         for definition in tools:
@@ -868,6 +866,8 @@ class GatedMCPServer(MCPServer):
             self._scope = self.gate.agent(self.agent, tools=new, interceptors=interceptors)
         elif new:
             self._scope.add_tools(new)
+        if run_context is not None:
+            await self._record_sdk_rejections(run_context, self._scope)
         return tools
 
     async def _record_sdk_rejections(self, wrapper: RunContextWrapper[Any], scope: AgentScope) -> None:

@@ -825,23 +825,32 @@ class TestGatedMCPServer:
         assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
 
     async def test_a_plain_sdk_rejection_is_recorded(self, root: Path) -> None:
-        """`state.reject(item)` on an MCP call: recorded when the run lists the server's tools
-        again (the request, the refusal with the SDK's message, one `ToolDenied`); the server never
-        sees the call."""
-        memory = MemorySink()
-        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
-        async with GatedMCPServer(mcp_server(root), gate=gate, agent="writer") as files:
+        """`state.reject(item)` on an MCP call, decided and resumed by a gate and `GatedMCPServer`
+        built anew from the state string (as another process would: no pause of theirs in memory):
+        recorded when the run lists the server's tools (the request, the refusal with the SDK's
+        message, one `ToolDenied`); the server never sees the call."""
+        from agents import RunState
+
+        pausing, memory = MemorySink(), MemorySink()
+        async with mcp_server(root) as server:
+            gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[pausing])
+            files = GatedMCPServer(server, gate=gate, agent="writer")
             agent = Agent(name="writer", mcp_servers=[files], model=script([("delete_file", {"path": "old.txt"})]))
             paused = await Runner.run(agent, "tidy up", run_config=OFFLINE)
-            (pending,) = paused.interruptions
-            state = paused.to_state()
+            assert [e.call_id for e in pausing.of_type("ApprovalRequested")] == ["c1-0"]
+            gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+            files = GatedMCPServer(server, gate=gate, agent="writer")
+            agent = Agent(name="writer", mcp_servers=[files], model=ScriptedModel([ModelStep.respond(echo_outputs)]))
+            state = await RunState.from_string(agent, paused.to_state().to_string())
+            (pending,) = state.get_interruptions()
             state.reject(pending, rejection_message="no")
             resumed = await Runner.run(agent, state, run_config=OFFLINE)
         assert resumed.final_output == "no"
         assert effects(root) == []
         trail = [e.type for e in memory.events if e.call_id == "c1-0"]
-        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        assert trail == ["ApprovalRequested", "ApprovalResolved", "ToolDenied"]
         resolved = memory.of_type("ApprovalResolved")[0]
+        assert resolved.approval_id == pausing.of_type("ApprovalRequested")[0].approval_id
         assert (resolved.approved, resolved.by, resolved.note) == (False, None, "no")
 
     async def test_block_ends_the_run(self, root: Path) -> None:
