@@ -708,8 +708,9 @@ class TestNestedAgentsTools:
     @pytest.mark.parametrize("approved", [True, False], ids=["approved", "rejected"])
     async def test_a_nested_call_paused_for_approval_is_decided_from_the_outer_run(self, approved: bool) -> None:
         """A nested call the chain requires approval for interrupts the outer run (the SDK carries
-        nested interruptions up); approved or rejected there (`reject` finds the nested gated tool),
-        it leaves its request, the decision and one outcome, in the nested scope. The outer call
+        nested interruptions up); approved or rejected there (`approve` and `reject` find the nested
+        gated tool), it leaves its request, the decision naming who and one outcome, in the nested
+        scope. The outer call
         that ran the nested agent paused with it, and leaves one outcome, once resumed."""
         memory, closed = MemorySink(), []
 
@@ -729,11 +730,12 @@ class TestNestedAgentsTools:
         assert outcomes(memory) == []
         state = paused.to_state()
         if approved:
-            state.approve(pending)
+            approve(state, pending, by="alice")
         else:
             await reject(state, pending, by="alice")
         await Runner.run(boss, state, run_config=OFFLINE)
         assert closed == (["7"] if approved else [])
+        assert [(e.approved, e.by) for e in memory.of_type("ApprovalResolved")] == [(approved, "alice")]
         nested = [
             (e.type, e.agent) for e in memory.events if e.tool == "delete_account" and e.type != "ToolsRegistered"
         ]
