@@ -317,11 +317,12 @@ class _Pauses:
 _NOTES = "callgate:paused-calls"
 """Where the gate keeps, in a run's own state, what it knows of the run's calls paused for approval:
 the key of an approval record of the run (`RunContextWrapper._approvals`, private), the one place
-the SDK's state string (`RunState.to_string`) carries data of ours into another process. No tool can
-have the name (tool names have no colon), and the record approves and rejects nothing; its per-call
-messages (`rejection_messages`, kept in the string as given) hold, by call id, a JSON object: the
-paused call's `tool` and `arguments` (so that a rejection given with the SDK's own `state.reject` is
-recorded wherever the run resumes), and `by` and `note` once `approve` named who approved."""
+the SDK's state string (`RunState.to_string`) carries data of ours into another process. The
+model API allows no tool the name (no colon in tool names), and the record approves and rejects
+nothing; its per-call messages (`rejection_messages`, kept in the string as given) hold, by call
+id, a JSON object: the paused call's `tool` and `arguments` (so that a rejection given with the
+SDK's own `state.reject` is recorded wherever the run resumes), and `by` and `note` once `approve`
+named who approved."""
 
 
 def _notes(wrapper: object, *, create: bool = False) -> dict[str, str] | None:
