@@ -252,7 +252,6 @@ def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sd
         if isinstance(invoker, _FailureHandlingFunctionToolInvoker)
         else None
     )
-    pauses = _Pauses()
     gated = _GatedInvocation(
         scope,
         original.name,
@@ -261,57 +260,13 @@ def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sd
         handled,
         own_approval=original.needs_approval,
         pauses_with_nested=sdk_approvals and bool(getattr(original, "_is_agent_tool", False)),
-        pauses=pauses,
     )
     if not sdk_approvals:
         return dataclasses.replace(original, on_invoke_tool=gated)
     inspectable = invoker if isinstance(invoker, _FailureHandlingFunctionToolInvoker) else None
-    needs_approval = _needs_approval(original.needs_approval, inspectable, scope, original.name, default_run, pauses)
-    is_enabled = _records_rejections(original.is_enabled, _GatedTarget(scope, original.name, default_run), pauses)
+    needs_approval = _needs_approval(original.needs_approval, inspectable, scope, original.name, default_run)
+    is_enabled = _records_rejections(original.is_enabled, _GatedTarget(scope, original.name, default_run))
     return dataclasses.replace(original, on_invoke_tool=gated, needs_approval=needs_approval, is_enabled=is_enabled)
-
-
-_PAUSES_KEPT = 1024
-"""How many paused calls a gated tool remembers for the SDK's own rejections (oldest forgotten)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Paused:
-    params: Any
-    run: RunContext
-
-
-class _Pauses:
-    """The calls of one gated tool paused for approval in this process and not concluded yet, by
-    call id (oldest first, bounded): where a rejection given with the SDK's own `state.reject` is
-    looked for, since a rejected call never reaches the tool again."""
-
-    def __init__(self) -> None:
-        self._paused: dict[str, _Paused] = {}
-
-    def add(self, call_id: str, params: Any, run: RunContext) -> None:
-        self._paused.pop(call_id, None)
-        self._paused[call_id] = _Paused(params, run)
-        if len(self._paused) > _PAUSES_KEPT:
-            del self._paused[next(iter(self._paused))]
-
-    def conclude(self, call_id: str) -> None:
-        self._paused.pop(call_id, None)
-
-    def rejected(self, wrapper: RunContextWrapper[Any], name: str) -> list[tuple[str, _Paused]]:
-        """The paused calls of this run that its approvals (`wrapper`) reject, concluded here (so
-        each is recorded once, whichever listing of the tools sees it first). A call is this run's
-        when the run knows its call id (the SDK's record of the run's tool calls, private): a
-        rejection of every call of the tool (`always_reject`) must not reach another run's pause."""
-        known = getattr(wrapper, "_tool_invocations", None)
-        found = [
-            (c, p)
-            for c, p in self._paused.items()
-            if (known is None or c in known) and wrapper.is_tool_approved(name, c) is False
-        ]
-        for call_id, _ in found:
-            del self._paused[call_id]
-        return found
 
 
 _NOTES = "callgate:paused-calls"
@@ -362,33 +317,31 @@ def _text(note: dict[str, Any], field: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _sdk_approval(wrapper: RunContextWrapper[Any], call_id: str) -> Approval:
-    """The approval the SDK's run gave the call: who approved and why when `approve` said so."""
-    note = _take_note(wrapper, call_id)
+def _sdk_approval(note: dict[str, Any]) -> Approval:
+    """The approval the SDK's run gave a call: who approved and why when `approve` said so in its
+    `note`."""
     return Approval(approved=True, by=_text(note, "by"), note=_text(note, "note") or _SDK_APPROVED.note)
 
 
 def _sdk_rejections(
-    wrapper: RunContextWrapper[Any], name: str, pauses: _Pauses | None, default_run: RunContext
+    wrapper: RunContextWrapper[Any], name: str, default_run: RunContext
 ) -> list[tuple[str, Any, RunContext]]:
-    """The calls of tool `name` paused in this run that its approvals reject and that were not
-    recorded yet, concluded here (each is recorded once, whichever listing of the tools sees it
-    first): from this process's pauses, and from the notes the run's state carries (a run paused in
-    another process), with their arguments and `RunContext`."""
-    found = {c: (p.params, p.run) for c, p in pauses.rejected(wrapper, name)} if pauses is not None else {}
+    """The calls of tool `name` paused in this run (noted in its state, wherever it paused) that its
+    approvals (`wrapper`) reject, with their arguments and `RunContext`: concluded here, so each is
+    recorded once, whichever listing of the tools sees it first. A rejection of every call of the
+    tool (`always_reject`) reaches only this run's pauses."""
     notes = _notes(wrapper)
-    if notes:
-        context = wrapper.context
-        run = context if isinstance(context, RunContext) else default_run
-        for call_id, text in list(notes.items()):
-            note = _read_note(text)
-            if note.get("tool") != name or wrapper.is_tool_approved(name, call_id) is not False:
-                continue
+    if not notes:
+        return []
+    context = wrapper.context
+    run = context if isinstance(context, RunContext) else default_run
+    found: list[tuple[str, Any, RunContext]] = []
+    for call_id, text in list(notes.items()):
+        note = _read_note(text)
+        if note.get("tool") == name and wrapper.is_tool_approved(name, call_id) is False:
             del notes[call_id]
-            found.setdefault(call_id, (note.get("arguments"), run))
-            if pauses is not None:
-                pauses.conclude(call_id)
-    return [(call_id, params, run) for call_id, (params, run) in found.items()]
+            found.append((call_id, note.get("arguments"), run))
+    return found
 
 
 IsEnabled = bool | Callable[[RunContextWrapper[Any], AgentBase], Any]
@@ -396,7 +349,7 @@ IsEnabled = bool | Callable[[RunContextWrapper[Any], AgentBase], Any]
 _SDK_REJECTED = "rejected in the OpenAI Agents SDK run (RunState.reject)"
 
 
-def _records_rejections(own: IsEnabled, target: _GatedTarget, pauses: _Pauses) -> IsEnabled:
+def _records_rejections(own: IsEnabled, target: _GatedTarget) -> IsEnabled:
     """The gated tool's `is_enabled`: the original's, after recording the rejections the SDK gave
     its paused calls with `state.reject(item)`. The SDK answers such a call with its rejection text
     without calling the tool, and lists the agent's tools (asking each `is_enabled`, with the run's
@@ -405,7 +358,7 @@ def _records_rejections(own: IsEnabled, target: _GatedTarget, pauses: _Pauses) -
     process or in another one resuming the run from its state string."""
 
     async def is_enabled(wrapper: RunContextWrapper[Any], agent: AgentBase) -> bool:
-        for call_id, params, run in _sdk_rejections(wrapper, target.name, pauses, target.default_run):
+        for call_id, params, run in _sdk_rejections(wrapper, target.name, target.default_run):
             note = wrapper.get_rejection_message(target.name, call_id) or _SDK_REJECTED
             with contextlib.suppress(ToolBlockedError):  # a block now is recorded; the run goes on
                 await _record_rejection(target, params, run, call_id, None, note)
@@ -443,11 +396,8 @@ class _GatedInvocation:
         *,
         own_approval: bool | NeedsApproval = False,
         pauses_with_nested: bool = False,
-        pauses: _Pauses | None = None,
     ) -> None:
         self.scope = scope
-        self.pauses = pauses if pauses is not None else _Pauses()
-        """The tool's calls paused for approval (shared by the tool's copies)."""
         self.own_approval = own_approval
         """The original tool's own `needs_approval`: whether an approval the SDK gave answered it."""
         self.pauses_with_nested = pauses_with_nested
@@ -473,7 +423,6 @@ class _GatedInvocation:
             tool,
             own_approval=self.own_approval,
             pauses_with_nested=self.pauses_with_nested,
-            pauses=self.pauses,
         )
 
     async def __call__(self, ctx: SdkToolContext[Any], input: str) -> Any:
@@ -498,11 +447,11 @@ class _GatedInvocation:
         run = context if isinstance(context, RunContext) else self.default_run
         approval = None
         asks = None
+        note = _take_note(ctx, ctx.tool_call_id)  # it reached the tool: no rejection to look for
         if scope.gate.approval_handler is None and ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
-            approval = _sdk_approval(ctx, ctx.tool_call_id)
+            approval = _sdk_approval(note)
             # The SDK's approval answers the tool's own request too: record it as one.
             asks = await _own_request(self.own_approval, ctx, input, ctx.tool_call_id)
-        self.pauses.conclude(ctx.tool_call_id)  # it reached the tool: no rejection to look for
         text = input or "{}"
         flight = _InFlight(ctx, input=text)
         gate_args: Any = text
@@ -586,7 +535,6 @@ def _needs_approval(
     scope: AgentScope,
     name: str,
     default_run: RunContext,
-    pauses: _Pauses,
 ) -> NeedsApproval:
     """The gated tool's `needs_approval`: the tool's own setting, or else (when the gate has no
     approval handler) whether the chain requires approval for the call. Either way, with no
@@ -611,8 +559,7 @@ def _needs_approval(
         context = run_ctx.context
         run = context if isinstance(context, RunContext) else default_run
         paused = await _pause(scope, name, params, run, call_id, asks)
-        if paused or asks is not None:
-            pauses.add(call_id, params, run)
+        if paused or asks is not None:  # noted for the SDK's own rejection (which never reaches the tool)
             _note(run_ctx, call_id, {"tool": name, "arguments": params})
         return paused or asks is not None
 
@@ -652,10 +599,7 @@ async def reject(
         context = getattr(wrapper, "context", None)
         run = context if isinstance(context, RunContext) else target.default_run
     call_id = item.call_id or ""
-    # Recorded here, not again when the run lists its tools (in this process or another).
-    if target.pauses is not None:
-        target.pauses.conclude(call_id)
-    _take_note(_holder(state, item), call_id)
+    _take_note(_holder(state, item), call_id)  # recorded here, not again when the run lists its tools
     text = await _record_rejection(target, params, run, call_id, by, note)
     state.reject(item, always_reject=always_reject, rejection_message=text)
     return text
@@ -712,8 +656,6 @@ class _GatedTarget:
     scope: AgentScope
     name: str
     default_run: RunContext
-    pauses: _Pauses | None = None
-    """A gated function tool's paused calls (None for an MCP server's tool)."""
 
 
 def _gated_target(item: Any) -> _GatedTarget | None:
@@ -727,13 +669,13 @@ def _gated_target(item: Any) -> _GatedTarget | None:
             scope = server._scope if isinstance(server, GatedMCPServer) else None
             if scope is not None and server.name == server_name and item.tool_name in scope.tools:
                 default_run = server.run if server.run is not None else server._default_run
-                return _GatedTarget(scope, item.tool_name, default_run, server._pauses.get(item.tool_name))
+                return _GatedTarget(scope, item.tool_name, default_run)
         return None
     for tool in getattr(agent, "tools", None) or ():
         if isinstance(tool, FunctionTool) and tool.name == item.tool_name:
             invoker = tool.on_invoke_tool
             if isinstance(invoker, _GatedInvocation):
-                return _GatedTarget(invoker.scope, invoker.name, invoker.default_run, invoker.pauses)
+                return _GatedTarget(invoker.scope, invoker.name, invoker.default_run)
             return None
     return None
 
@@ -812,8 +754,6 @@ class GatedMCPServer(MCPServer):
         self.interceptors = tuple(interceptors)
         self.timeout_s = timeout_s
         self.sdk_approvals = sdk_approvals
-        self._pauses: dict[str, _Pauses] = {}
-        """Each tool's calls paused for approval, where the SDK's own rejections are looked for."""
         self._own_approvals: dict[str, bool | NeedsApproval] = {}
         """The wrapped server's own approval setting of each tool, as the SDK last asked for it."""
         self._scope: AgentScope | None = None
@@ -877,7 +817,7 @@ class GatedMCPServer(MCPServer):
         its next model call)."""
         default_run = self.run if self.run is not None else self._default_run
         for name in list(scope.tools):
-            for call_id, params, run in _sdk_rejections(wrapper, name, self._pauses.get(name), default_run):
+            for call_id, params, run in _sdk_rejections(wrapper, name, default_run):
                 note = wrapper.get_rejection_message(name, call_id) or _SDK_REJECTED
                 with contextlib.suppress(ToolBlockedError):
                     await _record_rejection(_GatedTarget(scope, name, default_run), params, run, call_id, None, note)
@@ -929,10 +869,9 @@ class GatedMCPServer(MCPServer):
         asks = None
         if isinstance(sdk_ctx, SdkToolContext):
             call_id = sdk_ctx.tool_call_id
-            if tool_name in self._pauses:
-                self._pauses[tool_name].conclude(call_id)
+            note = _take_note(sdk_ctx, call_id)  # it reached the tool: no rejection to look for
             if scope.gate.approval_handler is None and sdk_ctx.is_tool_approved(sdk_ctx.tool_name, call_id):
-                approval = _sdk_approval(sdk_ctx, call_id)
+                approval = _sdk_approval(note)
                 own = self._own_approvals.get(tool_name, False)
                 asks = await _own_request(own, sdk_ctx, json.dumps(arguments or {}), call_id)
         token = _mcp_meta.set(meta)
@@ -955,8 +894,7 @@ class GatedMCPServer(MCPServer):
         if not self.sdk_approvals or scope is None or tool.name not in scope.tools:
             return own
         default_run = self.run if self.run is not None else self._default_run
-        pauses = self._pauses.setdefault(tool.name, _Pauses())
-        return _needs_approval(own, None, scope, tool.name, default_run, pauses)
+        return _needs_approval(own, None, scope, tool.name, default_run)
 
     def _get_failure_error_function(
         self, agent_failure_error_function: ToolErrorFunction | None
