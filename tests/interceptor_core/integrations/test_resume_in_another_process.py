@@ -99,7 +99,8 @@ def test_killed_while_paused_then_resumed_in_a_new_process(tmp_path: Path, frame
         agent_command(framework, "resume", tmp_path), capture_output=True, text=True, env=env, timeout=120
     )
     assert resumed.returncode == 0, resumed.stderr
-    events = events + read_events(tmp_path / "events-resume.jsonl")
+    at_resume = read_events(tmp_path / "events-resume.jsonl")
+    events = events + at_resume
     for call_id in paused_calls:
         outcome, approved, by = decisions[call_id]
         trail = [e for e in events if e.call_id == call_id]
@@ -111,4 +112,9 @@ def test_killed_while_paused_then_resumed_in_a_new_process(tmp_path: Path, frame
     assert sorted(e.call_id or "" for e in events if e.type in OUTCOMES) == paused_calls
     assert sorted(p.name for p in files.iterdir()) == ["other.txt", "third.txt"]
     assert "deleted old.txt" in resumed.stdout
+    if framework == "openai-agents":
+        # The approval's note travelled in the state string; the SDK's rejection is recorded by the
+        # process that resumed, with the SDK's message (c2 was recorded by the reviewer's process).
+        notes = {e.call_id: e.note for e in at_resume if e.type == "ApprovalResolved"}
+        assert notes == {"c1": "looked at it", "c3": "no thanks"}
     assert verify_chain(events).ok
