@@ -1,7 +1,9 @@
 """OpenAI Agents SDK through the gate: `gate_function_tools` gates `FunctionTool`s (an agent's
 `as_tool()` included, with the tools of the agents nested in it), `GatedMCPServer` gates an SDK MCP
-server, and `reject` rejects a call paused for approval and records the refusal (a plain
-`state.reject(item)` is recorded too, when the resumed run lists its tools).
+server; `approve` and `reject` decide a call paused for approval naming who decided (the SDK's own
+`state.approve(item)` and `state.reject(item)` work too, naming nobody; a plain rejection is
+recorded when the resumed run lists its tools, in this process or another one resuming from the
+state string).
 
 ```python
 tools = gate_function_tools([write_file, delete_file], gate=gate, agent="writer")
@@ -40,7 +42,7 @@ from agents.agent import AgentBase
 from agents.agent_tool_state import get_agent_tool_state_scope, peek_agent_tool_run_result
 from agents.exceptions import ModelBehaviorError
 from agents.mcp import MCPServer, MCPToolMetaContext
-from agents.run_context import RunContextWrapper
+from agents.run_context import RunContextWrapper, _ApprovalRecord
 from agents.tool import (
     ToolErrorFunction,
     _FailureHandlingFunctionToolInvoker,
@@ -61,7 +63,7 @@ from interceptor_core.integrations._schema import SchemaArgs, schema_model, sche
 from interceptor_core.integrations.mcp import McpToolError, error_text, result_from_gate
 from interceptor_core.tools import Tool
 
-__all__ = ["GatedMCPServer", "gate_function_tools", "reject"]
+__all__ = ["GatedMCPServer", "approve", "gate_function_tools", "reject"]
 
 # The SDK's invocation pipeline is private API (`_FailureHandlingFunctionToolInvoker` and its
 # `_invoke_tool_impl`, `_parse_function_tool_json_input`): the `openai-agents` extra pins 0.24.x,
@@ -169,8 +171,9 @@ def gate_function_tools(
     before this returns. Raises `ConfigurationError` for a name or schema the gate cannot take.
 
     `sdk_approvals` (default True): when the gate has no `approval_handler`, a call its chain
-    requires approval for interrupts the SDK's run (`RunResult.interruptions`; approve it on the
-    run's state, or reject it with `reject(state, item)`, and run again), as a tool's own
+    requires approval for interrupts the SDK's run (`RunResult.interruptions`; decide it on the
+    run's state with `approve(state, item, by=)` or `reject(state, item, by=)`, or the SDK's own
+    `state.approve` / `state.reject`, and run again), as a tool's own
     `needs_approval` does. The chain is then asked at the SDK's approval step too, and the pause is
     recorded as the durable `ApprovalRequested` (no outcome: the resumed call has it); the tools'
     `needs_approval` is a function, which the SDK asks only for arguments that are a JSON object:
@@ -249,7 +252,6 @@ def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sd
         if isinstance(invoker, _FailureHandlingFunctionToolInvoker)
         else None
     )
-    pauses = _Pauses()
     gated = _GatedInvocation(
         scope,
         original.name,
@@ -258,57 +260,88 @@ def _wrap(original: FunctionTool, scope: AgentScope, default_run: RunContext, sd
         handled,
         own_approval=original.needs_approval,
         pauses_with_nested=sdk_approvals and bool(getattr(original, "_is_agent_tool", False)),
-        pauses=pauses,
     )
     if not sdk_approvals:
         return dataclasses.replace(original, on_invoke_tool=gated)
     inspectable = invoker if isinstance(invoker, _FailureHandlingFunctionToolInvoker) else None
-    needs_approval = _needs_approval(original.needs_approval, inspectable, scope, original.name, default_run, pauses)
-    is_enabled = _records_rejections(original.is_enabled, _GatedTarget(scope, original.name, default_run), pauses)
+    needs_approval = _needs_approval(original.needs_approval, inspectable, scope, original.name, default_run)
+    is_enabled = _records_rejections(original.is_enabled, _GatedTarget(scope, original.name, default_run))
     return dataclasses.replace(original, on_invoke_tool=gated, needs_approval=needs_approval, is_enabled=is_enabled)
 
 
-_PAUSES_KEPT = 1024
-"""How many paused calls a gated tool remembers for the SDK's own rejections (oldest forgotten)."""
+_NOTES = "callgate:paused-calls"
+"""Where the gate keeps, in a run's own state, what it knows of the run's calls paused for approval:
+the key of an approval record of the run (`RunContextWrapper._approvals`, private), the one place
+the SDK's state string (`RunState.to_string`) carries data of ours into another process. The
+model API allows no tool the name (no colon in tool names), and the record approves and rejects
+nothing; its per-call messages (`rejection_messages`, kept in the string as given) hold, by call
+id, a JSON object: the paused call's `tool` and `arguments` (so that a rejection given with the
+SDK's own `state.reject` is recorded wherever the run resumes), and `by` and `note` once `approve`
+named who approved."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Paused:
-    params: Any
-    run: RunContext
+def _notes(wrapper: object, *, create: bool = False) -> dict[str, str] | None:
+    """The notes of the run whose approvals `wrapper` holds (None when it has none)."""
+    approvals = getattr(wrapper, "_approvals", None)
+    if not isinstance(approvals, dict):
+        return None
+    record = approvals.get(_NOTES)
+    if record is None and create:
+        record = approvals[_NOTES] = _ApprovalRecord()
+    return record.rejection_messages if isinstance(record, _ApprovalRecord) else None
 
 
-class _Pauses:
-    """The calls of one gated tool paused for approval in this process and not concluded yet, by
-    call id (oldest first, bounded): where a rejection given with the SDK's own `state.reject` is
-    looked for, since a rejected call never reaches the tool again."""
+def _read_note(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
-    def __init__(self) -> None:
-        self._paused: dict[str, _Paused] = {}
 
-    def add(self, call_id: str, params: Any, run: RunContext) -> None:
-        self._paused.pop(call_id, None)
-        self._paused[call_id] = _Paused(params, run)
-        if len(self._paused) > _PAUSES_KEPT:
-            del self._paused[next(iter(self._paused))]
+def _note(wrapper: object, call_id: str, fields: dict[str, Any]) -> None:
+    """Add `fields` to the note of the paused call `call_id` in the run's state."""
+    notes = _notes(wrapper, create=True)
+    if notes is not None:
+        notes[call_id] = json.dumps({**_read_note(notes.get(call_id)), **fields})
 
-    def conclude(self, call_id: str) -> None:
-        self._paused.pop(call_id, None)
 
-    def rejected(self, wrapper: RunContextWrapper[Any], name: str) -> list[tuple[str, _Paused]]:
-        """The paused calls of this run that its approvals (`wrapper`) reject, concluded here (so
-        each is recorded once, whichever listing of the tools sees it first). A call is this run's
-        when the run knows its call id (the SDK's record of the run's tool calls, private): a
-        rejection of every call of the tool (`always_reject`) must not reach another run's pause."""
-        known = getattr(wrapper, "_tool_invocations", None)
-        found = [
-            (c, p)
-            for c, p in self._paused.items()
-            if (known is None or c in known) and wrapper.is_tool_approved(name, c) is False
-        ]
-        for call_id, _ in found:
-            del self._paused[call_id]
-        return found
+def _take_note(wrapper: object, call_id: str) -> dict[str, Any]:
+    """The note of the call `call_id`, removed from the run's state: the call is concluded."""
+    notes = _notes(wrapper)
+    return _read_note(notes.pop(call_id, None)) if notes else {}
+
+
+def _text(note: dict[str, Any], field: str) -> str | None:
+    value = note.get(field)
+    return value if isinstance(value, str) else None
+
+
+def _sdk_approval(note: dict[str, Any]) -> Approval:
+    """The approval the SDK's run gave a call: who approved and why when `approve` said so in its
+    `note`."""
+    return Approval(approved=True, by=_text(note, "by"), note=_text(note, "note") or _SDK_APPROVED.note)
+
+
+def _sdk_rejections(
+    wrapper: RunContextWrapper[Any], name: str, default_run: RunContext
+) -> list[tuple[str, Any, RunContext]]:
+    """The calls of tool `name` paused in this run (noted in its state, wherever it paused) that its
+    approvals (`wrapper`) reject, with their arguments and `RunContext`: concluded here, so each is
+    recorded once, whichever listing of the tools sees it first. A rejection of every call of the
+    tool (`always_reject`) reaches only this run's pauses."""
+    notes = _notes(wrapper)
+    if not notes:
+        return []
+    context = wrapper.context
+    run = context if isinstance(context, RunContext) else default_run
+    found: list[tuple[str, Any, RunContext]] = []
+    for call_id, text in list(notes.items()):
+        note = _read_note(text)
+        if note.get("tool") == name and wrapper.is_tool_approved(name, call_id) is False:
+            del notes[call_id]
+            found.append((call_id, note.get("arguments"), run))
+    return found
 
 
 IsEnabled = bool | Callable[[RunContextWrapper[Any], AgentBase], Any]
@@ -316,18 +349,19 @@ IsEnabled = bool | Callable[[RunContextWrapper[Any], AgentBase], Any]
 _SDK_REJECTED = "rejected in the OpenAI Agents SDK run (RunState.reject)"
 
 
-def _records_rejections(own: IsEnabled, target: _GatedTarget, pauses: _Pauses) -> IsEnabled:
+def _records_rejections(own: IsEnabled, target: _GatedTarget) -> IsEnabled:
     """The gated tool's `is_enabled`: the original's, after recording the rejections the SDK gave
     its paused calls with `state.reject(item)`. The SDK answers such a call with its rejection text
     without calling the tool, and lists the agent's tools (asking each `is_enabled`, with the run's
     approvals) before its next model call: that is where the rejection is seen and recorded, as
-    `reject` records it, with `by` unknown and the SDK's rejection message as the note."""
+    `reject` records it, with `by` unknown and the SDK's rejection message as the note, in this
+    process or in another one resuming the run from its state string."""
 
     async def is_enabled(wrapper: RunContextWrapper[Any], agent: AgentBase) -> bool:
-        for call_id, paused in pauses.rejected(wrapper, target.name):
+        for call_id, params, run in _sdk_rejections(wrapper, target.name, target.default_run):
             note = wrapper.get_rejection_message(target.name, call_id) or _SDK_REJECTED
             with contextlib.suppress(ToolBlockedError):  # a block now is recorded; the run goes on
-                await _record_rejection(target, paused.params, paused.run, call_id, None, note)
+                await _record_rejection(target, params, run, call_id, None, note)
         if callable(own):
             decided = own(wrapper, agent)
             return bool(await decided if inspect.isawaitable(decided) else decided)
@@ -362,11 +396,8 @@ class _GatedInvocation:
         *,
         own_approval: bool | NeedsApproval = False,
         pauses_with_nested: bool = False,
-        pauses: _Pauses | None = None,
     ) -> None:
         self.scope = scope
-        self.pauses = pauses if pauses is not None else _Pauses()
-        """The tool's calls paused for approval (shared by the tool's copies)."""
         self.own_approval = own_approval
         """The original tool's own `needs_approval`: whether an approval the SDK gave answered it."""
         self.pauses_with_nested = pauses_with_nested
@@ -392,7 +423,6 @@ class _GatedInvocation:
             tool,
             own_approval=self.own_approval,
             pauses_with_nested=self.pauses_with_nested,
-            pauses=self.pauses,
         )
 
     async def __call__(self, ctx: SdkToolContext[Any], input: str) -> Any:
@@ -417,11 +447,11 @@ class _GatedInvocation:
         run = context if isinstance(context, RunContext) else self.default_run
         approval = None
         asks = None
+        note = _take_note(ctx, ctx.tool_call_id)  # it reached the tool: no rejection to look for
         if scope.gate.approval_handler is None and ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
-            approval = _SDK_APPROVED
+            approval = _sdk_approval(note)
             # The SDK's approval answers the tool's own request too: record it as one.
             asks = await _own_request(self.own_approval, ctx, input, ctx.tool_call_id)
-        self.pauses.conclude(ctx.tool_call_id)  # it reached the tool: no rejection to look for
         text = input or "{}"
         flight = _InFlight(ctx, input=text)
         gate_args: Any = text
@@ -505,7 +535,6 @@ def _needs_approval(
     scope: AgentScope,
     name: str,
     default_run: RunContext,
-    pauses: _Pauses,
 ) -> NeedsApproval:
     """The gated tool's `needs_approval`: the tool's own setting, or else (when the gate has no
     approval handler) whether the chain requires approval for the call. Either way, with no
@@ -530,8 +559,8 @@ def _needs_approval(
         context = run_ctx.context
         run = context if isinstance(context, RunContext) else default_run
         paused = await _pause(scope, name, params, run, call_id, asks)
-        if paused or asks is not None:
-            pauses.add(call_id, params, run)
+        if paused or asks is not None:  # noted for the SDK's own rejection (which never reaches the tool)
+            _note(run_ctx, call_id, {"tool": name, "arguments": params})
         return paused or asks is not None
 
     return needs_approval
@@ -570,11 +599,32 @@ async def reject(
         context = getattr(wrapper, "context", None)
         run = context if isinstance(context, RunContext) else target.default_run
     call_id = item.call_id or ""
-    if target.pauses is not None:
-        target.pauses.conclude(call_id)  # recorded here, not again when the run lists its tools
+    _take_note(_holder(state, item), call_id)  # recorded here, not again when the run lists its tools
     text = await _record_rejection(target, params, run, call_id, by, note)
     state.reject(item, always_reject=always_reject, rejection_message=text)
     return text
+
+
+def approve(
+    state: Any, item: Any, *, by: str | None = None, note: str | None = None, always_approve: bool = False
+) -> None:
+    """Approve an interrupted call on the run's state, as `state.approve(item)` does, naming who
+    approved: the resumed call's `ApprovalResolved` carries `by` and `note` (the SDK's own approval
+    says neither). They are kept in the run's state, its string (`to_string`) included, so a run
+    resumed in another process names them too; the SDK checks neither, so whoever may write the
+    state may name anyone, as they may approve anything. `state` and `item` are as for `reject`;
+    `item` not a call of a gated tool is approved and nothing is kept."""
+    state.approve(item, always_approve=always_approve)
+    if _gated_target(item) is not None:
+        _note(_holder(state, item), item.call_id or "", {"by": by, "note": note})
+
+
+def _holder(state: Any, item: Any) -> object:
+    """The `RunContextWrapper` of the run `item` paused: `state`'s, or that of the nested run of an
+    agent made a tool, which the SDK resumes from it (both private)."""
+    find = getattr(state, "_find_nested_approval_state", None)
+    nested = find(item) if callable(find) else None
+    return getattr(nested[0] if nested is not None else state, "_context", None)
 
 
 async def _record_rejection(
@@ -606,8 +656,6 @@ class _GatedTarget:
     scope: AgentScope
     name: str
     default_run: RunContext
-    pauses: _Pauses | None = None
-    """A gated function tool's paused calls (None for an MCP server's tool)."""
 
 
 def _gated_target(item: Any) -> _GatedTarget | None:
@@ -621,13 +669,13 @@ def _gated_target(item: Any) -> _GatedTarget | None:
             scope = server._scope if isinstance(server, GatedMCPServer) else None
             if scope is not None and server.name == server_name and item.tool_name in scope.tools:
                 default_run = server.run if server.run is not None else server._default_run
-                return _GatedTarget(scope, item.tool_name, default_run, server._pauses.get(item.tool_name))
+                return _GatedTarget(scope, item.tool_name, default_run)
         return None
     for tool in getattr(agent, "tools", None) or ():
         if isinstance(tool, FunctionTool) and tool.name == item.tool_name:
             invoker = tool.on_invoke_tool
             if isinstance(invoker, _GatedInvocation):
-                return _GatedTarget(invoker.scope, invoker.name, invoker.default_run, invoker.pauses)
+                return _GatedTarget(invoker.scope, invoker.name, invoker.default_run)
             return None
     return None
 
@@ -706,8 +754,6 @@ class GatedMCPServer(MCPServer):
         self.interceptors = tuple(interceptors)
         self.timeout_s = timeout_s
         self.sdk_approvals = sdk_approvals
-        self._pauses: dict[str, _Pauses] = {}
-        """Each tool's calls paused for approval, where the SDK's own rejections are looked for."""
         self._own_approvals: dict[str, bool | NeedsApproval] = {}
         """The wrapped server's own approval setting of each tool, as the SDK last asked for it."""
         self._scope: AgentScope | None = None
@@ -747,9 +793,7 @@ class GatedMCPServer(MCPServer):
     ) -> list[types.Tool]:
         """The wrapped server's tools; new ones are registered in the agent scope first."""
         tools = await self.server.list_tools(run_context, agent)
-        if run_context is not None and self._scope is not None:
-            await self._record_sdk_rejections(run_context, self._scope)
-        # No await from here on: concurrent listings cannot both create the scope.
+        # No await from here on, until the scope exists: concurrent listings cannot both create it.
         known = set(self._scope.tools) if self._scope is not None else set()
         new: list[Tool[Any, Any]] = []
         for definition in tools:
@@ -763,6 +807,8 @@ class GatedMCPServer(MCPServer):
             self._scope = self.gate.agent(self.agent, tools=new, interceptors=interceptors)
         elif new:
             self._scope.add_tools(new)
+        if run_context is not None:
+            await self._record_sdk_rejections(run_context, self._scope)
         return tools
 
     async def _record_sdk_rejections(self, wrapper: RunContextWrapper[Any], scope: AgentScope) -> None:
@@ -770,13 +816,11 @@ class GatedMCPServer(MCPServer):
         function tools do (the SDK lists the server's tools, with the run's approvals, before
         its next model call)."""
         default_run = self.run if self.run is not None else self._default_run
-        for name, pauses in self._pauses.items():
-            for call_id, paused in pauses.rejected(wrapper, name):
+        for name in list(scope.tools):
+            for call_id, params, run in _sdk_rejections(wrapper, name, default_run):
                 note = wrapper.get_rejection_message(name, call_id) or _SDK_REJECTED
                 with contextlib.suppress(ToolBlockedError):
-                    await _record_rejection(
-                        _GatedTarget(scope, name, default_run), paused.params, paused.run, call_id, None, note
-                    )
+                    await _record_rejection(_GatedTarget(scope, name, default_run), params, run, call_id, None, note)
 
     def _gate_tool(self, definition: types.Tool) -> Tool[Any, Any]:
         server_name = definition.name
@@ -825,10 +869,9 @@ class GatedMCPServer(MCPServer):
         asks = None
         if isinstance(sdk_ctx, SdkToolContext):
             call_id = sdk_ctx.tool_call_id
-            if tool_name in self._pauses:
-                self._pauses[tool_name].conclude(call_id)
+            note = _take_note(sdk_ctx, call_id)  # it reached the tool: no rejection to look for
             if scope.gate.approval_handler is None and sdk_ctx.is_tool_approved(sdk_ctx.tool_name, call_id):
-                approval = _SDK_APPROVED
+                approval = _sdk_approval(note)
                 own = self._own_approvals.get(tool_name, False)
                 asks = await _own_request(own, sdk_ctx, json.dumps(arguments or {}), call_id)
         token = _mcp_meta.set(meta)
@@ -851,8 +894,7 @@ class GatedMCPServer(MCPServer):
         if not self.sdk_approvals or scope is None or tool.name not in scope.tools:
             return own
         default_run = self.run if self.run is not None else self._default_run
-        pauses = self._pauses.setdefault(tool.name, _Pauses())
-        return _needs_approval(own, None, scope, tool.name, default_run, pauses)
+        return _needs_approval(own, None, scope, tool.name, default_run)
 
     def _get_failure_error_function(
         self, agent_failure_error_function: ToolErrorFunction | None

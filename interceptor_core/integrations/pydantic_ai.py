@@ -42,8 +42,9 @@ What Pydantic AI reports is what it would report ungated:
   `DeferredToolResults.metadata[call_id]` may name who approved, `{"by": ..., "note": ...}`); a
   refusal (`False`, `ToolDenied`) never reaches the toolset, so the toolset finds it in the history
   when the run lists its tools for the next model request and records it then (`ApprovalRequested`,
-  `ApprovalResolved` refused with Pydantic AI's message as the note, `ToolDenied`). A gate with an
-  `approval_handler` asks it, as on every route.
+  `ApprovalResolved` refused with Pydantic AI's message as the note, `ToolDenied`), naming nobody:
+  Pydantic AI gives `DeferredToolResults.metadata` to approved calls only, and the history keeps a
+  denied call's message alone. A gate with an `approval_handler` asks it, as on every route.
 - Pydantic AI's own approvals (a tool registered with `requires_approval=True`) are recorded the
   same way: such a call asks for approval in the gate's chain too (`FrameworkApproval`, named
   "pydantic-ai-approval" in `requested_by`), after the rest of the chain.

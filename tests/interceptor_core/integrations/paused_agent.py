@@ -4,13 +4,18 @@ pause and resume, its events in a JSONL file of its own.
     python paused_agent.py FRAMEWORK pause WORKDIR    # runs until the framework pauses the calls,
                                                       # saves the framework's state, prints "paused"
                                                       # and waits (for a reviewer who never comes)
+    python paused_agent.py openai-agents decide WORKDIR   # a reviewer's process: loads the saved
+                                                      # state, approves c1 and rejects c2 and c3,
+                                                      # saves the decided state, prints "decided"
     python paused_agent.py FRAMEWORK resume WORKDIR   # a new process: loads the saved state,
                                                       # approves c1 and rejects c2 (LangGraph: c1
-                                                      # only), runs to the end, prints the output
+                                                      # only; OpenAI Agents: decided already), runs
+                                                      # to the end, prints the output
 
-FRAMEWORK: openai-agents (a `RunState` as a string), pydantic-ai (the message history as JSON and
-`DeferredToolResults`), langgraph (`create_agent` with a SQLite checkpointer). WORKDIR holds
-`files/` (old.txt for c1, other.txt for c2), the saved state and `events-<phase>.jsonl`.
+FRAMEWORK: openai-agents (a `RunState` as a string; three calls, c3 rejected with the SDK's own
+`state.reject`), pydantic-ai (the message history as JSON and `DeferredToolResults`), langgraph
+(`create_agent` with a SQLite checkpointer). WORKDIR holds `files/` (old.txt for c1, other.txt for
+c2, third.txt for c3), the saved state and `events-<phase>.jsonl`.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from interceptor_core import Gate, RequireApproval, RunContext, ToolCall
 RUN = RunContext(tenant="acme", principal="u-1", run_id="run-1")
 CALLS = [("c1", "old.txt"), ("c2", "other.txt")]
 """The calls the model makes (call id, file to delete): c1 is approved on resume, c2 rejected."""
+SDK_REJECTED = ("c3", "third.txt")
+"""A third call the OpenAI Agents model makes, rejected with the SDK's own `state.reject`."""
 PAUSED = "paused"
+DECIDED = "decided"
 
 
 class DeletesNeedApproval:
@@ -63,7 +71,7 @@ async def openai_agents(gate: Gate, workdir: Path, phase: str) -> str:
     from agents import Agent, RunConfig, Runner, RunState, function_tool
     from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
-    from interceptor_core.integrations.openai_agents import gate_function_tools, reject
+    from interceptor_core.integrations.openai_agents import approve, gate_function_tools, reject
 
     def answer(call: Any) -> list[Any]:
         outputs = [i["output"] for i in call.input if isinstance(i, dict) and i.get("type") == "function_call_output"]
@@ -71,7 +79,8 @@ async def openai_agents(gate: Gate, workdir: Path, phase: str) -> str:
 
     steps: list[Any] = [ModelStep.respond(answer)]
     if phase == "pause":
-        steps.insert(0, [function_call("delete_file", {"path": name}, call_id=call_id) for call_id, name in CALLS])
+        calls = [*CALLS, SDK_REJECTED]
+        steps.insert(0, [function_call("delete_file", {"path": name}, call_id=call_id) for call_id, name in calls])
     tools = gate_function_tools([function_tool(delete_file_in(workdir / "files"))], gate=gate, agent="writer")
     agent = Agent(name="writer", tools=tools, model=ScriptedModel(steps))
     config = RunConfig(tracing_disabled=True)
@@ -83,11 +92,17 @@ async def openai_agents(gate: Gate, workdir: Path, phase: str) -> str:
         save(state_file, result.to_state().to_string())
         await paused(gate)
     state = await RunState.from_string(agent, state_file.read_text(), context_override=RUN)
-    for item in state.get_interruptions():
-        if item.call_id == "c1":
-            state.approve(item)
-        else:
-            await reject(state, item, by="alice", note="not today")
+    if phase == "decide":
+        for item in state.get_interruptions():
+            if item.call_id == "c1":
+                approve(state, item, by="alice", note="looked at it")
+            elif item.call_id == "c2":
+                await reject(state, item, by="alice", note="not today")
+            else:
+                state.reject(item, rejection_message="no thanks")
+        save(state_file, state.to_string())
+        await gate.flush()
+        return DECIDED
     result = await Runner.run(agent, state, run_config=config)
     return str(result.final_output)
 

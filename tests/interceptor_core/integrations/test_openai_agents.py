@@ -40,7 +40,7 @@ from interceptor_core import (
     ToolBlockedError,
     ToolCall,
 )
-from interceptor_core.integrations.openai_agents import GatedMCPServer, gate_function_tools, reject
+from interceptor_core.integrations.openai_agents import GatedMCPServer, approve, gate_function_tools, reject
 
 from .conftest import effects, upstream_command
 from .files_policy import DENIAL, ProtectFiles
@@ -439,6 +439,62 @@ class TestApprovals:
         ]
         assert_chain_whole(memory)
 
+    async def test_approve_names_the_approver(self, root: Path) -> None:
+        """Approved with `approve(state, item, by=, note=)`, the call runs once and its
+        `ApprovalResolved` names the approver and the note, under the pause's approval id."""
+        memory, done = MemorySink(), []
+        agent, paused = await self.gated_run(root, done, memory)
+        (pending,) = paused.interruptions
+        state = paused.to_state()
+        approve(state, pending, by="alice", note="looked at it")
+        await Runner.run(agent, state, run_config=OFFLINE)
+        assert done == ["write note.txt", "delete old.txt"]
+        (resolved,) = memory.of_type("ApprovalResolved")
+        assert (resolved.approved, resolved.by, resolved.note) == (True, "alice", "looked at it")
+        assert {e.approval_id for e in memory.of_type("ApprovalRequested")} == {resolved.approval_id}
+        assert outcomes(memory).count(("ToolUse", "delete_file", "c1-1")) == 1
+        assert_chain_whole(memory)
+
+    async def test_decisions_travel_in_the_state_string(self, root: Path) -> None:
+        """Each side built anew, as separate processes would be (no pause of theirs in memory): one
+        pauses two calls and writes its state to a string; one reads it, approves the first with
+        `approve(by=)`, rejects the second with the SDK's own `state.reject` and writes the state
+        again; one resumes from that string. The approval names who approved; the SDK's rejection
+        is recorded once (the request under the pause's approval id, the refusal by nobody with the
+        SDK's message, `ToolDenied`) and the call never runs."""
+        from agents import RunState
+
+        def side(memory: MemorySink, done: list[str], model: ScriptedModel) -> Agent[Any]:
+            gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+            return Agent(name="writer", tools=gate_function_tools(file_tools(root, done), gate=gate), model=model)
+
+        (root / "b.txt").write_text("b")
+        pausing, deciding, resuming = MemorySink(), MemorySink(), MemorySink()
+        done: list[str] = []
+        first_model = script([("delete_file", {"path": "old.txt"}), ("delete_file", {"path": "b.txt"})])
+        paused = await Runner.run(side(pausing, done, first_model), "tidy up", run_config=OFFLINE)
+        assert [e.call_id for e in pausing.of_type("ApprovalRequested")] == ["c1-0", "c1-1"]
+        reviewer = side(deciding, done, ScriptedModel([]))
+        state = await RunState.from_string(reviewer, paused.to_state().to_string())
+        first, second = state.get_interruptions()
+        approve(state, first, by="alice", note="looked at it")
+        state.reject(second, rejection_message="no thanks")
+        decided = state.to_string()
+        agent = side(resuming, done, ScriptedModel([ModelStep.respond(echo_outputs)]))
+        resumed = await Runner.run(agent, await RunState.from_string(agent, decided), run_config=OFFLINE)
+        assert resumed.final_output == "deleted old.txt | no thanks"
+        assert done == ["delete old.txt"]
+        assert (root / "b.txt").exists()
+        assert [e.type for e in deciding.events if e.type != "ToolsRegistered"] == []
+        resolved = {e.call_id: (e.approved, e.by, e.note) for e in resuming.of_type("ApprovalResolved")}
+        assert resolved == {"c1-0": (True, "alice", "looked at it"), "c1-1": (False, None, "no thanks")}
+        for call_id in ("c1-0", "c1-1"):
+            trail = [e for e in [*pausing.events, *resuming.events] if e.call_id == call_id]
+            assert [e.type for e in trail][:3] == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved"]
+            assert len({e.approval_id for e in trail[:3]}) == 1
+        assert sorted(outcomes(resuming)) == [("ToolDenied", "delete_file", "c1-1"), ("ToolUse", "delete_file", "c1-0")]
+        assert_chain_whole(resuming)
+
     async def test_state_survives_serialization(self, root: Path) -> None:
         """The paused run's state, written to JSON and read back, resumes like the original."""
         from agents import RunState
@@ -652,8 +708,9 @@ class TestNestedAgentsTools:
     @pytest.mark.parametrize("approved", [True, False], ids=["approved", "rejected"])
     async def test_a_nested_call_paused_for_approval_is_decided_from_the_outer_run(self, approved: bool) -> None:
         """A nested call the chain requires approval for interrupts the outer run (the SDK carries
-        nested interruptions up); approved or rejected there (`reject` finds the nested gated tool),
-        it leaves its request, the decision and one outcome, in the nested scope. The outer call
+        nested interruptions up); approved or rejected there (`approve` and `reject` find the nested
+        gated tool), it leaves its request, the decision naming who and one outcome, in the nested
+        scope. The outer call
         that ran the nested agent paused with it, and leaves one outcome, once resumed."""
         memory, closed = MemorySink(), []
 
@@ -673,11 +730,12 @@ class TestNestedAgentsTools:
         assert outcomes(memory) == []
         state = paused.to_state()
         if approved:
-            state.approve(pending)
+            approve(state, pending, by="alice")
         else:
             await reject(state, pending, by="alice")
         await Runner.run(boss, state, run_config=OFFLINE)
         assert closed == (["7"] if approved else [])
+        assert [(e.approved, e.by) for e in memory.of_type("ApprovalResolved")] == [(approved, "alice")]
         nested = [
             (e.type, e.agent) for e in memory.events if e.tool == "delete_account" and e.type != "ToolsRegistered"
         ]
@@ -769,23 +827,32 @@ class TestGatedMCPServer:
         assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
 
     async def test_a_plain_sdk_rejection_is_recorded(self, root: Path) -> None:
-        """`state.reject(item)` on an MCP call: recorded when the run lists the server's tools
-        again (the request, the refusal with the SDK's message, one `ToolDenied`); the server never
-        sees the call."""
-        memory = MemorySink()
-        gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
-        async with GatedMCPServer(mcp_server(root), gate=gate, agent="writer") as files:
+        """`state.reject(item)` on an MCP call, decided and resumed by a gate and `GatedMCPServer`
+        built anew from the state string (as another process would: no pause of theirs in memory):
+        recorded when the run lists the server's tools (the request, the refusal with the SDK's
+        message, one `ToolDenied`); the server never sees the call."""
+        from agents import RunState
+
+        pausing, memory = MemorySink(), MemorySink()
+        async with mcp_server(root) as server:
+            gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[pausing])
+            files = GatedMCPServer(server, gate=gate, agent="writer")
             agent = Agent(name="writer", mcp_servers=[files], model=script([("delete_file", {"path": "old.txt"})]))
             paused = await Runner.run(agent, "tidy up", run_config=OFFLINE)
-            (pending,) = paused.interruptions
-            state = paused.to_state()
+            assert [e.call_id for e in pausing.of_type("ApprovalRequested")] == ["c1-0"]
+            gate = Gate("files", interceptors=[DeleteNeedsApproval()], sinks=[memory])
+            files = GatedMCPServer(server, gate=gate, agent="writer")
+            agent = Agent(name="writer", mcp_servers=[files], model=ScriptedModel([ModelStep.respond(echo_outputs)]))
+            state = await RunState.from_string(agent, paused.to_state().to_string())
+            (pending,) = state.get_interruptions()
             state.reject(pending, rejection_message="no")
             resumed = await Runner.run(agent, state, run_config=OFFLINE)
         assert resumed.final_output == "no"
         assert effects(root) == []
         trail = [e.type for e in memory.events if e.call_id == "c1-0"]
-        assert trail == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        assert trail == ["ApprovalRequested", "ApprovalResolved", "ToolDenied"]
         resolved = memory.of_type("ApprovalResolved")[0]
+        assert resolved.approval_id == pausing.of_type("ApprovalRequested")[0].approval_id
         assert (resolved.approved, resolved.by, resolved.note) == (False, None, "no")
 
     async def test_block_ends_the_run(self, root: Path) -> None:

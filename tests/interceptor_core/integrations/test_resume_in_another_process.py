@@ -1,10 +1,11 @@
 """A call paused for approval through its framework's own mechanism survives its process: the agent
 process pauses, saves the framework's state and is killed (SIGKILL); a new process resumes from that
-state with the decision, under the same call id. Real processes (`paused_agent.py`), each writing
-its events to a JSONL file of its own.
+state with the decision, under the same call id (for OpenAI Agents, a reviewer's process decides on
+the saved state first, and the new process resumes from the decided state). Real processes
+(`paused_agent.py`), each writing its events to a JSONL file of its own.
 
-Slow (about 30 s in all on a loaded machine): each of the six processes imports its framework, so
-each process pauses two calls where its framework allows (one approved, one rejected)."""
+Slow (about 30 s in all on a loaded machine): each of the seven processes imports its framework, so
+each process pauses all the calls where its framework allows (approved, rejected)."""
 
 from __future__ import annotations
 
@@ -31,27 +32,34 @@ def read_events(path: Path) -> list[EventBase]:
     return [parse_event(line) for line in path.read_text().splitlines() if line]
 
 
-WHO_DECIDED = {
-    # (who approved c1, who rejected c2) as the events name them: the OpenAI Agents SDK does not say
-    # who approved (`RunState.approve`); `reject(...)` does. Pydantic AI says it for an approval
-    # (`DeferredToolResults.metadata`), not for a `ToolDenied`. LangGraph's resume value says it.
-    "openai-agents": ("ToolUse", None, "alice"),
-    "pydantic-ai": ("ToolUse", "alice", None),
-    "langgraph": ("ToolUse", "alice", None),
+DECISIONS = {
+    # call id -> (outcome, approved, who decided as the events name them), per framework.
+    # OpenAI Agents: `approve(...)` and `reject(...)` name the reviewer; the SDK's own `state.reject`
+    # (c3) names nobody. Pydantic AI names who approved (`DeferredToolResults.metadata`), not who
+    # rejected: its `ToolDenied` carries a message only, and the metadata of a denied call reaches
+    # no toolset. LangGraph pauses one call at a time: one call, approved, its resume value naming who.
+    "openai-agents": {
+        "c1": ("ToolUse", True, "alice"),
+        "c2": ("ToolDenied", False, "alice"),
+        "c3": ("ToolDenied", False, None),
+    },
+    "pydantic-ai": {"c1": ("ToolUse", True, "alice"), "c2": ("ToolDenied", False, None)},
+    "langgraph": {"c1": ("ToolUse", True, "alice")},
 }
 
 
 @pytest.mark.parametrize("framework", ["openai-agents", "pydantic-ai", "langgraph"])
 def test_killed_while_paused_then_resumed_in_a_new_process(tmp_path: Path, framework: str) -> None:
     """The paused process recorded each paused call's durable request and no outcome; killed, it
-    leaves the files untouched; the new process decides from the saved state, and each call leaves,
-    under its call id and one approval id, the request asked again, one `ApprovalResolved` and one
-    outcome: the approved delete ran once, the rejected one never (LangGraph pauses one call at a
-    time: one call, approved)."""
+    leaves the files untouched; the new process (or, for OpenAI Agents, a reviewer's process)
+    decides from the saved state, and each call leaves, under its call id and one approval id, the
+    request asked again, one `ApprovalResolved` naming who decided and one outcome: the approved
+    delete ran once, the rejected ones never."""
     files = tmp_path / "files"
     files.mkdir()
-    (files / "old.txt").write_text("old")
-    (files / "other.txt").write_text("other")
+    names = ["old.txt", "other.txt", "third.txt"]
+    for name in names:
+        (files / name).write_text(name)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     pausing = subprocess.Popen(
         agent_command(framework, "pause", tmp_path),
@@ -72,22 +80,29 @@ def test_killed_while_paused_then_resumed_in_a_new_process(tmp_path: Path, frame
         for stream in (pausing.stdout, pausing.stderr):
             if stream is not None:
                 stream.close()
-    paused_calls = ["c1"] if framework == "langgraph" else ["c1", "c2"]
-    assert sorted(p.name for p in files.iterdir()) == ["old.txt", "other.txt"]
+    decisions = DECISIONS[framework]
+    paused_calls = sorted(decisions)
+    assert sorted(p.name for p in files.iterdir()) == names
     at_pause = read_events(tmp_path / "events-pause.jsonl")
     assert sorted((e.type, e.call_id) for e in at_pause if e.type != "ToolsRegistered") == [
         ("ApprovalRequested", call_id) for call_id in paused_calls
     ]
 
+    events = at_pause
+    if framework == "openai-agents":
+        decided = subprocess.run(
+            agent_command(framework, "decide", tmp_path), capture_output=True, text=True, env=env, timeout=120
+        )
+        assert decided.stdout.strip() == "decided", decided.stderr
+        events = events + read_events(tmp_path / "events-decide.jsonl")
     resumed = subprocess.run(
         agent_command(framework, "resume", tmp_path), capture_output=True, text=True, env=env, timeout=120
     )
     assert resumed.returncode == 0, resumed.stderr
-    events = at_pause + read_events(tmp_path / "events-resume.jsonl")
-    _, approver, rejecter = WHO_DECIDED[framework]
-    expected = {"c1": ("ToolUse", True, approver), "c2": ("ToolDenied", False, rejecter)}
+    at_resume = read_events(tmp_path / "events-resume.jsonl")
+    events = events + at_resume
     for call_id in paused_calls:
-        outcome, approved, by = expected[call_id]
+        outcome, approved, by = decisions[call_id]
         trail = [e for e in events if e.call_id == call_id]
         assert [e.type for e in trail] == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", outcome]
         (resolved,) = [e for e in trail if e.type == "ApprovalResolved"]
@@ -95,7 +110,11 @@ def test_killed_while_paused_then_resumed_in_a_new_process(tmp_path: Path, frame
         assert (resolved.approved, resolved.by) == (approved, by)
         assert {(e.tenant, e.run_id) for e in trail} == {("acme", "run-1")}
     assert sorted(e.call_id or "" for e in events if e.type in OUTCOMES) == paused_calls
-    assert not (files / "old.txt").exists()
-    assert (files / "other.txt").exists()
+    assert sorted(p.name for p in files.iterdir()) == ["other.txt", "third.txt"]
     assert "deleted old.txt" in resumed.stdout
+    if framework == "openai-agents":
+        # The approval's note travelled in the state string; the SDK's rejection is recorded by the
+        # process that resumed, with the SDK's message (c2 was recorded by the reviewer's process).
+        notes = {e.call_id: e.note for e in at_resume if e.type == "ApprovalResolved"}
+        assert notes == {"c1": "looked at it", "c3": "no thanks"}
     assert verify_chain(events).ok
