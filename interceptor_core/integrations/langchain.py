@@ -68,6 +68,7 @@ from langchain_core.tools.base import _get_runnable_config_param
 from pydantic import PrivateAttr, ValidationError
 from pydantic.v1 import ValidationError as ValidationErrorV1
 
+from interceptor_core.approvals import ApprovalHandler
 from interceptor_core.context import RunContext
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations._langchain_calls import (
@@ -225,6 +226,7 @@ class _Wrapping(NamedTuple):
     """The arguments the model gives (the tool call schema's properties), in order."""
     sync_body: _Body
     async_body: _Body
+    desk: ApprovalHandler | None
 
 
 class GatedTool(StructuredTool):
@@ -242,9 +244,11 @@ class GatedTool(StructuredTool):
     _wrapping: _Wrapping = PrivateAttr()
 
     @classmethod
-    def wrap(cls, original: BaseTool, scope: AgentScope, default_run: RunContext) -> GatedTool:
+    def wrap(
+        cls, original: BaseTool, scope: AgentScope, default_run: RunContext, desk: ApprovalHandler | None = None
+    ) -> GatedTool:
         """`original` gated by `scope` (where it must be registered); `default_run` for calls
-        whose config carries no `RunContext`."""
+        whose config carries no `RunContext`; `desk` for resumes that defer to the reviewers' desk."""
         gated = cls(
             name=original.name,
             description=original.description,
@@ -268,6 +272,7 @@ class GatedTool(StructuredTool):
             tuple(input_schema(original).get("properties") or ()),
             _Body.of(original, sync=True),
             _Body.of(original, sync=False),
+            desk,
         )
         return gated
 
@@ -314,7 +319,13 @@ class GatedTool(StructuredTool):
         try:
             result = run_sync(
                 lambda: call_through_gate(
-                    wrapping.scope, self.name, call.gate_args, run=run, call_id=call_id, named_answers=True
+                    wrapping.scope,
+                    self.name,
+                    call.gate_args,
+                    run=run,
+                    call_id=call_id,
+                    named_answers=True,
+                    desk=wrapping.desk,
                 )
             )
         finally:
@@ -341,6 +352,7 @@ class GatedTool(StructuredTool):
                 run=run_of(config, wrapping.default_run),
                 call_id=attempt_call_id(call.tool_call_id, run_manager.tags if run_manager is not None else None),
                 named_answers=True,
+                desk=wrapping.desk,
             )
         finally:
             PENDING.reset(token)
@@ -374,13 +386,15 @@ def gate_tools(
     run: RunContext | None = None,
     interceptors: Sequence[object] = (),
     timeout_s: float | None = None,
+    desk: ApprovalHandler | None = None,
 ) -> list[GatedTool]:
     """Wrap `tools` so their invocation passes the gate; registers them in `gate.agent(agent)`
     (one `ToolsRegistered` event) before returning. Raises `ConfigurationError` for a tool name
-    or schema the gate cannot take. Hand only the returned tools to the model and the ToolNode."""
+    or schema the gate cannot take. Hand only the returned tools to the model and the ToolNode.
+    `desk`: what a resume that defers to the reviewers' desk asks (module docstring)."""
     scope = gate.agent(agent, tools=[gate_tool(t, timeout_s) for t in tools], interceptors=interceptors)
     default_run = run if run is not None else RunContext()
-    return [GatedTool.wrap(t, scope, default_run) for t in tools]
+    return [GatedTool.wrap(t, scope, default_run, desk) for t in tools]
 
 
 # LangChain reads `_run`'s and `_arun`'s signature and type hints on every invocation; resolved once
