@@ -27,9 +27,10 @@ flow on both routes: the call's durable `ApprovalRequested` is recorded (no outc
 pauses with `langgraph.types.interrupt(payload)`, where the payload is JSON
 
     {"kind": "callgate.approval", "tool": ..., "args": {...}, "call_id": ..., "reason": ...,
-     "requested_by": [...]}
+     "requested_by": [...], "approval_id": ...}
 
-(`args` as the gate holds them, after rewrites). `Command(resume=answer)` resumes it; the answer is
+(`args` as the gate holds them, after rewrites; `approval_id` the recorded request's).
+`Command(resume=answer)` resumes it; the answer is
 `{"approved": bool, "by": "who", "note": "...", "call_id": "..."}` (`ApprovalResume`: `by`, `note`
 optional; `call_id`, if given, the payload's) or, with the middleware, a bare `true` / `false`. On
 a ToolNode of `gate_tools` tools the answer must name its call (`call_id`): the calls of one
@@ -39,7 +40,10 @@ with a `ValidationError`, leaving the interrupt open. The resumed call passes th
 and the answer decides it (`ApprovalRequested`, `ApprovalResolved` with `by` and `note`, then its
 one outcome): approved, the tool runs once; refused, the model reads an error `ToolMessage` with
 the refusal, who refused and the note, and the tool never runs. Several calls waiting at once are
-answered by interrupt id, `Command(resume={interrupt.id: answer, ...})`. Pausing needs a
+answered by interrupt id, `Command(resume={interrupt.id: answer, ...})`. Given a `desk` (a
+`RemoteApprovals` reaching the reviewers' desk), `Command(resume={"approval_id": ...})` answers
+with the reviewer's decision instead (`DeskResume`): fetched, verified and claimed by the desk, and
+no second request is recorded when the desk holds the first. Pausing needs a
 checkpointer: without one the call raises `ToolApprovalRequiredError` saying so (the tool does not
 run). A gate with an `approval_handler` asks it instead, as on every route; outside a graph run (a
 tool invoked by hand) `ToolApprovalRequiredError` is raised as before. On a ToolNode route,
@@ -76,6 +80,7 @@ from interceptor_core.integrations._langchain_calls import (
     PENDING,
     RUN_CONFIG_KEY,
     ApprovalResume,
+    DeskResume,
     PendingCall,
     attempt_call_id,
     call_through_gate,
@@ -90,7 +95,15 @@ from interceptor_core.results import ToolResult
 if TYPE_CHECKING:
     from interceptor_core.integrations._langchain_agents import CallgateMiddleware
 
-__all__ = ["APPROVAL_INTERRUPT", "RUN_CONFIG_KEY", "ApprovalResume", "CallgateMiddleware", "GatedTool", "gate_tools"]
+__all__ = [
+    "APPROVAL_INTERRUPT",
+    "RUN_CONFIG_KEY",
+    "ApprovalResume",
+    "CallgateMiddleware",
+    "DeskResume",
+    "GatedTool",
+    "gate_tools",
+]
 
 T = TypeVar("T")
 
