@@ -35,7 +35,16 @@ from events.decisions import ApiDecisions, KafkaDecisions, decision_problem, sig
 from events.kafka import KafkaSink
 from events.models import ZERO_HASH, ApprovalResolvedEvent
 from events.signing import SigningKey
-from interceptor_core import Approval, ApprovalRequest, Gate, RequireApproval, RunContext, before_tool_call, tool
+from interceptor_core import (
+    Approval,
+    ApprovalRequest,
+    Gate,
+    RequireApproval,
+    RunContext,
+    ToolApprovalRequiredError,
+    before_tool_call,
+    tool,
+)
 from interceptor_core.approvals import RemoteApprovals
 
 SUBJECTS = {
@@ -228,7 +237,8 @@ class TestDecidingThroughTheApi:
         self, kafka_broker: EmbeddedBroker, tmp_path: Path
     ) -> None:
         """Without the decisions topic: the gate polls the read API and runs the approved call once,
-        claiming it first; `callgate approvals show` says who claimed it (none before)."""
+        claiming it first; `callgate approvals show` says who claimed it (none before). A call
+        asked again after its request was stored records no second request."""
         async with desk(kafka_broker, tmp_path, poll_api=True) as d:
             waiting = call(d, "c-poll")
             request = await d.pending("c-poll")
@@ -244,6 +254,23 @@ class TestDecidingThroughTheApi:
             assert (detail["status"], detail["claimed_by"]) == ("approved", "auditor-1")  # the gate's token
             assert detail["claimant"]
             assert detail["claimed_at"]
+
+            # A call paused by its framework (the request stored, no outcome), approved, then made
+            # again by this gate: the read API says the request is stored, so none is recorded again.
+            ask = before_tool_call(name="big-refunds")(
+                lambda call: RequireApproval("refunds over 100.00 need a reviewer")
+            )
+            pausing = Gate("shop", interceptors=[ask], sinks=[d.sink]).agent("desk", tools=[d.scope.tools["refund"]])
+            run = RunContext(tenant="acme", principal="u-1", run_id="run-c-again")
+            args = {"order_id": "ACME-1", "amount_cents": 20000}
+            with pytest.raises(ToolApprovalRequiredError):
+                await pausing.call("refund", args, run=run, call_id="c-again", pause_for_approval=True)
+            paused = await d.pending("c-again")
+            assert (await d.decide("rev-1", paused["approval_id"], "approve")).status_code == 200
+            assert (await asyncio.wait_for(call(d, "c-again"), 20)).ok
+            assert d.ran == [20000, 20000]
+            rows = await d.events_of("c-again", 3)
+            assert [r["type"] for r in rows] == ["ApprovalRequested", "ApprovalResolved", "ToolUse"]
 
     async def test_a_denial_refuses_the_call(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
         """Denied by rev-1: the call does not run, and the model reads the reviewer and the note."""
