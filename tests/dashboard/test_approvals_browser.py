@@ -345,6 +345,12 @@ def test_a_reviewer_approves_in_the_console_and_the_call_runs_once(chromium: str
             resumed = stack.events("call-resume", 3)
             assert [e["type"] for e in resumed] == ["ApprovalRequested", "ApprovalResolved", "ToolUse"]
 
+            # The same call id with other arguments asks again: a new request, not the old approval.
+            # (Its expiry is waited for last, while the LangGraph case runs.)
+            changed = stack.agent("call-approve", amount=30000, timeout_s=8)
+            again = stack.pending("call-approve", other_than=request["approval_id"])
+            assert again["args"]["amount_cents"] == 30000
+
             # LangGraph paused the call (its checkpoint saved) and the process is killed; a reviewer
             # approves; a new process resumes the thread with Command(resume={"approval_id": ...}),
             # and its gate fetches the desk's signed decision, claims it, and runs the call once.
@@ -370,10 +376,7 @@ def test_a_reviewer_approves_in_the_console_and_the_call_runs_once(chromium: str
                 "gate-acme",
             )
 
-            # The same call id with other arguments asks again: a new request, not the old approval.
-            changed = stack.agent("call-approve", amount=30000, timeout_s=8)
-            again = stack.pending("call-approve", other_than=request["approval_id"])
-            assert again["args"]["amount_cents"] == 30000
+            # Nobody decides the changed arguments' request: it is refused when it expires.
             assert outcome(changed)["kind"] == "denied"
             assert stack.runs("call-approve") == 1
         finally:
