@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import inspect
 import logging
@@ -974,8 +975,9 @@ class Gate:
         return refusal + (f": {approval.note}" if approval.note else ".")
 
     async def _recorded(self, handler: ApprovalHandler | None, request: ApprovalRequest) -> ApprovalRequest | None:
-        """The request as recorded already, when the handler can tell (`RemoteApprovals.recorded`),
-        else None; the same approval id, call id, argument digest and policy version, or None."""
+        """This request with the expiry it was recorded with, when the handler can tell that it is
+        recorded already (`RemoteApprovals.recorded`: the same approval id, call id, argument digest
+        and policy version), else None."""
         recorded = getattr(handler, "recorded", None)
         if recorded is None:
             return None
@@ -992,7 +994,10 @@ class Gate:
         binding = (held.approval_id, held.call_id, held.args_digest, held.policy_version)
         if binding != (request.approval_id, request.call_id, request.args_digest, request.policy_version):
             return None
-        return held
+        # Only the recorded expiry is taken, and never past this gate's own: what the handler says
+        # cannot lengthen the wait or widen the request.
+        expiries = [at for at in (held.expires_at, request.expires_at) if at is not None]
+        return dataclasses.replace(request, expires_at=min(expiries) if expiries else None)
 
     def _approval_request(
         self, state: _CallState, call: ToolCall, reason: str, requested_by: tuple[str, ...]

@@ -406,7 +406,9 @@ class TestARequestAskedAgain:
             await first
         return source, request
 
-    def resumed(self, source: ListedDecisions, records: StoredRequests) -> tuple[Any, MemorySink, list[int]]:
+    def resumed(
+        self, source: ListedDecisions, records: StoredRequests, timeout_s: float = 300.0
+    ) -> tuple[Any, MemorySink, list[int]]:
         ran: list[int] = []
 
         @tool
@@ -416,7 +418,13 @@ class TestARequestAskedAgain:
 
         sink = MemorySink()
         handler = RemoteApprovals(source, records=records)
-        gate = Gate("shop", interceptors=[Policy.from_text(POLICY)], sinks=[sink], approval_handler=handler)
+        gate = Gate(
+            "shop",
+            interceptors=[Policy.from_text(POLICY)],
+            sinks=[sink],
+            approval_handler=handler,
+            approval_timeout_s=timeout_s,
+        )
         return gate.agent("desk", tools=[refund]), sink, ran
 
     async def test_a_recorded_request_is_not_recorded_again(self) -> None:
@@ -457,3 +465,15 @@ class TestARequestAskedAgain:
             args = {"order_id": "ACME-1", "amount_cents": 20000}
             assert (await scope.call("refund", args, run=ACME, call_id="c-11")).ok
             assert [e.type for e in of(sink, "c-11")] == ["ApprovalRequested", "ToolUse"]
+
+    async def test_a_recorded_expiry_never_lengthens_the_wait(self) -> None:
+        """A store that says the request expires much later does not make this gate wait past its
+        own `approval_timeout_s`: the request it answers is recorded with its own, earlier expiry."""
+        source, request = await self.asked_once("c-12")
+        far = dataclasses.replace(request, expires_at=datetime(2999, 1, 1, tzinfo=UTC))
+        scope, sink, ran = self.resumed(source, StoredRequests(far), timeout_s=0.3)
+        result = await scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-12")
+        assert (result.kind, ran) == ("denied", [])
+        requested, resolved, _ = of(sink, "c-12")
+        assert datetime.fromisoformat(requested.expires_at) < datetime.now(UTC) + timedelta(seconds=1)
+        assert resolved.error is not None
