@@ -852,6 +852,54 @@ CREATE TABLE IF NOT EXISTS approval_claims (
 )
 """
 
+# The `calls` view counts only decisions that decide: an ApprovalResolved flagged unverified
+# (UNVERIFIED_DECISION) written by another producer than the gate that asked approves and refuses
+# nothing; the call shows it in `unverified_decision` (its answer and why it is not taken), so a
+# call that ran on a forged approval reads as ran without a verified one. Plain text, no shared
+# constants: a released step must never change.
+_CALLS_WITHOUT_UNVERIFIED_DECISIONS = (
+    """
+    CREATE OR REPLACE VIEW calls AS
+    WITH call_events AS (
+        SELECT call_id, gate, workflow, agent, tool, tenant, principal, run_id, parent_call_id, trace_id, time,
+               type, outcome, decided_by, message,
+               type = 'ApprovalResolved' AND decided_by IS NOT NULL AND NOT bool_or(type = 'ApprovalRequested') OVER (
+                   PARTITION BY call_id, producer_id,
+                       CASE WHEN type IN ('ApprovalRequested', 'ApprovalResolved')
+                            THEN json_extract_string(event, '$.approval_id') END
+               ) AS unverified
+        FROM events
+        WHERE call_id IS NOT NULL
+          AND type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked', 'ApprovalRequested', 'ApprovalResolved')
+    )
+    SELECT
+        call_id,
+        any_value(gate) AS gate,
+        any_value(workflow) AS workflow,
+        any_value(agent) AS agent,
+        any_value(tool) AS tool,
+        any_value(tenant) AS tenant,
+        any_value(principal) AS principal,
+        any_value(run_id) AS run_id,
+        any_value(parent_call_id) AS parent_call_id,
+        any_value(trace_id) AS trace_id,
+        min(time) AS started_at,
+        max(time) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS time,
+        max(type) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS outcome_type,
+        max(outcome) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS outcome,
+        max(decided_by) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS decided_by,
+        max(message) FILTER (WHERE type IN ('ToolUse', 'ToolDenied', 'Substitute', 'Blocked')) AS message,
+        bool_or(type = 'ApprovalRequested') AS approval_asked,
+        CASE WHEN bool_or(type = 'ApprovalResolved' AND NOT unverified)
+             THEN bool_or(type = 'ApprovalResolved' AND NOT unverified AND outcome = 'approved') END AS approved,
+        string_agg(outcome || ' (' || decided_by || ')', '; ' ORDER BY time) FILTER (WHERE unverified)
+            AS unverified_decision,
+        count(*) AS events
+    FROM call_events
+    GROUP BY call_id
+    """,
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "tables", (_CREATE_EVENTS, _CREATE_DEAD_LETTERS, _CREATE_OFFSETS, _CREATE_CHAIN_BREAKS)),
     Migration(2, "reader views", (_CREATE_BLOCKED_ATTEMPTS_VIEW, _CREATE_DECISION_TRENDS_VIEW, _CREATE_CALLS_VIEW)),
@@ -866,6 +914,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(11, "event JSON compressed with zstd", _EVENT_JSON_ZSTD),
     Migration(12, "shard tables retired", _RETIRE_SHARD_TABLES),
     Migration(13, "approval claims", (CREATE_APPROVAL_CLAIMS,)),
+    Migration(14, "calls count no unverified decision", _CALLS_WITHOUT_UNVERIFIED_DECISIONS),
 )
 """The schema, in versioned steps applied in order, each once (recorded in `schema_migrations`).
 Append a step to change it; never edit a released one."""

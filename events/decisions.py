@@ -15,7 +15,9 @@ only the desk write access (Kafka ACLs), and every gate read access.
 requests it waits for (the named query `approval_request`, whose `decision` column is the deciding
 event) every `interval_s`, with a token that may read them (a `tenant:<id>`, `auditor` or `reviewer`
 role). It also claims an approval before the call runs (`claim`: `POST /v1/approvals/{id}/claim`),
-which the read API grants once per approval id for the whole deployment.
+which the read API grants once per approval id for the whole deployment, and tells a gate whether
+a request is stored already (`recorded`), so that a call asked again (resumed in a new process)
+records no second request.
 
 **Signed decisions.** The desk signs each decision it takes with its Ed25519 key (`callgate keygen`;
 `callgate materialize --decision-key FILE`): `sign_decision` puts into the event's `signature` the
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -52,6 +55,7 @@ import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Final
 
 from events.chain import canonical_json
@@ -355,7 +359,24 @@ class ApiDecisions:
                 changed.set()
             await asyncio.sleep(self.interval_s)
 
-    def _ask(self, approval_id: str) -> ApprovalResolvedEvent | None:
+    async def recorded(self, request: Any) -> Any:
+        """`request` (an `interceptor_core.ApprovalRequest`) as the store holds it, when it holds a
+        request of its approval id for the same call id, argument digest and policy version, pending
+        or decided: `request` with the stored expiry (`interceptor_core.approvals.RecordedRequests`);
+        else None. A stored decision is kept for `decisions`. Raises when the API cannot be asked."""
+        row = await asyncio.to_thread(self._row, request.approval_id)
+        if row is None:
+            return None
+        binding = (row.get("call_id"), row.get("args_digest"), row.get("policy_version"))
+        if binding != (request.call_id, request.args_digest, request.policy_version):
+            return None
+        if row.get("decision") is not None and request.approval_id not in self._found:
+            self._found[request.approval_id] = [self._decision_of(request.approval_id, row["decision"])]
+            self._watched.discard(request.approval_id)
+        expires = row.get("expires_at")
+        return dataclasses.replace(request, expires_at=datetime.fromisoformat(expires) if expires else None)
+
+    def _row(self, approval_id: str) -> dict[str, Any] | None:
         query = urllib.parse.urlencode({"approval_id": approval_id})
         headers = {"Accept": "application/json"}
         if self._token:
@@ -363,9 +384,17 @@ class ApiDecisions:
         request = urllib.request.Request(f"{self.url}/v1/queries/approval_request?{query}", headers=headers)  # noqa: S310
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
             rows = json.loads(response.read()).get("rows") or []
-        decision = rows[0].get("decision") if rows else None
+        return dict(rows[0]) if rows else None
+
+    def _ask(self, approval_id: str) -> ApprovalResolvedEvent | None:
+        row = self._row(approval_id)
+        decision = row.get("decision") if row else None
         if decision is None:
             return None
+        return self._decision_of(approval_id, decision)
+
+    @staticmethod
+    def _decision_of(approval_id: str, decision: Any) -> ApprovalResolvedEvent:
         event = parse_event(decision)
         if not isinstance(event, ApprovalResolvedEvent) or event.approval_id != approval_id:
             raise ValueError(f"the stored decision of {approval_id} is not an ApprovalResolved of it")

@@ -11,6 +11,11 @@ read API, `events.decisions.ApiDecisions`, or any other) and honours it only for
 approval id, call id, argument digest and policy version, decided before the request expires, signed
 by a trusted key (when given `trusted_keys`), and used once: once per process always, and once per
 deployment when an `ApprovalClaims` (the read API's claim route) grants it.
+
+A request is recorded once: a call asked again under the same approval id (resumed by a new process
+after its first one was killed, or by its framework after a pause) records no second
+`ApprovalRequested` when the gate's handler can tell it is recorded already (`RecordedRequests`:
+the read API, `events.decisions.ApiDecisions`); its first ask's expiry then stands.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ __all__ = [
     "ApprovalHandler",
     "ApprovalRequest",
     "DecisionSource",
+    "RecordedRequests",
     "RemoteApprovals",
     "approval_id_for",
     "args_digest",
@@ -127,6 +133,17 @@ class ApprovalClaims(Protocol):
     async def claim(self, request: ApprovalRequest, decision: ApprovalResolvedEvent) -> str | None: ...
 
 
+class RecordedRequests(Protocol):
+    """Where a gate learns that the request of a call is recorded already (`events.decisions.ApiDecisions`:
+    the read API's `approval_request` query). `recorded(request)` returns the request as it was
+    recorded (`request` with the stored expiry) when the store holds a request of its approval id
+    for the same call id, argument digest and policy version, pending or decided; None when it
+    holds none. It may raise when it cannot tell (the gate then records the request: one request
+    too many is better than none). Awaited from the gate's loop."""
+
+    async def recorded(self, request: ApprovalRequest) -> ApprovalRequest | None: ...
+
+
 class RemoteApprovals:
     """An approval handler waiting for a reviewer's decision from a `DecisionSource`.
 
@@ -142,6 +159,10 @@ class RemoteApprovals:
     `ApiDecisions` can; None for `KafkaDecisions`, which alone holds "once" per process only): a
     refused claim refuses the call, with a note saying the approval was used elsewhere, so the
     model can ask again. Safe for many concurrent calls on one loop.
+
+    `recorded(request)` tells the gate whether the request is recorded already, from `records`
+    (default: `claims` or the source, whichever can tell, as `ApiDecisions` can): the gate then
+    records no second `ApprovalRequested` for a call asked again (see the module docstring).
     """
 
     def __init__(
@@ -150,6 +171,7 @@ class RemoteApprovals:
         *,
         trusted_keys: Mapping[str, VerifyingKey] | str | os.PathLike[str] | None = None,
         claims: ApprovalClaims | None = None,
+        records: RecordedRequests | None = None,
     ) -> None:
         self.source = source
         if isinstance(trusted_keys, str | os.PathLike):
@@ -161,6 +183,11 @@ class RemoteApprovals:
         if claims is None and callable(getattr(source, "claim", None)):
             claims = source  # type: ignore[assignment]
         self.claims = claims
+        if records is None:
+            found: Any = next((r for r in (claims, source) if callable(getattr(r, "recorded", None))), None)
+            records = found
+        self.records = records
+        """Where `recorded` asks (None: it answers None)."""
         self.ignored = 0
         """Decisions ignored so far (for another call, expired, used, unsigned or forged)."""
         self.forged = 0
@@ -195,6 +222,11 @@ class RemoteApprovals:
                 raise TimeoutError(f"approval {request.approval_id} expired without a decision")
             async with asyncio.timeout(remaining):
                 await changed.wait()
+
+    async def recorded(self, request: ApprovalRequest) -> ApprovalRequest | None:
+        """`request` as recorded already, asked of `records` (see `RecordedRequests`); None when it
+        is not recorded or nothing can tell. Raises what `records` raises."""
+        return None if self.records is None else await self.records.recorded(request)
 
     def _mismatch(self, request: ApprovalRequest, decision: ApprovalResolvedEvent) -> str | None:
         if decision.approval_id != request.approval_id or decision.call_id != request.call_id:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import inspect
 import logging
@@ -228,7 +229,7 @@ class _CallState:
         # A sync body that outlived its caller's cancellation: (failed, output or error text).
         self.late: tuple[bool, Any] | None = None
         # An approval the caller's own flow gave before the call (AgentScope.call's `approval`).
-        self.given: Approval | None = None
+        self.given: Approval | ApprovalHandler | None = None
         # The caller pauses its run when nobody can approve now, and resumes it with this call id.
         self.pausable = False
 
@@ -608,7 +609,7 @@ class Gate:
         args: Mapping[str, Any] | BaseModel | str,
         run: RunContext,
         call_id: str | None,
-        approval: Approval | None = None,
+        approval: Approval | ApprovalHandler | None = None,
         pause: bool = False,
     ) -> ToolResult:
         state = _CallState(compiled, call_id or new_id(), run)
@@ -906,6 +907,8 @@ class Gate:
         state.asked = True
         handler = self.approval_handler
         given = state.given
+        if given is not None and not isinstance(given, Approval):
+            handler, given = given, None  # the handler the caller's own flow asks for this call
         audit = self._audit
         request = self._approval_request(state, call, reason, requested_by)
         if handler is None and given is None:
@@ -920,8 +923,13 @@ class Gate:
             raise ToolApprovalRequiredError(
                 reason, tool=call.tool_name, call_id=call.call_id, interceptor=", ".join(requested_by)
             )
+        held = None
         if audit is not None:
-            audit.approval_requested(state, request)
+            held = await self._recorded(handler, request) if given is None else None
+            if held is None:
+                audit.approval_requested(state, request)
+            else:
+                request = held  # asked again (a resumed call): the request stands as first recorded
         started = _perf()
         error: str | None = None
         answer: Any = None
@@ -951,7 +959,11 @@ class Gate:
             DecisionRecord("approval", "gate", "allow" if approval.approved else "deny", waited, "approval", error)
         )
         if audit is not None and approval.event_id is None:
-            # A reviewer's decision was recorded where it was taken; anything else is recorded here.
+            # A reviewer's decision was recorded where it was taken; anything else is recorded here,
+            # on a request this producer recorded (a store takes an unsigned decision only from the
+            # producer that asked: see consumers.store.UNVERIFIED_DECISION).
+            if held is not None:
+                audit.approval_requested(state, request)
             audit.approval_resolved(state, request, approval, waited, error)
         if approval.approved:
             return None
@@ -961,6 +973,31 @@ class Gate:
         elif approval.by:
             refusal += f" by {approval.by}"
         return refusal + (f": {approval.note}" if approval.note else ".")
+
+    async def _recorded(self, handler: ApprovalHandler | None, request: ApprovalRequest) -> ApprovalRequest | None:
+        """This request with the expiry it was recorded with, when the handler can tell that it is
+        recorded already (`RemoteApprovals.recorded`: the same approval id, call id, argument digest
+        and policy version), else None."""
+        recorded = getattr(handler, "recorded", None)
+        if recorded is None:
+            return None
+        try:
+            async with asyncio.timeout(self.approval_timeout_s):
+                held = recorded(request)
+                if inspect.isawaitable(held):
+                    held = await held
+        except Exception as exc:
+            log.warning("approval %s: cannot tell whether it is recorded already: %s", request.approval_id, exc)
+            return None
+        if not isinstance(held, ApprovalRequest):
+            return None
+        binding = (held.approval_id, held.call_id, held.args_digest, held.policy_version)
+        if binding != (request.approval_id, request.call_id, request.args_digest, request.policy_version):
+            return None
+        # Only the recorded expiry is taken, and never past this gate's own: what the handler says
+        # cannot lengthen the wait or widen the request.
+        expiries = [at for at in (held.expires_at, request.expires_at) if at is not None]
+        return dataclasses.replace(request, expires_at=min(expiries) if expiries else None)
 
     def _approval_request(
         self, state: _CallState, call: ToolCall, reason: str, requested_by: tuple[str, ...]
@@ -1393,7 +1430,7 @@ class AgentScope:
         *,
         run: RunContext | None = None,
         call_id: str | None = None,
-        approval: Approval | None = None,
+        approval: Approval | ApprovalHandler | None = None,
         pause_for_approval: bool = False,
     ) -> Coroutine[Any, Any, ToolResult]:
         """Call one of this scope's tools through the whole chain.
@@ -1403,7 +1440,9 @@ class AgentScope:
         `approval`: an answer the caller's own approval flow already gave for this call (a
         framework's deferred tool approvals); if the chain requires approval, it is used instead of
         asking the gate's `approval_handler`, and recorded as the handler's answer would be
-        (`ApprovalRequested`, `ApprovalResolved`). The whole chain still runs first.
+        (`ApprovalRequested`, `ApprovalResolved`). The whole chain still runs first. An
+        `ApprovalHandler` instead (a framework's resume that defers to the reviewers' desk, a
+        `RemoteApprovals`) is asked for this call in place of the gate's `approval_handler`.
         `pause_for_approval`: the caller pauses its run when approval is needed and nobody can give
         it now, and resumes the call later with the same call id and the answer (a framework's
         interrupt): the call then records the durable `ApprovalRequested` and no outcome before

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from interceptor_core.approvals import approval_id_for, args_digest
 from interceptor_core.context import RunContext, ToolCall
 from interceptor_core.decisions import Allow, PolicyDecision, RequireApproval, Rewrite
 from interceptor_core.gate import AgentScope
@@ -30,6 +31,8 @@ class AskedApproval:
     args: Mapping[str, Any]
     reason: str
     requested_by: tuple[str, ...]
+    approval_id: str = ""
+    """The id the gate gives the call's request (`approval_id_for`; empty without a call id)."""
 
 
 async def approval_asked(
@@ -49,6 +52,7 @@ async def approval_asked(
     except ValidationError:
         return None
     asked: list[tuple[str, str]] = []
+    versions: list[str] = []  # of the policies that ask, as the gate binds the request to them
     timeout = scope.gate.interceptor_timeout_s
     for bound in compiled.before:
         if bound.shadow or bound.before is None:
@@ -62,6 +66,8 @@ async def approval_asked(
                 if decision.args is not None:
                     given = decision.args
                     call._replace_args(given if isinstance(given, model) else model.model_validate(given))
+                if type(decision.decision) is RequireApproval:
+                    versions.append(decision.policy_version)
                 decision = decision.decision
             if type(decision) is Rewrite:
                 new = decision.args
@@ -74,4 +80,8 @@ async def approval_asked(
             return None
     if not asked:
         return None
-    return AskedApproval(dict(call.args), "; ".join(r for _, r in asked), tuple(n for n, _ in asked))
+    approval_id = ""
+    if call_id:
+        digest = args_digest(call.args_model.model_dump(mode="json"))
+        approval_id = approval_id_for(call_id, digest, ",".join(dict.fromkeys(versions)) or None)
+    return AskedApproval(dict(call.args), "; ".join(r for _, r in asked), tuple(n for n, _ in asked), approval_id)

@@ -16,6 +16,7 @@ from langchain_core.tools import BaseTool
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from interceptor_core.approvals import ApprovalHandler
 from interceptor_core.context import RunContext
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations._langchain_calls import (
@@ -126,7 +127,9 @@ class CallgateMiddleware(AgentMiddleware):
     and `Command(resume=...)` answers it (the module docstring of
     `interceptor_core.integrations.langchain` gives the payload and the answer); the agent needs
     a checkpointer (`create_agent(..., checkpointer=...)`), else the call fails closed with
-    `ToolApprovalRequiredError`.
+    `ToolApprovalRequiredError`. With `desk` (a `RemoteApprovals`), the run may also be resumed
+    with `Command(resume={"approval_id": ...})`: the decision is then the reviewers' (console,
+    command line, read API), fetched, checked and claimed by `desk` (see `DeskResume`).
 
     The `RunContext` of a call: the config's `configurable["callgate_run"]`, else the agent's
     `context=` when it is a `RunContext`, else `run`. Sync (`invoke`) and async (`ainvoke`) agents
@@ -142,6 +145,7 @@ class CallgateMiddleware(AgentMiddleware):
         run: RunContext | None = None,
         interceptors: Sequence[object] = (),
         timeout_s: float | None = None,
+        desk: ApprovalHandler | None = None,
     ) -> None:
         super().__init__()
         self.scope: AgentScope = gate.agent(
@@ -149,6 +153,9 @@ class CallgateMiddleware(AgentMiddleware):
         )
         """The agent scope the tools are registered in."""
         self._default_run = run if run is not None else RunContext()
+        self.desk = desk
+        """What a resume that defers to the reviewers' desk (`{"approval_id": ...}`) asks for the
+        decision: a `RemoteApprovals` (None: that answer is not accepted)."""
 
     @staticmethod
     def _call_id(request: ToolCallRequest) -> str | None:
@@ -172,7 +179,9 @@ class CallgateMiddleware(AgentMiddleware):
         token = PENDING.set(call)
         try:
             result = run_sync(
-                lambda: call_through_gate(self.scope, tool_call["name"], tool_call["args"], run=run, call_id=call_id)
+                lambda: call_through_gate(
+                    self.scope, tool_call["name"], tool_call["args"], run=run, call_id=call_id, desk=self.desk
+                )
             )
         finally:
             PENDING.reset(token)
@@ -193,6 +202,7 @@ class CallgateMiddleware(AgentMiddleware):
                 tool_call["args"],
                 run=self._run_of(request),
                 call_id=self._call_id(request),
+                desk=self.desk,
             )
         finally:
             PENDING.reset(token)

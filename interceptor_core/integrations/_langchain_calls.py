@@ -26,7 +26,7 @@ from langchain_core.tools import BaseTool
 # LangChain would pass it.
 from pydantic import BaseModel, ConfigDict, StrictBool, create_model
 
-from interceptor_core.approvals import Approval
+from interceptor_core.approvals import Approval, ApprovalHandler
 from interceptor_core.context import RunContext, ToolContext
 from interceptor_core.exceptions import ToolApprovalRequiredError
 from interceptor_core.gate import AgentScope
@@ -193,13 +193,27 @@ class ApprovalResume(BaseModel):
     """The call this answers (the payload's `call_id`)."""
 
 
-def _resume_schema(call_id: str | None, *, named: bool) -> Any:
+class DeskResume(BaseModel):
+    """The answer that defers to the reviewers' desk: `{"approval_id": "..."}`, the id of the call's
+    request (the interrupt payload's `approval_id`). Accepted where the integration was given a
+    `desk` (a `RemoteApprovals`): the gate then asks it for the decision taken on that request (from
+    the console, the command line or the read API), honours it only for this exact call, signed by
+    a trusted key when the desk has `trusted_keys`, and claims it (used once) before the tool runs.
+    An approval id that is not the call's own is refused by LangGraph, as any other answer."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="CallgateDeskResume")
+
+    approval_id: str
+    """The call's request (its id names the call: no `call_id` is needed)."""
+
+
+def _resume_schema(call_id: str | None, *, named: bool, approval_id: str = "") -> Any:
     """What LangGraph accepts as the answer to this call's interrupt (its `response_schema`).
 
     A `call_id` given must be this call's. `named`: the answer must give it, because the calls of
     one task (a ToolNode step) pausing at once share LangGraph's interrupt order, and an answer
     that does not name its call could reach another one; one task per call (create_agent) is
-    answered by its interrupt alone."""
+    answered by its interrupt alone. `approval_id` (with a desk): a `DeskResume` naming it, too."""
     if call_id is None:
         return StrictBool | ApprovalResume
     own = Literal[call_id]  # type: ignore[valid-type]  # a value known only per call
@@ -208,7 +222,11 @@ def _resume_schema(call_id: str | None, *, named: bool) -> Any:
         __base__=ApprovalResume,
         call_id=(own, ...) if named else (own | None, None),
     )
-    return bound if named else StrictBool | bound
+    schema: Any = bound if named else StrictBool | bound
+    if approval_id:
+        request = Literal[approval_id]  # type: ignore[valid-type]
+        schema = schema | create_model("CallgateDeskResume", __base__=DeskResume, approval_id=(request, ...))
+    return schema
 
 
 class _GraphTask(NamedTuple):
@@ -251,23 +269,32 @@ def approval_payload(name: str, call_id: str | None, asked: AskedApproval) -> di
         "call_id": call_id,
         "reason": asked.reason,
         "requested_by": list(asked.requested_by),
+        "approval_id": asked.approval_id or None,
     }
 
 
-def _approval_of(answer: bool | ApprovalResume) -> Approval:
+def _approval_of(
+    answer: bool | ApprovalResume | DeskResume, desk: ApprovalHandler | None
+) -> Approval | ApprovalHandler:
     if isinstance(answer, bool):
         return Approval(approved=answer, note=_RESUMED if answer else None)
+    if isinstance(answer, DeskResume):
+        assert desk is not None  # the schema accepts a DeskResume only with a desk
+        return desk
     note = answer.note if answer.note is not None or not answer.approved else _RESUMED
     return Approval(approved=answer.approved, by=answer.by, note=note)
 
 
-def _ask_graph(name: str, call_id: str | None, asked: AskedApproval, *, named: bool) -> Approval:
-    """LangGraph's `interrupt()` for this call: the answer the resumed run brings, or
-    `GraphInterrupt` (the run pauses)."""
+def _ask_graph(
+    name: str, call_id: str | None, asked: AskedApproval, *, named: bool, desk: ApprovalHandler | None
+) -> Approval | ApprovalHandler:
+    """LangGraph's `interrupt()` for this call: the answer the resumed run brings (the desk, for a
+    `DeskResume`), or `GraphInterrupt` (the run pauses)."""
     from langgraph.types import interrupt
 
-    answer = interrupt(approval_payload(name, call_id, asked), response_schema=_resume_schema(call_id, named=named))
-    return _approval_of(answer)
+    schema = _resume_schema(call_id, named=named, approval_id=asked.approval_id if desk is not None else "")
+    answer = interrupt(approval_payload(name, call_id, asked), response_schema=schema)
+    return _approval_of(answer, desk)
 
 
 async def call_through_gate(
@@ -278,16 +305,18 @@ async def call_through_gate(
     run: RunContext,
     call_id: str | None,
     named_answers: bool = False,
+    desk: ApprovalHandler | None = None,
 ) -> ToolResult:
     """`scope.call`, with LangGraph's `interrupt()` as the approval flow when the chain requires
     approval and the gate has no `approval_handler` (on both routes; see `CallgateMiddleware`).
 
     In a graph task: the call that needs approval records its durable `ApprovalRequested` (no
     outcome) and pauses the run; the resumed run's answer decides it, passing the whole chain again
-    (`ApprovalRequested` under the same approval id, `ApprovalResolved`, then its one outcome).
+    (`ApprovalRequested` under the same approval id, `ApprovalResolved`, then its one outcome; with
+    a `DeskResume`, no second request when the desk holds the first, and the desk's own decision).
     Without a checkpointer the run cannot resume: `ToolApprovalRequiredError` saying so, the tool
     not run. Outside a graph, or with a handler, this is `scope.call`. `named_answers`: an answer must name the call it
-    answers (see `_resume_schema`)."""
+    answers (see `_resume_schema`). `desk`: what a `DeskResume` answer asks for the decision."""
     task = _graph_task() if scope.gate.approval_handler is None else None
     if task is None:
         return await scope.call(name, args, run=run, call_id=call_id)
@@ -296,7 +325,7 @@ async def call_through_gate(
     pause: GraphInterrupt | None = None
     if task.resume_waiting and (asked := await approval_asked(scope, name, args, run, call_id)) is not None:
         try:
-            approval = _ask_graph(name, call_id, asked, named=named_answers)
+            approval = _ask_graph(name, call_id, asked, named=named_answers, desk=desk)
         except GraphInterrupt as exc:  # the answer waiting was another call's: this one pauses
             pause = exc
         else:
@@ -319,7 +348,9 @@ async def call_through_gate(
         asked = await approval_asked(scope, name, args, run, call_id) or AskedApproval(
             args, exc.reason, tuple((exc.interceptor or "").split(", "))
         )
-        approval = _ask_graph(name, call_id, asked, named=named_answers)  # raises GraphInterrupt: the run pauses
+        approval = _ask_graph(
+            name, call_id, asked, named=named_answers, desk=desk
+        )  # raises GraphInterrupt: the run pauses
     # Only when an answer was waiting after all: it decides the call, which passes the chain again.
     return await scope.call(name, args, run=run, call_id=call_id, approval=approval)
 

@@ -27,9 +27,10 @@ flow on both routes: the call's durable `ApprovalRequested` is recorded (no outc
 pauses with `langgraph.types.interrupt(payload)`, where the payload is JSON
 
     {"kind": "callgate.approval", "tool": ..., "args": {...}, "call_id": ..., "reason": ...,
-     "requested_by": [...]}
+     "requested_by": [...], "approval_id": ...}
 
-(`args` as the gate holds them, after rewrites). `Command(resume=answer)` resumes it; the answer is
+(`args` as the gate holds them, after rewrites; `approval_id` the recorded request's).
+`Command(resume=answer)` resumes it; the answer is
 `{"approved": bool, "by": "who", "note": "...", "call_id": "..."}` (`ApprovalResume`: `by`, `note`
 optional; `call_id`, if given, the payload's) or, with the middleware, a bare `true` / `false`. On
 a ToolNode of `gate_tools` tools the answer must name its call (`call_id`): the calls of one
@@ -39,7 +40,10 @@ with a `ValidationError`, leaving the interrupt open. The resumed call passes th
 and the answer decides it (`ApprovalRequested`, `ApprovalResolved` with `by` and `note`, then its
 one outcome): approved, the tool runs once; refused, the model reads an error `ToolMessage` with
 the refusal, who refused and the note, and the tool never runs. Several calls waiting at once are
-answered by interrupt id, `Command(resume={interrupt.id: answer, ...})`. Pausing needs a
+answered by interrupt id, `Command(resume={interrupt.id: answer, ...})`. Given a `desk` (a
+`RemoteApprovals` reaching the reviewers' desk), `Command(resume={"approval_id": ...})` answers
+with the reviewer's decision instead (`DeskResume`): fetched, verified and claimed by the desk, and
+no second request is recorded when the desk holds the first. Pausing needs a
 checkpointer: without one the call raises `ToolApprovalRequiredError` saying so (the tool does not
 run). A gate with an `approval_handler` asks it instead, as on every route; outside a graph run (a
 tool invoked by hand) `ToolApprovalRequiredError` is raised as before. On a ToolNode route,
@@ -68,6 +72,7 @@ from langchain_core.tools.base import _get_runnable_config_param
 from pydantic import PrivateAttr, ValidationError
 from pydantic.v1 import ValidationError as ValidationErrorV1
 
+from interceptor_core.approvals import ApprovalHandler
 from interceptor_core.context import RunContext
 from interceptor_core.gate import AgentScope, Gate, Workflow
 from interceptor_core.integrations._langchain_calls import (
@@ -75,6 +80,7 @@ from interceptor_core.integrations._langchain_calls import (
     PENDING,
     RUN_CONFIG_KEY,
     ApprovalResume,
+    DeskResume,
     PendingCall,
     attempt_call_id,
     call_through_gate,
@@ -89,7 +95,15 @@ from interceptor_core.results import ToolResult
 if TYPE_CHECKING:
     from interceptor_core.integrations._langchain_agents import CallgateMiddleware
 
-__all__ = ["APPROVAL_INTERRUPT", "RUN_CONFIG_KEY", "ApprovalResume", "CallgateMiddleware", "GatedTool", "gate_tools"]
+__all__ = [
+    "APPROVAL_INTERRUPT",
+    "RUN_CONFIG_KEY",
+    "ApprovalResume",
+    "CallgateMiddleware",
+    "DeskResume",
+    "GatedTool",
+    "gate_tools",
+]
 
 T = TypeVar("T")
 
@@ -225,6 +239,7 @@ class _Wrapping(NamedTuple):
     """The arguments the model gives (the tool call schema's properties), in order."""
     sync_body: _Body
     async_body: _Body
+    desk: ApprovalHandler | None
 
 
 class GatedTool(StructuredTool):
@@ -242,9 +257,11 @@ class GatedTool(StructuredTool):
     _wrapping: _Wrapping = PrivateAttr()
 
     @classmethod
-    def wrap(cls, original: BaseTool, scope: AgentScope, default_run: RunContext) -> GatedTool:
+    def wrap(
+        cls, original: BaseTool, scope: AgentScope, default_run: RunContext, desk: ApprovalHandler | None = None
+    ) -> GatedTool:
         """`original` gated by `scope` (where it must be registered); `default_run` for calls
-        whose config carries no `RunContext`."""
+        whose config carries no `RunContext`; `desk` for resumes that defer to the reviewers' desk."""
         gated = cls(
             name=original.name,
             description=original.description,
@@ -268,6 +285,7 @@ class GatedTool(StructuredTool):
             tuple(input_schema(original).get("properties") or ()),
             _Body.of(original, sync=True),
             _Body.of(original, sync=False),
+            desk,
         )
         return gated
 
@@ -314,7 +332,13 @@ class GatedTool(StructuredTool):
         try:
             result = run_sync(
                 lambda: call_through_gate(
-                    wrapping.scope, self.name, call.gate_args, run=run, call_id=call_id, named_answers=True
+                    wrapping.scope,
+                    self.name,
+                    call.gate_args,
+                    run=run,
+                    call_id=call_id,
+                    named_answers=True,
+                    desk=wrapping.desk,
                 )
             )
         finally:
@@ -341,6 +365,7 @@ class GatedTool(StructuredTool):
                 run=run_of(config, wrapping.default_run),
                 call_id=attempt_call_id(call.tool_call_id, run_manager.tags if run_manager is not None else None),
                 named_answers=True,
+                desk=wrapping.desk,
             )
         finally:
             PENDING.reset(token)
@@ -374,13 +399,15 @@ def gate_tools(
     run: RunContext | None = None,
     interceptors: Sequence[object] = (),
     timeout_s: float | None = None,
+    desk: ApprovalHandler | None = None,
 ) -> list[GatedTool]:
     """Wrap `tools` so their invocation passes the gate; registers them in `gate.agent(agent)`
     (one `ToolsRegistered` event) before returning. Raises `ConfigurationError` for a tool name
-    or schema the gate cannot take. Hand only the returned tools to the model and the ToolNode."""
+    or schema the gate cannot take. Hand only the returned tools to the model and the ToolNode.
+    `desk`: what a resume that defers to the reviewers' desk asks (module docstring)."""
     scope = gate.agent(agent, tools=[gate_tool(t, timeout_s) for t in tools], interceptors=interceptors)
     default_run = run if run is not None else RunContext()
-    return [GatedTool.wrap(t, scope, default_run) for t in tools]
+    return [GatedTool.wrap(t, scope, default_run, desk) for t in tools]
 
 
 # LangChain reads `_run`'s and `_arun`'s signature and type hints on every invocation; resolved once

@@ -23,17 +23,28 @@ from pydantic import BaseModel
 
 from callgate.broker import EmbeddedBroker
 from callgate.tokens import add_token
+from consumers import RawRecord
 from consumers.approvals import ApprovalDesk, DecisionConflict, RequestNotFound, StoreClaims
 from consumers.auth import Forbidden, Identity, TokenFile
 from consumers.materializer import Materializer
 from consumers.store import AuditStore
+from events import MemorySink
 from events.chain import Producer, new_event_id
 from events.codec import encode_event, parse_event
 from events.decisions import ApiDecisions, KafkaDecisions, decision_problem, sign_decision
 from events.kafka import KafkaSink
 from events.models import ZERO_HASH, ApprovalResolvedEvent
 from events.signing import SigningKey
-from interceptor_core import Gate, RequireApproval, RunContext, before_tool_call, tool
+from interceptor_core import (
+    Approval,
+    ApprovalRequest,
+    Gate,
+    RequireApproval,
+    RunContext,
+    ToolApprovalRequiredError,
+    before_tool_call,
+    tool,
+)
 from interceptor_core.approvals import RemoteApprovals
 
 SUBJECTS = {
@@ -226,7 +237,8 @@ class TestDecidingThroughTheApi:
         self, kafka_broker: EmbeddedBroker, tmp_path: Path
     ) -> None:
         """Without the decisions topic: the gate polls the read API and runs the approved call once,
-        claiming it first; `callgate approvals show` says who claimed it (none before)."""
+        claiming it first; `callgate approvals show` says who claimed it (none before). A call
+        asked again after its request was stored records no second request."""
         async with desk(kafka_broker, tmp_path, poll_api=True) as d:
             waiting = call(d, "c-poll")
             request = await d.pending("c-poll")
@@ -242,6 +254,23 @@ class TestDecidingThroughTheApi:
             assert (detail["status"], detail["claimed_by"]) == ("approved", "auditor-1")  # the gate's token
             assert detail["claimant"]
             assert detail["claimed_at"]
+
+            # A call paused by its framework (the request stored, no outcome), approved, then made
+            # again by this gate: the read API says the request is stored, so none is recorded again.
+            ask = before_tool_call(name="big-refunds")(
+                lambda call: RequireApproval("refunds over 100.00 need a reviewer")
+            )
+            pausing = Gate("shop", interceptors=[ask], sinks=[d.sink]).agent("desk", tools=[d.scope.tools["refund"]])
+            run = RunContext(tenant="acme", principal="u-1", run_id="run-c-again")
+            args = {"order_id": "ACME-1", "amount_cents": 20000}
+            with pytest.raises(ToolApprovalRequiredError):
+                await pausing.call("refund", args, run=run, call_id="c-again", pause_for_approval=True)
+            paused = await d.pending("c-again")
+            assert (await d.decide("rev-1", paused["approval_id"], "approve")).status_code == 200
+            assert (await asyncio.wait_for(call(d, "c-again"), 20)).ok
+            assert d.ran == [20000, 20000]
+            rows = await d.events_of("c-again", 3)
+            assert [r["type"] for r in rows] == ["ApprovalRequested", "ApprovalResolved", "ToolUse"]
 
     async def test_a_denial_refuses_the_call(self, kafka_broker: EmbeddedBroker, tmp_path: Path) -> None:
         """Denied by rev-1: the call does not run, and the model reads the reviewer and the note."""
@@ -726,3 +755,51 @@ def test_two_lake_writers_grant_one_claim(new_lake: Any) -> None:
     finally:
         for store in stores:
             store.close()
+
+
+def test_the_calls_view_counts_no_unverified_decision_as_approved(tmp_path: Path) -> None:
+    """A call that ran on a decision no desk key signed (written by someone who is not the gate
+    that asked: the gate here trusted it) is not approved in `calls`, which names the unverified
+    decision and why; a call approved by the desk's signed decision, or by the asking gate's own
+    handler (its own, unsigned `ApprovalResolved`), is approved."""
+    key = SigningKey.generate("callgate-desk")
+    taken: list[ApprovalResolvedEvent] = []
+
+    async def handler(request: ApprovalRequest) -> Approval | bool:
+        if request.call_id == "c-own":
+            return True
+        row = {k: getattr(request, k) for k in ("approval_id", "call_id", "args_digest", "policy_version")}
+        row.update(tool="refund", run_id=None, tenant="acme", principal="u-1")
+        signed = request.call_id == "c-signed"
+        decision = decision_for(row, key=key if signed else None, by="rev-1" if signed else "mallory")
+        taken.append(decision)
+        return Approval(True, by=decision.by, event_id=decision.event_id)  # recorded where it was taken
+
+    @tool
+    def refund(args: Refund) -> str:
+        return "refunded"
+
+    sink = MemorySink()
+    ask = before_tool_call(name="ask")(lambda call: RequireApproval("refunds need a reviewer"))
+    scope = Gate("shop", interceptors=[ask], sinks=[sink], approval_handler=handler).agent("desk", tools=[refund])
+
+    async def run() -> None:
+        for call_id in ("c-signed", "c-forged", "c-own"):
+            args = {"order_id": "A-1", "amount_cents": 20000}
+            assert (await scope.call("refund", args, run=RunContext(tenant="acme"), call_id=call_id)).ok
+
+    asyncio.run(run())
+    events = [*sink.events, *taken]
+    batch = [
+        RawRecord("t", 0, offset, e.producer_id.encode(), encode_event(e), 1_700_000_000_000)
+        for offset, e in enumerate(events)
+    ]
+    with AuditStore(tmp_path / "audit.duckdb", decision_keys={key.key_id: key.public()}) as store:
+        store.ingest(batch, {("t", 0): len(batch)})
+        columns = "call_id, outcome_type, approval_asked, approved, unverified_decision"
+        rows = store.cursor().execute(f"SELECT {columns} FROM calls ORDER BY call_id").fetchall()  # noqa: S608
+    assert rows == [
+        ("c-forged", "ToolUse", True, None, "approved (unverified decision: it is not signed)"),
+        ("c-own", "ToolUse", True, True, None),
+        ("c-signed", "ToolUse", True, True, None),
+    ]

@@ -4,7 +4,8 @@ reviewer, waiting for the decision on the decisions topic; prints the result as 
 python approval_agent.py BOOTSTRAP EVENTS_TOPIC DECISIONS_TOPIC SPOOL_DIR RAN_FILE CALL_ID AMOUNT
     TIMEOUT_S TENANT PRINCIPAL [API TOKEN]
 
-With API and TOKEN, an approved call is claimed through the read API before it runs.
+With API and TOKEN, an approved call is claimed through the read API before it runs, and a call
+whose request the store holds already (asked by a process killed while it waited) is not asked again.
 
 Each run of the tool body appends a line to RAN_FILE (so a test counts the runs across processes).
 Prints `{"waiting": true}` once the request is asked.
@@ -21,7 +22,7 @@ from pydantic import BaseModel
 
 from events.decisions import ApiDecisions, KafkaDecisions
 from events.kafka import KafkaSink
-from interceptor_core import ApprovalRequest, Gate, RunContext, tool
+from interceptor_core import Approval, ApprovalRequest, Gate, RunContext, tool
 from interceptor_core.approvals import RemoteApprovals
 from interceptor_core.policy import Policy
 
@@ -53,19 +54,22 @@ async def main(argv: list[str]) -> None:
         return "refunded"
 
     sink = KafkaSink(bootstrap, topic, spool, linger_ms=1)
-    async with KafkaDecisions(bootstrap, decisions_topic) as decisions:
-        remote = RemoteApprovals(decisions, claims=claims)
 
-        async def handler(request: ApprovalRequest) -> object:
+    class Announced(RemoteApprovals):
+        """Says when it waits; its `recorded` (the read API's, with API and TOKEN) spares a resumed
+        call a second request."""
+
+        async def __call__(self, request: ApprovalRequest) -> Approval:
             await sink.flush(timeout=10)  # the request is in the store's topic before anyone waits for it
             print(json.dumps({"waiting": True, "approval_id": request.approval_id}), flush=True)
-            return await remote(request)
+            return await super().__call__(request)
 
+    async with KafkaDecisions(bootstrap, decisions_topic) as decisions:
         gate = Gate(
             "shop",
             interceptors=[Policy.from_text(POLICY)],
             sinks=[sink],
-            approval_handler=handler,
+            approval_handler=Announced(decisions, claims=claims),
             approval_timeout_s=float(timeout_s),
         )
         desk = gate.agent("desk", tools=[refund])

@@ -5,7 +5,9 @@ token` shows it on the Approvals page, and a reviewer logged in with headless ch
 driven by Playwright) decides it. Covers an approval (the call runs once; the events read
 ApprovalRequested, ApprovalResolved by that reviewer, ToolUse), a denial, an expiry, a self-approval
 refused, a tenant reviewer who does not see another tenant's request, changed arguments asking
-again, and an agent process killed while it waits and the call resumed by a new process."""
+again, an agent process killed while it waits and the call resumed by a new process, and a
+LangGraph agent process killed while paused and resumed from its checkpoint by a new process that
+defers to the reviewers' desk (`Command(resume={"approval_id": ...})`)."""
 
 from __future__ import annotations
 
@@ -28,12 +30,14 @@ from callgate.broker import EmbeddedBroker, free_port
 from callgate.tokens import add_token
 from consumers.reader import ApiReader, SourceUnavailableError
 from consumers.webhooks import signature
+from events.signing import SigningKey
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 AGENT = Path(__file__).with_name("approval_agent.py")
+GRAPH_AGENT = Path(__file__).with_name("langgraph_approval_agent.py")
 CLI = [sys.executable, "-c", "from callgate.cli import main; main()"]
 SUBJECTS = {
     "rev-1": ["reviewer", "auditor"],
@@ -108,6 +112,8 @@ class Stack:
         self.ran.touch()
         self.hooks: Hooks | None = None
         self.agents: list[subprocess.Popen[str]] = []
+        self.desk_keys = tmp_path / "desk-keys"
+        """The desk's public key (it signs every decision with its private one)."""
 
     def agent(
         self, call_id: str, amount: int = 20000, *, timeout_s: float = 120, tenant: str = "acme"
@@ -116,6 +122,21 @@ class Stack:
         args = [self.bootstrap, self.topic, self.decisions, str(spool), str(self.ran), call_id, str(amount)]
         agent = subprocess.Popen(
             [sys.executable, str(AGENT), *args, str(timeout_s), tenant, "u-1", self.api, self.tokens["gate-acme"]],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.agents.append(agent)
+        return agent
+
+    def graph_agent(self, phase: str, call_id: str) -> subprocess.Popen[str]:
+        """The LangGraph agent process (`langgraph_approval_agent.py`) of `call_id`, in `phase`."""
+        workdir = self.tmp_path / f"graph-{call_id}"
+        workdir.mkdir(exist_ok=True)
+        spool = self.tmp_path / f"spool-{uuid.uuid4().hex[:8]}"
+        args = [self.bootstrap, self.topic, str(spool), str(workdir), str(self.ran), call_id]
+        agent = subprocess.Popen(
+            [sys.executable, str(GRAPH_AGENT), phase, *args, self.api, self.tokens["gate-acme"], str(self.desk_keys)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -179,6 +200,7 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Stack]:
     hooks = Hooks()
     hooks_file = tmp_path / "hooks.yaml"
     hooks_file.write_text(f"webhooks:\n  - {{url: '{hooks.url}', secret_env: CALLGATE_TEST_HOOK, tenant: acme}}\n")
+    desk_key, _ = SigningKey.generate("callgate-desk").write(tmp_path / "desk-keys")
     materializer = subprocess.Popen(
         [
             *CLI,
@@ -199,6 +221,8 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Stack]:
             str(hooks_file),
             "--console-url",
             url,
+            "--decision-key",
+            str(desk_key),
         ],
         stdout=subprocess.DEVNULL,
         env={**os.environ, "CALLGATE_TEST_HOOK": HOOK_SECRET},
@@ -263,6 +287,9 @@ def test_a_reviewer_approves_in_the_console_and_the_call_runs_once(chromium: str
     the agent processes run each approved call exactly once."""
     from playwright.sync_api import expect, sync_playwright
 
+    # Both LangGraph processes start first, so that their imports overlap the rest; the resuming
+    # one reads the checkpoint only once told to, after the pausing one is gone.
+    graph_paused, graph_resumed = stack.graph_agent("pause", "call-graph"), stack.graph_agent("resume", "call-graph")
     agent = stack.agent("call-approve")
     request = stack.pending("call-approve")
     assert stack.hooks is not None
@@ -314,18 +341,42 @@ def test_a_reviewer_approves_in_the_console_and_the_call_runs_once(chromium: str
             assert stack.runs("call-resume") == 0
             assert outcome(stack.agent("call-resume"))["kind"] == "ok"
             assert stack.runs("call-resume") == 1
-            resumed = stack.events("call-resume", 4)
-            assert [e["type"] for e in resumed] == [
-                "ApprovalRequested",
-                "ApprovalResolved",
-                "ApprovalRequested",
-                "ToolUse",
-            ]
+            # One request: the new process found it in the store, and recorded only the outcome.
+            resumed = stack.events("call-resume", 3)
+            assert [e["type"] for e in resumed] == ["ApprovalRequested", "ApprovalResolved", "ToolUse"]
 
             # The same call id with other arguments asks again: a new request, not the old approval.
+            # (Its expiry is waited for last, while the LangGraph case runs.)
             changed = stack.agent("call-approve", amount=30000, timeout_s=8)
             again = stack.pending("call-approve", other_than=request["approval_id"])
             assert again["args"]["amount_cents"] == 30000
+
+            # LangGraph paused the call (its checkpoint saved) and the process is killed; a reviewer
+            # approves; a new process resumes the thread with Command(resume={"approval_id": ...}),
+            # and its gate fetches the desk's signed decision, claims it, and runs the call once.
+            assert graph_paused.stdout is not None
+            graph_id = json.loads(graph_paused.stdout.readline())["paused"]
+            graph_paused.send_signal(signal.SIGKILL)
+            graph_paused.wait(10)
+            box = decide(page, graph_id, "Approve", "refund it")
+            expect(box.get_by_text("approved by rev-1")).to_be_visible(timeout=30_000)
+            assert stack.runs("call-graph") == 0
+            out, _ = graph_resumed.communicate(graph_id + "\n", timeout=90)
+            assert json.loads(out.strip().splitlines()[-1]) == {"status": "success", "content": "refunded 25000"}
+            assert stack.runs("call-graph") == 1
+            assert [e["type"] for e in stack.events("call-graph", 3)] == [
+                "ApprovalRequested",
+                "ApprovalResolved",
+                "ToolUse",
+            ]
+            (graph_request,) = stack.query("approval_request", approval_id=graph_id)
+            assert (graph_request["status"], graph_request["decided_by"], graph_request["claimed_by"]) == (
+                "approved",
+                "rev-1",
+                "gate-acme",
+            )
+
+            # Nobody decides the changed arguments' request: it is refused when it expires.
             assert outcome(changed)["kind"] == "denied"
             assert stack.runs("call-approve") == 1
         finally:

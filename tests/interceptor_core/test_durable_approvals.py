@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -377,3 +378,102 @@ class TestABodyThatPauses:
         result = await self.scope(memory).call("delegate", {"task": "x"}, call_id="o1")
         assert (result.kind, "ToolApprovalRequiredError" in (result.message or "")) == ("error", True)
         assert [e.type for e in of(memory, "o1")] == ["ToolUse"]
+
+
+class StoredRequests:
+    """A `RecordedRequests` holding the requests a store holds (the read API's `approval_request`)."""
+
+    def __init__(self, *held: ApprovalRequest, fails: bool = False) -> None:
+        self.held = {r.approval_id: r for r in held}
+        self.fails = fails
+
+    async def recorded(self, request: ApprovalRequest) -> ApprovalRequest | None:
+        if self.fails:
+            raise OSError("the read API is not reachable")
+        return self.held.get(request.approval_id)
+
+
+class TestARequestAskedAgain:
+    async def asked_once(self, call_id: str) -> tuple[ListedDecisions, ApprovalRequest]:
+        """A call asked in a process that is gone: its request, and the decision source it saw."""
+        scope, _, source, asked, _ = build()
+        first = asyncio.create_task(
+            scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id=call_id)
+        )
+        request = await asked.requests.get()
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        return source, request
+
+    def resumed(
+        self, source: ListedDecisions, records: StoredRequests, timeout_s: float = 300.0
+    ) -> tuple[Any, MemorySink, list[int]]:
+        ran: list[int] = []
+
+        @tool
+        def refund(args: Refund) -> str:
+            ran.append(args.amount_cents)
+            return "refunded"
+
+        sink = MemorySink()
+        handler = RemoteApprovals(source, records=records)
+        gate = Gate(
+            "shop",
+            interceptors=[Policy.from_text(POLICY)],
+            sinks=[sink],
+            approval_handler=handler,
+            approval_timeout_s=timeout_s,
+        )
+        return gate.agent("desk", tools=[refund]), sink, ran
+
+    async def test_a_recorded_request_is_not_recorded_again(self) -> None:
+        """The store holds the request (decided meanwhile): the resumed call records only its outcome,
+        and the decision is held to the first ask's expiry."""
+        source, request = await self.asked_once("c-9")
+        source.add(request)
+        records = StoredRequests(request)
+        scope, sink, ran = self.resumed(source, records)
+        result = await scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-9")
+        assert result.ok
+        assert ran == [20000]
+        assert [e.type for e in of(sink, "c-9")] == ["ToolUse"]
+
+        # Decided after the first ask's expiry: refused, though this process would have waited longer.
+        # The refusal is this gate's own answer, so it records the request it answers first (a
+        # store takes an unsigned decision only from the producer that asked).
+        source2, late = await self.asked_once("c-10")
+        source2.add(late)
+        expired = dataclasses.replace(late, expires_at=datetime.now(UTC) - timedelta(seconds=1))
+        scope, sink, ran = self.resumed(source2, StoredRequests(expired))
+        result = await scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-10")
+        assert result.kind == "denied"
+        assert ran == []
+        assert [e.type for e in of(sink, "c-10")] == ["ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+        requested = of(sink, "c-10")[0]
+        assert datetime.fromisoformat(requested.expires_at) == expired.expires_at
+
+    async def test_when_nothing_can_tell_the_request_is_recorded(self) -> None:
+        """A store that cannot be asked, or holds another binding under that id, leaves the request recorded."""
+        source, request = await self.asked_once("c-11")
+        source.add(request)
+        for records in (
+            StoredRequests(request, fails=True),
+            StoredRequests(dataclasses.replace(request, args_digest="0" * 64)),
+        ):
+            scope, sink, _ = self.resumed(source, records)
+            args = {"order_id": "ACME-1", "amount_cents": 20000}
+            assert (await scope.call("refund", args, run=ACME, call_id="c-11")).ok
+            assert [e.type for e in of(sink, "c-11")] == ["ApprovalRequested", "ToolUse"]
+
+    async def test_a_recorded_expiry_never_lengthens_the_wait(self) -> None:
+        """A store that says the request expires much later does not make this gate wait past its
+        own `approval_timeout_s`: the request it answers is recorded with its own, earlier expiry."""
+        source, request = await self.asked_once("c-12")
+        far = dataclasses.replace(request, expires_at=datetime(2999, 1, 1, tzinfo=UTC))
+        scope, sink, ran = self.resumed(source, StoredRequests(far), timeout_s=0.3)
+        result = await scope.call("refund", {"order_id": "ACME-1", "amount_cents": 20000}, run=ACME, call_id="c-12")
+        assert (result.kind, ran) == ("denied", [])
+        requested, resolved, _ = of(sink, "c-12")
+        assert datetime.fromisoformat(requested.expires_at) < datetime.now(UTC) + timedelta(seconds=1)
+        assert resolved.error is not None

@@ -4,9 +4,33 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from events import MemorySink
-from interceptor_core import Deny, Gate, RequireApproval, Rewrite, RunContext, ToolCall, before_tool_call, tool
+from events.models import ApprovalRequestedEvent
+from interceptor_core import (
+    Deny,
+    Gate,
+    RequireApproval,
+    Rewrite,
+    RunContext,
+    ToolApprovalRequiredError,
+    ToolCall,
+    before_tool_call,
+    tool,
+)
 from interceptor_core.integrations._approval_probe import AskedApproval, approval_asked
+from interceptor_core.policy import Policy
+
+POLICY = """\
+version: 1
+name: files
+rules:
+  - id: deletes
+    tools: [delete_file]
+    decision: require_approval
+    message: "Deletes need a reviewer."
+"""
 
 
 @tool(description="Deletes a file")
@@ -38,9 +62,27 @@ class TestApprovalAsked:
     async def test_the_rewritten_arguments_and_every_reason(self) -> None:
         """Rewrites apply first; the reasons are joined as the gate joins them, with who asked."""
         found, _ = await asked(strip, ask_owner, ask_security)
+        assert found is not None
         assert found == AskedApproval(
-            {"path": "old.txt"}, "deletes need the owner; and security", ("ask-owner", "ask-security")
+            {"path": "old.txt"},
+            "deletes need the owner; and security",
+            ("ask-owner", "ask-security"),
+            found.approval_id,
         )
+
+    async def test_the_approval_id_is_the_one_the_gate_records(self) -> None:
+        """With a policy asking too (its version binds the request), the id is the recorded request's."""
+        policy = Policy.from_text(POLICY)
+        found, memory = await asked(strip, policy, ask_owner)
+        assert found is not None
+        scope = Gate("files", interceptors=[strip, policy, ask_owner], sinks=[memory]).agent(
+            "desk", tools=[delete_file]
+        )
+        with pytest.raises(ToolApprovalRequiredError):
+            await scope.call("delete_file", {"path": " old.txt "}, call_id="c1", pause_for_approval=True)
+        (requested,) = [e for e in memory.events if isinstance(e, ApprovalRequestedEvent)]
+        assert requested.policy_version is not None
+        assert found.approval_id == requested.approval_id
 
     async def test_nothing_is_recorded(self) -> None:
         """Asking emits no event beyond the scope's registration."""

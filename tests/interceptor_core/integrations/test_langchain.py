@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +27,10 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel, Field, ValidationError
 
 from events import EventBase, MemorySink, verify_chain
+from events.chain import Producer, new_event_id
+from events.decisions import sign_decision
+from events.models import ZERO_HASH, ApprovalResolvedEvent
+from events.signing import SigningKey
 from interceptor_core import (
     Approval,
     ApprovalRequest,
@@ -38,6 +43,7 @@ from interceptor_core import (
     ToolBlockedError,
     ToolCall,
 )
+from interceptor_core.approvals import RemoteApprovals
 from interceptor_core.integrations.langchain import (
     APPROVAL_INTERRUPT,
     RUN_CONFIG_KEY,
@@ -738,15 +744,18 @@ class Route:
     """One way of running the files tools in a graph with a checkpointer: `create_agent` with the
     middleware, or a LangGraph ToolNode of `gate_tools`; sync (`invoke`) or async (`ainvoke`)."""
 
-    def __init__(self, name: str, root: Path, gate: Gate, model: ScriptedChat, *, checkpointer: bool = True) -> None:
+    def __init__(
+        self, name: str, root: Path, gate: Gate, model: ScriptedChat, *, checkpointer: bool = True, desk: Any = None
+    ) -> None:
         self.done: list[str] = []
         tools = file_tools(root, self.done)
         saver = InMemorySaver() if checkpointer else None
         if name.startswith("middleware"):
-            middleware = [CallgateMiddleware(tools, gate=gate, agent="writer")]
+            middleware = [CallgateMiddleware(tools, gate=gate, agent="writer", desk=desk)]
             self.graph = create_agent(model, tools=tools, middleware=middleware, checkpointer=saver)
         else:
-            self.graph = tool_node_graph(model, gate_tools(tools, gate=gate, agent="writer"), checkpointer=saver)
+            gated = gate_tools(tools, gate=gate, agent="writer", desk=desk)
+            self.graph = tool_node_graph(model, gated, checkpointer=saver)
         self.sync = name.endswith("sync")
         self.thread: RunnableConfig = {"configurable": {"thread_id": "t1"}}
 
@@ -776,12 +785,13 @@ class TestApprovalAsInterrupt:
         graph = Route(route, root, approvals_gate(memory), chat(DELETE))
         paused = await graph.run({"messages": [HumanMessage("tidy up")]})
         (pause,) = paused["__interrupt__"]
-        assert pause.value == PAYLOAD
+        requested = memory.of_type("ApprovalRequested")[0]
+        assert requested.approval_id is not None
+        assert pause.value == {**PAYLOAD, "approval_id": requested.approval_id}
         assert (root / "old.txt").exists()
         assert graph.done == []
         assert trail(memory, "c1") == ["ApprovalRequested"]
-        requested = memory.of_type("ApprovalRequested")[0]
-        assert (requested.reason, requested.approval_id is not None) == ("deletes need a human", True)
+        assert requested.reason == "deletes need a human"
 
     @pytest.mark.parametrize(
         ("route", "answer", "by"),
@@ -926,6 +936,132 @@ class TestApprovalAsInterrupt:
         assert "__interrupt__" not in out
         assert [r.call_id for r in asked] == ["c1"]
         assert trail(memory, "c1") == ["ApprovalRequested", "ApprovalResolved", "ToolUse"]
+
+
+class Desk:
+    """The reviewers' desk as a gate reaches it (the read API): the requests it holds, the decisions
+    taken on them (signed by `key`, or forged), and the claims it grants (once per approval id)."""
+
+    def __init__(self) -> None:
+        self.key = SigningKey.generate("callgate-desk")
+        self.held: dict[str, ApprovalRequest] = {}
+        self.by_id: dict[str, list[ApprovalResolvedEvent]] = {}
+        self.claimed: list[str] = []
+        self.producer = Producer()
+
+    def decide(self, requested: Any, *, approved: bool, forged: bool = False) -> None:
+        fields: dict[str, Any] = {
+            "event_id": new_event_id(),
+            "time": datetime.now(UTC),
+            "gate": "callgate-desk",
+            "call_id": requested.call_id,
+            "approved": approved,
+            "by": "rev-1",
+            "note": None if approved else "not this one",
+            "waited_ms": 1.0,
+            "approval_id": requested.approval_id,
+            "args_digest": requested.args_digest,
+            "policy_version": requested.policy_version,
+        }
+        if not forged:
+            unsigned = ApprovalResolvedEvent(
+                **fields, producer_id=self.producer.producer_id, seq=1, prev_hash=ZERO_HASH, hash=ZERO_HASH
+            )
+            fields["signature"] = sign_decision(unsigned, self.key)
+        self.by_id.setdefault(requested.approval_id, []).append(self.producer.seal(ApprovalResolvedEvent, fields))
+
+    def hold(self, requested: Any) -> None:
+        """The store has the request (its expiry: none)."""
+        self.held[requested.approval_id] = ApprovalRequest(
+            "delete_file", {}, "", RunContext(), requested.call_id, (), requested.approval_id,
+            requested.args_digest, requested.policy_version, None, None,
+        )  # fmt: skip
+
+    def decisions(self, approval_id: str) -> list[ApprovalResolvedEvent]:
+        return list(self.by_id.get(approval_id, ()))
+
+    def changed(self) -> asyncio.Event:
+        return asyncio.Event()  # every decision is there before the resume
+
+    async def recorded(self, request: ApprovalRequest) -> ApprovalRequest | None:
+        return self.held.get(request.approval_id)
+
+    async def claim(self, request: ApprovalRequest, decision: ApprovalResolvedEvent) -> str | None:
+        if request.approval_id in self.claimed:
+            return "it was claimed already"
+        self.claimed.append(request.approval_id)
+        return None
+
+    def remote(self) -> RemoteApprovals:
+        return RemoteApprovals(self, trusted_keys={self.key.key_id: self.key.public()})
+
+
+class TestResumedFromTheDesk:
+    """`Command(resume={"approval_id": ...})` with a `desk`: the reviewers' decision, fetched,
+    verified and claimed by the gate, decides the paused call."""
+
+    async def paused(self, route: str, root: Path, desk: Desk, **gate_options: Any) -> tuple[Route, MemorySink, Any]:
+        memory = MemorySink()
+        graph = Route(route, root, approvals_gate(memory, **gate_options), chat(DELETE), desk=desk.remote())
+        paused = await graph.run({"messages": [HumanMessage("tidy up")]})
+        (requested,) = memory.of_type("ApprovalRequested")
+        assert paused["__interrupt__"][0].value["approval_id"] == requested.approval_id
+        return graph, memory, requested
+
+    @pytest.mark.parametrize("route", ROUTES)
+    async def test_the_reviewers_approval_runs_the_call_once(self, root: Path, route: str) -> None:
+        """Approved at the desk (which holds the request): the delete runs once, the desk's
+        approval is claimed, and this gate records neither the request again nor a decision."""
+        desk = Desk()
+        graph, memory, requested = await self.paused(route, root, desk)
+        desk.decide(requested, approved=True)
+        desk.hold(requested)
+        out = await graph.run(Command(resume={"approval_id": requested.approval_id}))
+        assert replies(out["messages"]) == {"c1": ("success", "deleted old.txt")}
+        assert graph.done == ["delete old.txt"]
+        assert desk.claimed == [requested.approval_id]
+        assert trail(memory, "c1") == ["ApprovalRequested", "ToolUse"]
+        assert verify_chain(memory.events).ok
+
+    async def test_the_reviewers_denial_refuses_it(self, root: Path) -> None:
+        """Denied at the desk: the model reads who refused and why; nothing is claimed or run."""
+        desk = Desk()
+        graph, memory, requested = await self.paused("middleware-async", root, desk)
+        desk.decide(requested, approved=False)
+        desk.hold(requested)
+        out = await graph.run(Command(resume={"approval_id": requested.approval_id}))
+        status, text = replies(out["messages"])["c1"]
+        assert status == "error"
+        assert "refused by rev-1: not this one" in text
+        assert (graph.done, desk.claimed) == ([], [])
+        assert trail(memory, "c1") == ["ApprovalRequested", "ToolDenied"]
+
+    async def test_a_forged_decision_decides_nothing(self, root: Path) -> None:
+        """A decision no desk key signed is ignored: the call waits until its request expires,
+        and is refused with no decision given (a desk that does not hold the request yet: this
+        gate records it again)."""
+        desk = Desk()
+        graph, memory, requested = await self.paused("middleware-async", root, desk, approval_timeout_s=0.5)
+        desk.decide(requested, approved=True, forged=True)
+        out = await graph.run(Command(resume={"approval_id": requested.approval_id}))
+        assert "no decision was given" in replies(out["messages"])["c1"][1]
+        assert (graph.done, desk.claimed) == ([], [])
+        assert trail(memory, "c1") == ["ApprovalRequested", "ApprovalRequested", "ApprovalResolved", "ToolDenied"]
+
+    async def test_another_approval_id_or_no_desk_is_refused_by_langgraph(self, root: Path) -> None:
+        """An approval id that is not the call's, or the answer without a desk, fails the resumed
+        run with LangGraph's `ValidationError`; nothing is recorded or run."""
+        desk = Desk()
+        graph, memory, requested = await self.paused("middleware-async", root, desk)
+        with pytest.raises(ValidationError):
+            await graph.run(Command(resume={"approval_id": "0" * 32}))
+        memory2 = MemorySink()
+        without = Route("middleware-async", root, approvals_gate(memory2), chat(DELETE))
+        await without.run({"messages": [HumanMessage("tidy up")]})
+        with pytest.raises(ValidationError):
+            await without.run(Command(resume={"approval_id": requested.approval_id}))
+        assert trail(memory, "c1") == trail(memory2, "c1") == ["ApprovalRequested"]
+        assert graph.done == without.done == []
 
 
 @tool
