@@ -32,7 +32,7 @@ from mcp import Client
 
 from events import read_jsonl, verify_chain
 
-from .conftest import effects, upstream_command
+from .conftest import UPSTREAM, effects, upstream_command
 from .test_mcp import DEADLINE_S, read_events, text_of
 from .test_mcp_gateway import wait_for_line
 from .test_mcp_proxy import free_port
@@ -73,6 +73,18 @@ def gateway_command(base: Path, *extra: str) -> list[str]:
 def pids(root: Path) -> list[int]:
     """Every process of the server on `root` (the gateway's own session and each client's)."""
     return [int(line) for line in (root / "upstream.pids").read_text().split()]
+
+
+def kill_server(root: Path) -> None:
+    """SIGKILL every process of the server on `root` still running (checked to be one, by its
+    command line, before it is killed)."""
+    for pid in pids(root):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone already
+        if UPSTREAM.name.encode() in command:
+            os.kill(pid, signal.SIGKILL)
 
 
 def refusals(events: Path, count: int) -> list[Any]:
@@ -133,8 +145,8 @@ class TestHostileLinesOverStdio:
         """Not JSON: -32700; JSON that is no message: -32600 with its id; ids of no legal type:
         -32600 with id null, legal ids of every type answered; arguments nested past the parser's
         limit, 10,000-deep nesting and a line past the size limit: -32600. The input is never
-        echoed, each refusal is one small `ToolDenied` in the gateway's scope, and both servers
-        still serve."""
+        echoed, each refusal is one small `ToolDenied` (in files' scope when the request named one
+        of its tools, else in the gateway's), and both servers still serve."""
         gateway = stdio_gateway
         before = gateway.denials()
         gateway.send(b"this is not json")
@@ -174,7 +186,8 @@ class TestHostileLinesOverStdio:
             *("ping", "ping", "ping"),
             *("files__write_file", "unreadable-request", "unreadable-request"),
         ]
-        assert {e.agent for e in denied} == {GATEWAY_SCOPE}
+        scopes = [e.agent for e in denied]
+        assert scopes == [GATEWAY_SCOPE] * 5 + ["files"] + [GATEWAY_SCOPE] * 2
         small_and_unechoed(denied)
         assert "nested 10003 levels" in denied[6].message
         assert "5242" in denied[7].message  # the size, in bytes
@@ -182,7 +195,8 @@ class TestHostileLinesOverStdio:
     def test_oversized_and_ill_typed_params_are_refused_small_and_recorded(self, stdio_gateway: StdioGateway) -> None:
         """Arguments that are not an object, a name that is not a string, a 3 MB tool name and 2 MB
         of arguments: invalid params stating sizes, never the input; none reaches a server (no
-        effect, no extra listing), and each leaves one small `ToolDenied`, the long name cut."""
+        effect, no extra listing), and each leaves one small `ToolDenied` in the scope of the server
+        its name names (the gateway's for a name that is not a string), the long name cut."""
         gateway = stdio_gateway
         before, lists = gateway.denials(), gateway.lists()
         answer = gateway.request("tools/call", {"name": "notes__write_file", "arguments": [1, 2]})
@@ -203,9 +217,13 @@ class TestHostileLinesOverStdio:
         assert gateway.lists() == lists
         assert not (gateway.roots["notes"] / "big.txt").exists()
         denied = gateway.denials_since(before, 5)
-        assert [e.tool for e in denied][:2] == ["notes__write_file", "files__write_file"]
-        assert denied[3].tool == "files__" + "x" * 57 + "…"
-        assert denied[4].tool == "notes__write_file"
+        assert [(e.tool, e.agent) for e in denied] == [
+            ("notes__write_file", "notes"),
+            ("files__write_file", "files"),
+            ("unnamed-tool", GATEWAY_SCOPE),
+            ("files__" + "x" * 57 + "…", "files"),
+            ("notes__write_file", "notes"),
+        ]
         small_and_unechoed(denied)
 
     def test_unknown_names_are_refused_and_list_a_server_at_most_once_a_second(
@@ -350,8 +368,7 @@ class TestOverHttp:
 
             tasks.start_soon(slow_call)
             await appears(notes / "slow.started")
-            for pid in pids(notes):
-                os.kill(pid, signal.SIGKILL)
+            kill_server(notes)
             with anyio.fail_after(DEADLINE_S):
                 while not results:
                     await anyio.sleep(0.05)
