@@ -20,7 +20,7 @@ import shlex
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -444,14 +444,7 @@ async def _serve(
                     return
                 stop.set()
 
-    def draining(count: int) -> None:
-        requests, them = ("request", "it") if count == 1 else ("requests", "them")
-        print(
-            f"callgate mcp-proxy: stopping; waiting up to {grace_s:g} s for {count} {requests} in flight "
-            f"(a second signal cancels {them})",
-            file=sys.stderr,
-            flush=True,
-        )
+    draining = _say_draining(grace_s)
 
     async def follow_upstream(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # An upstream that goes away ends the proxy as a signal does (requests in flight finish,
@@ -565,6 +558,21 @@ async def _serve(
             f"upstream {command} did not answer as an MCP server within {startup_timeout_s:g} s{more}"
         )
     return audit_loss_status(gate)
+
+
+def _say_draining(grace_s: float) -> Callable[[int], None]:
+    """What stdio serving calls when a signal stops it with requests in flight: one line saying so."""
+
+    def draining(count: int) -> None:
+        requests, them = ("request", "it") if count == 1 else ("requests", "them")
+        print(
+            f"callgate mcp-proxy: stopping; waiting up to {grace_s:g} s for {count} {requests} in flight "
+            f"(a second signal cancels {them})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return draining
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -811,10 +819,13 @@ async def _serve_gateway(
     def said_down(member: Member) -> None:
         print(f"callgate mcp-proxy: server {member.name} {member.down}", file=sys.stderr, flush=True)
 
+    starting = True
+
     def report(member: Member, reason: str) -> None:
         if member.down is None:
             member.down = reason
-            said_down(member)
+            if not starting:  # at startup, said once it is known whether any server serves
+                said_down(member)
 
     async def keep(member: Member, spec: UpstreamSpec, ready: anyio.Event) -> None:
         # One server's whole life: started, its tools registered, followed until it goes away or
@@ -890,11 +901,14 @@ async def _serve_gateway(
                     upstreams.start_soon(keep, member, spec, ready)
                 for ready in readies:
                     await ready.wait()
-                noise.starting = False
+                noise.starting = starting = False
                 if all(member.down is not None for member in members):
-                    upstreams.cancel_scope.cancel()
+                    upstreams.cancel_scope.cancel()  # one line says why: the ProxyConfigError below
                     tasks.cancel_scope.cancel()
                 else:
+                    for member in members:
+                        if member.down is not None:
+                            said_down(member)
                     gateway = McpGateway(
                         members,
                         gate.agent(agent, tools=[], identity=run),
@@ -924,7 +938,7 @@ async def _serve_gateway(
                             ready=say_listening,
                         )
                     else:
-                        await gateway.serve_stdio(stop=stop, grace_s=grace_s)
+                        await gateway.serve_stdio(stop=stop, grace_s=grace_s, draining=_say_draining(grace_s))
                     upstreams.cancel_scope.cancel()
             tasks.cancel_scope.cancel()
     finally:

@@ -239,8 +239,14 @@ class McpGateway(_GatedServer):
             return None, name
         return self.members.get(server), rest
 
+    def _scope_for(self, tool: str) -> AgentScope:
+        """Where a refusal of `tool` is recorded: the scope of the server its prefix names, else
+        the gateway's own."""
+        member, _ = self._member_of(tool)
+        return member.scope if member is not None and member.scope is not None else self.scope
+
     def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
-        self.scope.refuse(tool, message, run=run if run is not None else self.run)
+        self._scope_for(tool).refuse(tool, message, run=run if run is not None else self.run)
 
     async def _screen_params(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
         token = _request_run.set(self._run_of(ctx) if self._run_of is not None else self.run)
@@ -264,7 +270,7 @@ class McpGateway(_GatedServer):
         problem = _params_problem(ctx.method, ctx.params) if ctx.request_id is not None else None
         if problem is not None:
             tool, message = problem
-            self.scope.refuse(tool, message, run=self._run(), crossing=CROSSING_TOOLS.get(tool))
+            self._scope_for(tool).refuse(tool, message, run=self._run(), crossing=CROSSING_TOOLS.get(tool))
             raise MCPError(types.INVALID_PARAMS, message)
         try:
             return await call_next(ctx)
@@ -293,7 +299,7 @@ class McpGateway(_GatedServer):
         elif len(args) and (size := len(pydantic_core.to_json(args))) > self.max_args_bytes:
             refusal = f"arguments of {size} bytes refused: this proxy accepts at most {self.max_args_bytes}"
         if refusal is not None:
-            self.scope.refuse(_cut(name), refusal, run=self._run())
+            self._scope_for(_cut(name)).refuse(_cut(name), refusal, run=self._run())
             raise MCPError(types.INVALID_PARAMS, refusal)
         member, _tool = self._member_of(name)
         if member is None or name in CROSSING_TOOLS:
