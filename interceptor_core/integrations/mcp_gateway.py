@@ -250,6 +250,14 @@ class McpGateway(_GatedServer):
         if self.on_link_lost is not None:
             self.on_link_lost(member, exc)
 
+    async def _ended(self, member: Member, ctx: ServerRequestContext[Any]) -> str | None:
+        """Before a request: the answer for a client whose own session with `member` ended since
+        its last request (see `_trouble`), or None."""
+        link = member.proxy.link_of(ctx) if member.proxy is not None else None
+        if link is None or not link.done.is_set():
+            return None
+        return await self._trouble(member, ctx)
+
     async def _trouble(self, member: Member, ctx: ServerRequestContext[Any] | None = None) -> str | None:
         """After a failure: what keeps `member` from serving the client of `ctx` (the answer to
         give it), or None when it still serves. A server marked down is down; else the client's
@@ -360,6 +368,9 @@ class McpGateway(_GatedServer):
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {_cut(name)}")
         if member.down is not None or member.proxy is None:
             return self._refuse_down(member, name, self._down_message(member))
+        ended = await self._ended(member, ctx)
+        if ended is not None:
+            return self._refuse_down(member, name, ended)
         try:
             result = await member.proxy._call_tool(ctx, params)
         except MCPError as exc:
@@ -549,8 +560,9 @@ class McpGateway(_GatedServer):
     async def _crossed(self, ctx: ServerRequestContext[Any], member: Member, crossing: str, cross: Any) -> Any:
         """A read or a get through `member`'s own crossing (gated in its scope); a server that
         went away during it answers the error that says so."""
-        if member.down is not None or member.proxy is None:
-            message = self._down_message(member)
+        message = self._down_message(member) if member.down is not None else await self._ended(member, ctx)
+        if message is not None or member.proxy is None:
+            message = message or self._down_message(member)
             scope = member.scope if member.scope is not None else self.scope
             scope.refuse(crossing, message, run=self._run(), crossing=CROSSING_TOOLS[crossing])
             raise MCPError(types.INTERNAL_ERROR, message)
