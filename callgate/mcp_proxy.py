@@ -1,8 +1,11 @@
-"""`callgate mcp-proxy`: a gated MCP server in front of an upstream MCP server started as a command.
+"""`callgate mcp-proxy`: a gated MCP server in front of one upstream MCP server started as a
+command (the single form), or of the several servers of a `--config` file.
 
-The wiring only: the gate comes from the user's `MODULE:FACTORY`, the upstream is started over
-stdio, its tools are registered in one agent scope, and `interceptor_core.integrations.mcp.McpProxy`
-serves them over stdio (or streamable HTTP). Nothing is written to stdout but MCP messages.
+The wiring only: the gate comes from the user's `MODULE:FACTORY` (or policy files), the upstreams
+are started over stdio (or reached over streamable HTTP), each one's tools are registered in its
+agent scope, and `interceptor_core.integrations.mcp_gateway.McpGateway` serves them over stdio (or
+streamable HTTP): both forms run the one serving loop of `_serve`, the single form as a gateway of
+one server without prefixes. Nothing is written to stdout but MCP messages.
 """
 
 from __future__ import annotations
