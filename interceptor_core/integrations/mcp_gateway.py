@@ -428,9 +428,9 @@ class McpGateway(_GatedServer):
                     log.warning("MCP server %r could not list its %s: %s", member.name, kind, _bounded(str(exc)))
                 inner = None
                 continue
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-                if await self._trouble(member, ctx) is None:
-                    self.mark_down(member, f"stopped serving: its connection closed ({type(exc).__name__})")
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+                # Marked down, or the client's own session forgotten, as the ping finds it.
+                await self._trouble(member, ctx)
                 inner = None
                 continue
             if page.next_cursor is not None:
