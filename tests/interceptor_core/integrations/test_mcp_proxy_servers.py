@@ -593,5 +593,9 @@ async def test_a_server_reached_over_http_ends_one_clients_session(setup: Setup,
                 started.wait()
     assert "a client's upstream session with server remote stopped serving" in setup.stderr.read_text()
     found = setup.events_until(lambda evs: sum(e.tool == "remote__echo" for e in evs) >= 5)
-    calls = [(e.type, e.agent, e.outcome) for e in found if e.tool == "remote__echo"]
-    assert sorted(calls) == [("ToolUse", "remote", "error")] + [("ToolUse", "remote", "ok")] * 4
+    calls = [(e.type, getattr(e, "outcome", None)) for e in found if e.tool == "remote__echo"]
+    assert {e.agent for e in found if e.tool == "remote__echo"} == {"remote"}
+    assert calls.count(("ToolUse", "ok")) == 4
+    # The lost call: failed through the gate, or refused before it when the session's end was
+    # heard first.
+    assert [c for c in calls if c != ("ToolUse", "ok")] in ([("ToolUse", "error")], [("ToolDenied", None)])
