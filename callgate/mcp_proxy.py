@@ -1,8 +1,11 @@
-"""`callgate mcp-proxy`: a gated MCP server in front of an upstream MCP server started as a command.
+"""`callgate mcp-proxy`: a gated MCP server in front of one upstream MCP server started as a
+command (the single form), or of the several servers of a `--config` file.
 
-The wiring only: the gate comes from the user's `MODULE:FACTORY`, the upstream is started over
-stdio, its tools are registered in one agent scope, and `interceptor_core.integrations.mcp.McpProxy`
-serves them over stdio (or streamable HTTP). Nothing is written to stdout but MCP messages.
+The wiring only: the gate comes from the user's `MODULE:FACTORY` (or policy files), the upstreams
+are started over stdio (or reached over streamable HTTP), each one's tools are registered in its
+agent scope, and `interceptor_core.integrations.mcp_gateway.McpGateway` serves them over stdio (or
+streamable HTTP): both forms run the one serving loop of `_serve`, the single form as a gateway of
+one server without prefixes. Nothing is written to stdout but MCP messages.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import shlex
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -325,44 +328,33 @@ async def run_proxy(
 ) -> int:
     """Start `upstream` (a command and its arguments, speaking MCP on stdio), register its tools
     in `gate.agent(agent)` and serve them through the gate until the client side closes (stdio)
-    or SIGINT/SIGTERM (either mode). Stopping is graceful in both modes: no new request is taken,
-    requests in flight finish and are answered (over stdio for up to `grace_s` seconds, then they
-    are cancelled, as they are at a second signal), then the upstream is stopped. Calls are
-    made for `tenant` and `principal` (one `RunContext` for the life of the process, also on the
-    scope's `ToolsRegistered` events), or, over HTTP with `tokens`, for the client whose bearer
-    token the request carries.
+    or SIGINT/SIGTERM (either mode): an `McpGateway` of this one server without prefixes, which
+    serves it as it is (its names, identity, instructions, capabilities and protocol era).
+    Stopping is graceful in both modes: no new request is taken, requests in flight finish and
+    are answered (over stdio for up to `grace_s` seconds, then they are cancelled, as they are at
+    a second signal), then the upstream is stopped. Calls are made for `tenant` and `principal`
+    (one `RunContext` for the life of the process, also on the scope's `ToolsRegistered` events),
+    or, over HTTP with `tokens`, for the client whose bearer token the request carries. An
+    upstream that stops serving ends the proxy as a signal does, then exit 1 with one line.
 
     `ProxyConfigError` (nothing served, the upstream stopped) for: an HTTP address that does not
     parse, cannot be bound or is not loopback while there are no `tokens`; an upstream command
     that is missing or cannot be run; an upstream that does not answer as an MCP server within
     `startup_timeout_s`. Closes the gate's sinks on the way out (also after a signal). Returns
-    the exit status: 0, or 1 when an audit sink lost events (never stored or dropped), said in
-    one line on stderr."""
+    the exit status: 0, or 1 when the upstream stopped serving or an audit sink lost events
+    (never stored or dropped), said in one line on stderr."""
     try:
         if not upstream:
             raise ProxyConfigError("no upstream command: put it after --, e.g. -- python my_server.py")
         if upstream[0].startswith("-"):
             # Options the command line did not know land here; none is a command.
             raise ProxyConfigError(f"unknown option {upstream[0]!r}: the upstream command goes after --")
-        sock = None
-        if http is not None:
-            sock, loopback = listen_socket(*http)
-            if not loopback and tokens is None and oauth is None:
-                sock.close()
-                raise ProxyConfigError(
-                    f"--http {http[0]}:{http[1]} is not a loopback address: give --tokens FILE or --jwt-jwks so "
-                    "every client authenticates (or listen on 127.0.0.1)"
-                )
-        try:
-            identity = RunContext(tenant=tenant, principal=principal)
-            auth = ProxyAuth(tokens, oauth) if tokens is not None or oauth is not None else None
-            return await _serve(gate, upstream, http, sock, agent, prefix, identity, auth, startup_timeout_s, grace_s)
-        finally:
-            if sock is not None:
-                sock.close()
-    finally:
-        # Also when nothing was served: a sink's thread (Kafka's) must not outlive the refusal.
+    except ProxyConfigError:
+        # A sink's thread (Kafka's) must not outlive the refusal.
         await gate.close()
+        raise
+    form = _Form(agent, prefix, tenant, principal, startup_timeout_s, grace_s)
+    return await _run(gate, [UpstreamSpec(agent, tuple(upstream), {})], form, http, tokens, oauth)
 
 
 class _UpstreamNoise(logging.Filter):
@@ -381,198 +373,6 @@ class _UpstreamNoise(logging.Filter):
             record.exc_info = None
             record.exc_text = None
         return not self.starting
-
-
-async def _serve(
-    gate: Gate,
-    upstream: Sequence[str],
-    http: tuple[str, int] | None,
-    sock: socket.socket | None,
-    agent: str,
-    prefix: str,
-    run: RunContext,
-    auth: ProxyAuth | None,
-    startup_timeout_s: float,
-    grace_s: float,
-) -> int:
-    from mcp import StdioServerParameters
-    from mcp.client.stdio import stdio_client
-
-    from interceptor_core.integrations.mcp import (
-        McpProxy,
-        McpRelay,
-        McpToolset,
-        client_of,
-        crossing_tools,
-        upstream_client,
-    )
-
-    command = shlex.join(upstream)
-    # A proxy stands in for the command, so the command sees the environment it would have seen.
-    params = StdioServerParameters(command=upstream[0], args=list(upstream[1:]), env=dict(os.environ))
-    toolset = McpToolset(raw_results=True, prefix=prefix)
-    relay = McpRelay(toolset)
-    noise = _UpstreamNoise()
-    stdio_log = logging.getLogger("mcp.client.stdio")
-    stdio_log.addFilter(noise)
-    stop = anyio.Event()
-    started = anyio.Event()
-    timed_out = False
-    lost: str | None = None
-
-    def run_for(ctx: Any) -> RunContext:
-        client = client_of(ctx)
-        return client.run if isinstance(client, ProxyClient) else run
-
-    async def stop_on_signals() -> None:
-        # SIGINT or SIGTERM end the proxy the way a closed stdin ends a stdio one: no new request
-        # is read, requests in flight finish (over stdio within `grace_s`), the upstream is shut
-        # down and the gate's sinks are flushed before exit 0. Over stdio a second signal cancels
-        # what still runs; over HTTP, where uvicorn's graceful shutdown has no such step, only the
-        # first signal is handled.
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                if not started.is_set():
-                    stop.set()
-                    tasks.cancel_scope.cancel()
-                    return
-                if http is not None:
-                    stop.set()
-                    return
-                if stop.is_set():
-                    tasks.cancel_scope.cancel()
-                    return
-                stop.set()
-
-    draining = _say_draining(grace_s)
-
-    async def follow_upstream(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        # An upstream that goes away ends the proxy as a signal does (requests in flight finish,
-        # sinks flushed), then exit 1 with one line; any other error keeps its traceback.
-        nonlocal lost
-        try:
-            await toolset.follow(task_status=task_status)
-        except Exception as exc:
-            lost = _upstream_lost(exc)
-            if lost is None:
-                raise
-            stop.set()
-
-    async def follow_lists(proxy: Any, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        # The upstream going away is told by `follow_upstream`; this stream only ends with it.
-        try:
-            await proxy.follow_lists(task_status=task_status)
-        except Exception as exc:
-            if _upstream_lost(exc) is None:
-                raise
-
-    def link_lost(exc: BaseException) -> None:
-        # Over stdio the one client's own upstream session is the upstream: its loss ends the
-        # proxy as the proxy's own session's does. Over HTTP only that client loses its session.
-        nonlocal lost
-        said = _upstream_lost(exc) or type(exc).__name__
-        if http is None:
-            lost = said
-            stop.set()
-        else:
-            print(f"callgate mcp-proxy: a client's upstream session stopped serving: {said}", file=sys.stderr)
-
-    def connect(capabilities: Any, options: dict[str, Any]) -> Any:
-        # Each client connection gets its own upstream process, declaring what the client declared.
-        return upstream_client(stdio_client(params, errlog=sys.stderr), capabilities, **options)
-
-    async def give_up_after_timeout() -> None:
-        nonlocal timed_out
-        with anyio.move_on_after(startup_timeout_s):
-            await started.wait()
-            return
-        timed_out = True
-        tasks.cancel_scope.cancel()
-
-    try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(stop_on_signals)
-            tasks.start_soon(give_up_after_timeout)
-            # The proxy's own session (tools for the gate, list changes, clients of the newest
-            # protocol) declares no client capability: a client's own session declares its own.
-            control = upstream_client(stdio_client(params, errlog=sys.stderr), None, **relay.client_options())
-            async with control as client:
-                toolset.bind(client)
-                await toolset.load()
-                tools = [*toolset.tools, *crossing_tools(toolset)]
-                scope = await toolset.attach(gate.agent(agent, tools=tools, identity=run))
-                started.set()
-                noise.starting = False
-                proxy = McpProxy(
-                    toolset,
-                    scope,
-                    name=f"callgate:{gate.name}",
-                    run=run_for if auth else run,
-                    relay=relay,
-                    connect=connect,
-                    on_link_lost=link_lost,
-                )
-                async with anyio.create_task_group() as serving:
-                    await serving.start(follow_upstream)
-                    await serving.start(follow_lists, proxy)
-                    if http is not None:
-                        host, port = http
-                        shown = f"[{host}]" if ":" in host else host
-
-                        def say_listening() -> None:
-                            print(
-                                f"callgate mcp-proxy: listening on http://{shown}:{port}/mcp",
-                                file=sys.stderr,
-                                flush=True,
-                            )
-
-                        await proxy.serve_http(
-                            *http,
-                            stop=stop,
-                            sock=sock,
-                            authenticate=auth.client if auth else None,
-                            resource_metadata=auth.oauth.metadata if auth and auth.oauth else None,
-                            ready=say_listening,
-                        )
-                    else:
-                        await proxy.serve_stdio(stop=stop, grace_s=grace_s, draining=draining)
-                    serving.cancel_scope.cancel()
-            tasks.cancel_scope.cancel()
-    except Exception as exc:
-        if not started.is_set():
-            raise ProxyConfigError(_startup_failure(command, upstream[0], exc, noise.unparsed)) from None
-        lost = _upstream_lost(exc)
-        if lost is None:
-            raise
-    finally:
-        stdio_log.removeFilter(noise)
-        await gate.close()
-    if lost is not None:
-        # The gate is closed and its sinks flushed: every call made so far is recorded.
-        print(f"error: upstream {command} stopped serving: {lost}", file=sys.stderr)
-        audit_loss_status(gate)
-        return 1
-    if timed_out:
-        more = "; it wrote lines that are not JSON-RPC" if noise.unparsed else ""
-        raise ProxyConfigError(
-            f"upstream {command} did not answer as an MCP server within {startup_timeout_s:g} s{more}"
-        )
-    return audit_loss_status(gate)
-
-
-def _say_draining(grace_s: float) -> Callable[[int], None]:
-    """What stdio serving calls when a signal stops it with requests in flight: one line saying so."""
-
-    def draining(count: int) -> None:
-        requests, them = ("request", "it") if count == 1 else ("requests", "them")
-        print(
-            f"callgate mcp-proxy: stopping; waiting up to {grace_s:g} s for {count} {requests} in flight "
-            f"(a second signal cancels {them})",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    return draining
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -754,30 +554,31 @@ async def run_gateway(
     """Start every server of `servers`, register each one's tools in an agent scope named after
     it, and serve them all through `McpGateway` over stdio (until the client side closes) or
     streamable HTTP on `http` (authenticated as `run_proxy` does it, with `tokens` and `oauth`),
-    until SIGINT/SIGTERM. A server that cannot start (within `startup_timeout_s`) or stops later
-    is reported on stderr (one line) and its tools answer an error; the others serve on.
-    `ProxyConfigError` when no server starts, or for an HTTP address `run_proxy` refuses. Closes
-    the gate's sinks on the way out; returns 0, or 1 when an audit sink lost events."""
-    sock = None
-    try:
-        if any(spec.name == agent for spec in servers):
-            raise ProxyConfigError(f"the server name {agent!r} is the gateway's own agent scope: rename the server")
-        if http is not None:
-            sock, loopback = listen_socket(*http)
-            if not loopback and tokens is None and oauth is None:
-                raise ProxyConfigError(
-                    f"--http {http[0]}:{http[1]} is not a loopback address: give --tokens FILE or --jwt-jwks so "
-                    "every client authenticates (or listen on 127.0.0.1)"
-                )
-        auth = ProxyAuth(tokens, oauth) if tokens is not None or oauth is not None else None
-        served = _Served(http, sock, auth)
-        return await _serve_gateway(
-            gate, servers, agent, RunContext(tenant=tenant, principal=principal), startup_timeout_s, grace_s, served
-        )
-    finally:
-        if sock is not None:
-            sock.close()
+    until SIGINT/SIGTERM, stopping as `run_proxy` does. A server that cannot start (within
+    `startup_timeout_s`) or stops later is reported on stderr (one line) and its tools answer an
+    error; the others serve on. `ProxyConfigError` when no server starts, or for an HTTP address
+    `run_proxy` refuses. Closes the gate's sinks on the way out; returns 0, or 1 when an audit
+    sink lost events."""
+    if any(spec.name == agent for spec in servers):
         await gate.close()
+        raise ProxyConfigError(f"the server name {agent!r} is the gateway's own agent scope: rename the server")
+    form = _Form(agent, None, tenant, principal, startup_timeout_s, grace_s)
+    return await _run(gate, servers, form, http, tokens, oauth)
+
+
+@dataclass(frozen=True)
+class _Form:
+    """How the servers are served: `prefix` None for the gateway of a config (names prefixed per
+    server, each in its own agent scope, a server that stops marked down), else the single form
+    (its one server's names prefixed with `prefix`, in the scope `agent`, served as it is; a
+    server that stops ends the proxy)."""
+
+    agent: str
+    prefix: str | None
+    tenant: str | None
+    principal: str
+    startup_timeout_s: float
+    grace_s: float
 
 
 @dataclass(frozen=True)
@@ -790,28 +591,63 @@ class _Served:
     auth: ProxyAuth | None
 
 
-async def _serve_gateway(
+async def _run(
     gate: Gate,
     servers: Sequence[UpstreamSpec],
-    agent: str,
-    run: RunContext,
-    startup_timeout_s: float,
-    grace_s: float,
-    served: _Served,
+    form: _Form,
+    http: tuple[str, int] | None,
+    tokens: TokenTable | None,
+    oauth: OAuthClients | None,
 ) -> int:
+    sock = None
+    try:
+        if http is not None:
+            sock, loopback = listen_socket(*http)
+            if not loopback and tokens is None and oauth is None:
+                raise ProxyConfigError(
+                    f"--http {http[0]}:{http[1]} is not a loopback address: give --tokens FILE or --jwt-jwks so "
+                    "every client authenticates (or listen on 127.0.0.1)"
+                )
+        auth = ProxyAuth(tokens, oauth) if tokens is not None or oauth is not None else None
+        return await _serve(gate, servers, form, _Served(http, sock, auth))
+    finally:
+        if sock is not None:
+            sock.close()
+        # Also when nothing was served: a sink's thread (Kafka's) must not outlive the refusal.
+        await gate.close()
+
+
+async def _serve(gate: Gate, servers: Sequence[UpstreamSpec], form: _Form, served: _Served) -> int:
+    """The one serving loop of both forms: the servers started side by side, then served through
+    one `McpGateway` until the client side closes (stdio) or SIGINT/SIGTERM.
+
+    SIGINT or SIGTERM end serving the way a closed stdin ends stdio: no new request is read,
+    requests in flight finish (over stdio within `grace_s`), the upstreams are shut down and the
+    gate's sinks are flushed before exit 0. Over stdio a second signal cancels what still runs;
+    over HTTP, where uvicorn's graceful shutdown has no such step, only the first signal is
+    handled. A signal before serving began stops the startup at once."""
     from mcp import StdioServerParameters
     from mcp.client.stdio import stdio_client
 
     from interceptor_core.integrations.mcp import McpRelay, McpToolset, client_of, crossing_tools, upstream_client
     from interceptor_core.integrations.mcp_gateway import SEPARATOR, McpGateway, Member
 
+    single = form.prefix is not None
+    run = RunContext(tenant=form.tenant, principal=form.principal)
+
     def run_for(ctx: Any) -> RunContext:
         client = client_of(ctx)
         return client.run if isinstance(client, ProxyClient) else run
 
-    members = [Member(spec.name, McpToolset(raw_results=True, prefix=spec.name + SEPARATOR)) for spec in servers]
+    def prefix_of(spec: UpstreamSpec) -> str:
+        return form.prefix if form.prefix is not None else spec.name + SEPARATOR
+
+    members = [Member(spec.name, McpToolset(raw_results=True, prefix=prefix_of(spec))) for spec in servers]
     gateway: McpGateway | None = None
     stop = anyio.Event()
+    serving = signalled = False
+    lost: str | None = None
+    """Why the single form's server stopped serving (the proxy then exits 1)."""
     noise = _UpstreamNoise()
     stdio_log = logging.getLogger("mcp.client.stdio")
     stdio_log.addFilter(noise)
@@ -822,15 +658,42 @@ async def _serve_gateway(
     starting = True
 
     def report(member: Member, reason: str) -> None:
+        # The single form says why its server did not start in its one `error:` line.
         if member.down is None:
             member.down = reason
-            if not starting:  # at startup, said once it is known whether any server serves
+            if not single and not starting:  # at startup, said once it is known whether any serves
                 said_down(member)
 
-    async def keep(member: Member, spec: UpstreamSpec, ready: anyio.Event) -> None:
+    def link_lost(member: Member, exc: BaseException) -> None:
+        # Over stdio the one client's own session with a server is that server for it: its loss
+        # ends the single form, or marks the server down. Over HTTP only that client loses it.
+        nonlocal lost
+        said = _upstream_lost(exc) or (type(exc).__name__ if single or not str(exc) else f"{type(exc).__name__}: {exc}")
+        if served.http is None:
+            if single:
+                lost = said
+                stop.set()
+            elif gateway is not None:
+                gateway.mark_down(member, f"stopped serving: {said}")
+            return
+        whose = "" if single else f" with server {member.name}"
+        print(f"callgate mcp-proxy: a client's upstream session{whose} stopped serving: {said}", file=sys.stderr)
+
+    def draining(count: int) -> None:
+        requests, them = ("request", "it") if count == 1 else ("requests", "them")
+        print(
+            f"callgate mcp-proxy: stopping; waiting up to {form.grace_s:g} s for {count} {requests} in flight "
+            f"(a second signal cancels {them})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    async def keep(member: Member, spec: UpstreamSpec, ready: anyio.Event, followed: anyio.Event) -> None:
         # One server's whole life: started, its tools registered, followed until it goes away or
-        # the gateway stops. Whatever ends it marks the server down; nothing ends the others.
+        # serving stops. Whatever ends it marks the server down; nothing ends the others.
+        nonlocal lost
         command = spec.shown
+        # A proxy stands in for the command, so the command sees the environment it would have seen.
         params = (
             StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]), env={**os.environ, **spec.env})
             if spec.command
@@ -852,10 +715,14 @@ async def _serve_gateway(
         started = False
         try:
             # The deadline covers the handshake and the first listing, and is lifted once served.
-            with anyio.CancelScope(deadline=anyio.current_time() + startup_timeout_s) as startup:
-                # The gateway's own session with the server (its tools for the gate, list changes)
-                # declares no client capability.
-                async with upstream_client(transport(), None, **relay.client_options()) as client:
+            with anyio.CancelScope(deadline=anyio.current_time() + form.startup_timeout_s) as startup:
+                # The gateway's own session with the server (its tools for the gate, list changes,
+                # clients of the newest protocol) declares no client capability: a client's own
+                # session declares its own.
+                async with (
+                    upstream_client(transport(), None, **relay.client_options()) as client,
+                    anyio.create_task_group() as following,
+                ):
                     member.toolset.bind(client)
                     await member.toolset.load()
                     member.capabilities = client.server_capabilities
@@ -864,25 +731,49 @@ async def _serve_gateway(
                     started = True
                     startup.deadline = math.inf
                     ready.set()
-                    await member.toolset.follow()
+                    # Every list change is followed before the first client is served.
+                    await following.start(member.toolset.follow)
+                    await built.wait()
+                    if member.proxy is not None:
+                        await following.start(member.proxy.follow_lists)
+                    followed.set()
                     await anyio.sleep_forever()
             if startup.cancelled_caught and not started:
-                report(member, f"did not answer as an MCP server within {startup_timeout_s:g} s")
+                said = f"did not answer as an MCP server within {form.startup_timeout_s:g} s"
+                if single:
+                    more = "; it wrote lines that are not JSON-RPC" if noise.unparsed else ""
+                    said = f"upstream {command} {said}{more}"
+                report(member, said)
         except Exception as exc:
-            if started:
-                report(member, f"stopped serving: {_upstream_lost(exc) or type(exc).__name__}")
-            else:
+            if not started:
                 program = spec.command[0] if spec.command else command
                 report(member, _startup_failure(command, program, exc, noise.unparsed))
+            elif single:
+                # The single form's server went away: serving stops as at a signal, then exit 1;
+                # any other error is a fault of the proxy itself, which keeps its traceback.
+                said = _upstream_lost(exc)
+                if said is None:
+                    raise
+                member.down = f"stopped serving: {said}"
+                lost = said
+                stop.set()
+            else:
+                report(member, f"stopped serving: {_upstream_lost(exc) or type(exc).__name__}")
         finally:
-            if not started:
-                if member.scope is None:
-                    member.scope = gate.agent(spec.name, tools=[], identity=run)
-                ready.set()
+            if not started and not single and member.scope is None:
+                member.scope = gate.agent(spec.name, tools=[], identity=run)
+            ready.set()
+            followed.set()
 
     async def stop_on_signals() -> None:
+        nonlocal signalled
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
+                if not serving:
+                    signalled = True
+                    stop.set()
+                    tasks.cancel_scope.cancel()
+                    return
                 if served.http is not None:
                     stop.set()  # uvicorn's graceful shutdown has no second step
                     return
@@ -891,14 +782,16 @@ async def _serve_gateway(
                     return
                 stop.set()
 
+    built = anyio.Event()
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(stop_on_signals)
             async with anyio.create_task_group() as upstreams:
                 # Started side by side: the slowest server, not their sum, bounds the startup.
                 readies = [anyio.Event() for _ in members]
-                for member, spec, ready in zip(members, servers, readies, strict=True):
-                    upstreams.start_soon(keep, member, spec, ready)
+                follows = [anyio.Event() for _ in members]
+                for member, spec, ready, followed in zip(members, servers, readies, follows, strict=True):
+                    upstreams.start_soon(keep, member, spec, ready, followed)
                 for ready in readies:
                     await ready.wait()
                 noise.starting = starting = False
@@ -909,13 +802,20 @@ async def _serve_gateway(
                     for member in members:
                         if member.down is not None:
                             said_down(member)
+                    own = members[0].scope if single else None
                     gateway = McpGateway(
                         members,
-                        gate.agent(agent, tools=[], identity=run),
+                        own if own is not None else gate.agent(form.agent, tools=[], identity=run),
                         name=f"callgate:{gate.name}",
                         run=run_for if served.auth else run,
-                        on_down=said_down,
+                        on_down=None if single else said_down,
+                        on_link_lost=link_lost,
+                        prefixed=not single,
                     )
+                    built.set()
+                    for followed in follows:
+                        await followed.wait()
+                    serving = True
                     if served.http is not None:
                         host, port = served.http
                         shown = f"[{host}]" if ":" in host else host
@@ -938,13 +838,26 @@ async def _serve_gateway(
                             ready=say_listening,
                         )
                     else:
-                        await gateway.serve_stdio(stop=stop, grace_s=grace_s, draining=_say_draining(grace_s))
+                        await gateway.serve_stdio(stop=stop, grace_s=form.grace_s, draining=draining)
                     upstreams.cancel_scope.cancel()
             tasks.cancel_scope.cancel()
+    except Exception as exc:
+        # The single form's server going away under the serving is its loss too.
+        said = _upstream_lost(exc) if single and gateway is not None else None
+        if said is None:
+            raise
+        lost = said
     finally:
         stdio_log.removeFilter(noise)
         await gate.close()
-    if gateway is None:
+    if lost is not None:
+        # The gate is closed and its sinks flushed: every call made so far is recorded.
+        print(f"error: upstream {servers[0].shown} stopped serving: {lost}", file=sys.stderr)
+        audit_loss_status(gate)
+        return 1
+    if gateway is None and not signalled:
+        if single:
+            raise ProxyConfigError(members[0].down or "the upstream did not start")
         raise ProxyConfigError("no server of the config started: " + "; ".join(f"{m.name} {m.down}" for m in members))
     return audit_loss_status(gate)
 

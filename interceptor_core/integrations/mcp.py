@@ -859,6 +859,8 @@ class _GatedServer:
     _tasks: anyio.abc.TaskGroup | None = None
     """While serving: where tasks that live as long as the serving (a client's own upstream
     session) run."""
+    _one_client: bool = False
+    """Whether the server serves one client only (over stdio), whose sessions are the only ones."""
 
     def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
         raise NotImplementedError
@@ -911,6 +913,7 @@ class _GatedServer:
 
                 tasks.start_soon(give_up_after_grace, stop)
             self._set_tasks(tasks)
+            self._one_client = True
             try:
                 await self.server.run(read, write, self._init_options())
             finally:
@@ -1038,7 +1041,8 @@ class McpProxy(_GatedServer):
       notifications (list changes, resource updates for the client's subscriptions, log
       messages) reach the client of the session they came on (from the shared session, the
       clients sharing it). `on_link_lost(exc)` hears of a client's own session that ended while
-      the client was connected.
+      the client was connected. List changes for clients of the newest protocol are published on
+      `bus` (the listen streams' bus: a gateway shares one between its servers' proxies).
 
     Hostile input is refused before the gate sees it: a tool name longer than `max_name_chars` or
     arguments larger than `max_args_bytes` (as JSON) get a JSON-RPC error (invalid params) that
@@ -1059,6 +1063,7 @@ class McpProxy(_GatedServer):
         relay: McpRelay | None = None,
         connect: UpstreamConnect | None = None,
         on_link_lost: Callable[[BaseException], object] | None = None,
+        bus: InMemorySubscriptionBus | None = None,
     ) -> None:
         if not toolset.raw_results:
             raise ConfigurationError("McpProxy needs a toolset built with raw_results=True")
@@ -1075,7 +1080,7 @@ class McpProxy(_GatedServer):
         self._shared_refresh = _Refresh()
         self._connect = connect
         self._on_link_lost = on_link_lost
-        self._bus = InMemorySubscriptionBus()
+        self._bus = bus if bus is not None else InMemorySubscriptionBus()
         self._listen = ListenHandler(self._bus)
         self._clients: OrderedDict[object, _Client] = OrderedDict()
         session = toolset.session
@@ -1157,6 +1162,16 @@ class McpProxy(_GatedServer):
         """The upstream session of its own the client of `ctx` has, if any."""
         client = self._clients.get(getattr(ctx.session, "_connection", ctx.session))
         return client.link if client is not None else None
+
+    def forget_link(self, ctx: ServerRequestContext[Any]) -> bool:
+        """Close the upstream session of its own the client of `ctx` has (it failed) without
+        waiting for it to end; the client's next request opens a new one. Whether it had one."""
+        client = self._clients.get(getattr(ctx.session, "_connection", ctx.session))
+        if client is None or client.link is None:
+            return False
+        client.link.closing.set()
+        client.link = None
+        return True
 
     def _links(self, ctx: ServerRequestContext[Any]) -> bool:
         """Whether the connection of `ctx` gets an upstream session of its own: a handshake-era

@@ -1,6 +1,9 @@
-"""One gated MCP server in front of several upstream MCP servers (`callgate mcp-proxy --config`).
+"""One gated MCP server in front of one or several upstream MCP servers (`callgate mcp-proxy`).
 
-`McpGateway` serves the tools, resources and prompts of several upstreams as one MCP server:
+`McpGateway` serves the tools, resources and prompts of its upstreams as one MCP server. Built with
+`prefixed=False` it serves exactly one upstream as that upstream's own `McpProxy` does (its names,
+`serverInfo`, instructions, capabilities, cursors and protocol era: the single form, `mcp-proxy --
+COMMAND`). Otherwise (`mcp-proxy --config`):
 
 - Tool names are `<server>__<tool>` (`SEPARATOR`): both parts stay within the characters the MCP
   specification allows in tool names (letters, digits, `_`, `-`, `.`), and a server name may not
@@ -18,15 +21,24 @@
   the server and that server's cursor; a cursor the gateway did not give is invalid params.
 - The gateway's instructions say which server is what (its `serverInfo`) and carry each server's
   own instructions.
+- The gateway speaks the newest protocol to clients that do when every serving server does (its
+  clients then share the gateway's own session with each server, and hear list changes on their
+  listen streams); else the initialize handshake, as the single form does for such a server.
 - A server that fails to start or stops serving is marked down: calls of its tools answer a tool
   error naming the server and its trouble, with one `ToolDenied` event in its scope; the other
   servers keep serving.
+- Over HTTP, a client's own session with a server that fails (the server ended it, or its
+  connection broke) is that client's trouble alone: its request is answered with an error saying
+  so (a call leaves its outcome event, or a `ToolDenied` when the gate never saw it), `on_link_lost`
+  hears of it, and its next request opens a new session; the other clients are not touched. Over
+  stdio the one client's session is the server's, and its loss marks the server down.
 """
 
 from __future__ import annotations
 
 import base64
 import contextvars
+import functools
 import json
 import logging
 import re
@@ -42,9 +54,12 @@ from mcp import Client
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from interceptor_core.context import RunContext
+from interceptor_core.exceptions import ConfigurationError
 from interceptor_core.gate import AgentScope
 from interceptor_core.integrations.mcp import (
     CROSSING_TOOLS,
@@ -113,12 +128,16 @@ def _cut(name: str) -> str:
 
 
 class McpGateway(_GatedServer):
-    """A gated MCP server over several upstreams (see the module's description).
+    """A gated MCP server over one or several upstreams (see the module's description).
 
     `members` are the upstreams in configuration order, each started already (`scope` set) or
     down; `scope` is the gateway's own agent scope, where refusals that name no server (an unknown
     prefix, an unreadable request) are recorded. Calls carry `run` (a `RunContext`, or a function
-    of the request context returning one). Serve with `serve_stdio` or `serve_http`."""
+    of the request context returning one). `on_down(member)` hears of a server marked down;
+    `on_link_lost(member, exc)` of a client's own session with a server that ended while the
+    client was connected. With `prefixed=False` the one member (started, its scope the gateway's
+    `scope`) is served as it is; `ConfigurationError` for any other number of members or for one
+    that is down. Serve with `serve_stdio` or `serve_http`."""
 
     def __init__(
         self,
@@ -131,27 +150,24 @@ class McpGateway(_GatedServer):
         max_args_bytes: int = MAX_ARGS_BYTES,
         refresh_interval_s: float = 1.0,
         on_down: Callable[[Member], object] | None = None,
+        on_link_lost: Callable[[Member, BaseException], object] | None = None,
+        prefixed: bool = True,
     ) -> None:
+        if not prefixed and (len(members) != 1 or members[0].down is not None or members[0].scope is None):
+            raise ConfigurationError("a gateway without prefixes serves exactly one server, started already")
         self.on_down = on_down
+        self.on_link_lost = on_link_lost
         self.members = {member.name: member for member in members}
         self.scope = scope
         self.run = run if isinstance(run, RunContext) else RunContext(principal="mcp-client")
         self._run_of = run if run is not None and not isinstance(run, RunContext) else None
-        self._legacy = True  # clients use the handshake every SDK speaks
         self.max_name_chars = max_name_chars
         self.max_args_bytes = max_args_bytes
         self.refresh_interval_s = refresh_interval_s
         self._resource_owner: dict[str, str] = {}
         self._template_owner: dict[str, str] = {}
-        served = [m.name for m in members]
-        self.server: Server[Any] = _ProxyServer(
-            name,
-            version="",
-            description=f"served through callgate: {', '.join(served)}",
-            instructions=_instructions(members),
-            on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
-        )
+        # The listen streams of clients of the newest protocol: every server's proxy publishes here.
+        bus = InMemorySubscriptionBus()
         for member in members:
             if member.down is None and member.scope is not None:
                 member.proxy = McpProxy(
@@ -164,7 +180,29 @@ class McpGateway(_GatedServer):
                     refresh_interval_s=refresh_interval_s,
                     relay=member.relay,
                     connect=member.connect,
+                    on_link_lost=functools.partial(self._link_ended, member),
+                    bus=bus,
                 )
+        self._sole = members[0].proxy if not prefixed else None
+        if self._sole is not None:
+            # The single form: the server's own proxy answers everything, as the server would.
+            self.server: Server[Any] = self._sole.server
+            self._legacy = self._sole._legacy
+            return
+        serving = [m for m in members if m.proxy is not None]
+        # Clients speak the newest protocol only when every server does: a server of the handshake
+        # era gets each client's capabilities from that client's own session with it.
+        self._legacy = not serving or any(_speaks_handshake(m) for m in serving)
+        served = [m.name for m in members]
+        self.server = _ProxyServer(
+            name,
+            version="",
+            description=f"served through callgate: {', '.join(served)}",
+            instructions=_instructions(members),
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=ListenHandler(bus),
+        )
         caps = [m.capabilities for m in members]
         self.server.notification_options = NotificationOptions(
             tools_changed=True,
@@ -188,8 +226,9 @@ class McpGateway(_GatedServer):
         if any(c.logging is not None for c in caps):
             add("logging/setLevel", types.SetLevelRequestParams, self._set_level)
         self.server.middleware.append(self._screen_params)
-        # Clients use the handshake every SDK speaks; discovery would promise features not relayed.
-        self.server._request_handlers.pop("server/discover", None)
+        if self._legacy:
+            # Without discovery, a client falls back to the handshake the servers speak.
+            self.server._request_handlers.pop("server/discover", None)
 
     def _set_tasks(self, tasks: anyio.abc.TaskGroup | None) -> None:
         self._tasks = tasks
@@ -207,28 +246,53 @@ class McpGateway(_GatedServer):
             if self.on_down is not None:
                 self.on_down(member)
 
-    async def _still_up(self, member: Member, ctx: ServerRequestContext[Any] | None = None) -> bool:
-        """After a failure: ask the server for a ping (on the session of the client of `ctx`, when
-        it has its own); a closed connection marks it down. Whether it is still up."""
+    def _link_ended(self, member: Member, exc: BaseException) -> None:
+        if self.on_link_lost is not None:
+            self.on_link_lost(member, exc)
+
+    async def _ended(self, member: Member, ctx: ServerRequestContext[Any]) -> str | None:
+        """Before a request: the answer for a client whose own session with `member` ended since
+        its last request (see `_trouble`), or None."""
+        link = member.proxy.link_of(ctx) if member.proxy is not None else None
+        if link is None or not link.done.is_set():
+            return None
+        return await self._trouble(member, ctx)
+
+    async def _trouble(self, member: Member, ctx: ServerRequestContext[Any] | None = None) -> str | None:
+        """After a failure: what keeps `member` from serving the client of `ctx` (the answer to
+        give it), or None when it still serves. A server marked down is down; else the client's
+        own session with it (when it has one), or the gateway's, is asked for a ping.
+
+        The gateway's session closed: the server is marked down. The client's own session ended
+        or answers the ping with an error (a server answers every ping of a live session): over
+        stdio the server is marked down (that session was the one client's); over HTTP the session
+        is closed and forgotten, so the client's next request opens a new one."""
         if member.down is not None:
-            return False
-        session = member.upstream()
-        if ctx is not None and member.proxy is not None:
-            link = member.proxy.link_of(ctx)
-            if link is not None and link.done.is_set():
-                self.mark_down(member, f"stopped serving: its connection closed ({link.error or 'ended'})")
-                return False
-            if link is not None and link.client is not None:
-                session = link.client.session
+            return self._down_message(member)
+        link = member.proxy.link_of(ctx) if ctx is not None and member.proxy is not None else None
+        if link is not None and ctx is not None:
+            problem = await _link_problem(link)
+            if problem is None:
+                return None
+            if self._one_client:
+                self.mark_down(member, f"stopped serving: its connection closed ({problem})")
+                return self._down_message(member)
+            assert member.proxy is not None
+            if member.proxy.forget_link(ctx) and not link.done.is_set():
+                self._link_ended(member, ConnectionError(problem))
+            return (
+                f"MCP server {member.name!r} ended this client's session with it ({problem}): "
+                "the next request opens a new session"
+            )
         with anyio.move_on_after(_PING_TIMEOUT_S):
             try:
-                await session.send_ping()
+                await member.upstream().send_ping()
             except MCPError as exc:
                 if exc.error.code == types.CONNECTION_CLOSED:
                     self.mark_down(member, "stopped serving: its connection closed")
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
                 self.mark_down(member, f"stopped serving: its connection closed ({type(exc).__name__})")
-        return member.down is None
+        return self._down_message(member) if member.down is not None else None
 
     def _serving(self) -> list[Member]:
         return [m for m in self.members.values() if m.down is None and m.scope is not None]
@@ -246,6 +310,9 @@ class McpGateway(_GatedServer):
         return member.scope if member is not None and member.scope is not None else self.scope
 
     def _refuse_unread(self, tool: str, message: str, run: RunContext | None = None) -> None:
+        if self._sole is not None:
+            self._sole._refuse_unread(tool, message, run)
+            return
         self._scope_for(tool).refuse(tool, message, run=run if run is not None else self.run)
 
     async def _screen_params(self, ctx: ServerRequestContext[Any], call_next: Callable[..., Any]) -> Any:
@@ -284,7 +351,7 @@ class McpGateway(_GatedServer):
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        member, page, next_cursor = await self._page("tools", params, lambda proxy, p: proxy._list_tools(ctx, p))
+        member, page, next_cursor = await self._page(ctx, "tools", params, lambda proxy, p: proxy._list_tools(ctx, p))
         tools = list(page.tools) if member is not None else []
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
@@ -306,26 +373,29 @@ class McpGateway(_GatedServer):
             self.scope.refuse(_cut(name), f"unknown tool {_cut(name)}", run=self._run())
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {_cut(name)}")
         if member.down is not None or member.proxy is None:
-            return self._refuse_down(member, name)
+            return self._refuse_down(member, name, self._down_message(member))
+        ended = await self._ended(member, ctx)
+        if ended is not None:
+            return self._refuse_down(member, name, ended)
         try:
             result = await member.proxy._call_tool(ctx, params)
         except MCPError as exc:
             if exc.error.code != types.CONNECTION_CLOSED and exc.error.code != types.INTERNAL_ERROR:
                 raise
-            if await self._still_up(member, ctx):
+            trouble = await self._trouble(member, ctx)
+            if trouble is None:
                 raise
             # The client's session with the server was gone before the gate saw the call.
-            return self._refuse_down(member, name)
-        if result.is_error and not await self._still_up(member, ctx):
-            # The server went away during the call: the gate recorded the failed call already.
-            return types.CallToolResult(content=[_text(self._down_message(member))], is_error=True)
+            return self._refuse_down(member, name, trouble)
+        if result.is_error and (trouble := await self._trouble(member, ctx)) is not None:
+            # The session went away during the call: the gate recorded the failed call already.
+            return types.CallToolResult(content=[_text(trouble)], is_error=True)
         return result
 
     def _down_message(self, member: Member) -> str:
         return f"MCP server {member.name!r} is unavailable: {member.down}"
 
-    def _refuse_down(self, member: Member, name: str) -> types.CallToolResult:
-        message = self._down_message(member)
+    def _refuse_down(self, member: Member, name: str, message: str) -> types.CallToolResult:
         scope = member.scope if member.scope is not None else self.scope
         scope.refuse(_cut(name), message, run=self._run())
         return types.CallToolResult(content=[_text(message)], is_error=True)
@@ -334,6 +404,7 @@ class McpGateway(_GatedServer):
 
     async def _page(
         self,
+        ctx: ServerRequestContext[Any],
         kind: str,
         params: types.PaginatedRequestParams | None,
         fetch: Callable[[McpProxy, types.PaginatedRequestParams], Any],
@@ -354,16 +425,18 @@ class McpGateway(_GatedServer):
             try:
                 page = await fetch(member.proxy, types.PaginatedRequestParams(cursor=inner))
             except MCPError as exc:
-                if exc.error.code == types.CONNECTION_CLOSED:
-                    self.mark_down(member, "stopped serving: its connection closed")
+                trouble = await self._trouble(member, ctx)
+                if trouble is not None:
+                    log.warning("MCP server %r left out of a %s list: %s", member.name, kind, trouble)
                 elif inner is not None:
                     raise MCPError(exc.error.code, _bounded(exc.error.message)) from None
                 else:
                     log.warning("MCP server %r could not list its %s: %s", member.name, kind, _bounded(str(exc)))
                 inner = None
                 continue
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-                self.mark_down(member, f"stopped serving: its connection closed ({type(exc).__name__})")
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+                # Marked down, or the client's own session forgotten, as the ping finds it.
+                await self._trouble(member, ctx)
                 inner = None
                 continue
             if page.next_cursor is not None:
@@ -376,7 +449,7 @@ class McpGateway(_GatedServer):
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         member, page, next_cursor = await self._page(
-            "resources", params, lambda proxy, p: proxy._list_resources(ctx, p)
+            ctx, "resources", params, lambda proxy, p: proxy._list_resources(ctx, p)
         )
         if member is None:
             return types.ListResourcesResult(resources=[], next_cursor=next_cursor)
@@ -388,7 +461,7 @@ class McpGateway(_GatedServer):
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
         member, page, next_cursor = await self._page(
-            "resources", params, lambda proxy, p: proxy._list_resource_templates(ctx, p)
+            ctx, "resources", params, lambda proxy, p: proxy._list_resource_templates(ctx, p)
         )
         templates = list(page.resource_templates) if member is not None else []
         for template in templates:
@@ -399,7 +472,9 @@ class McpGateway(_GatedServer):
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        member, page, next_cursor = await self._page("prompts", params, lambda proxy, p: proxy._list_prompts(ctx, p))
+        member, page, next_cursor = await self._page(
+            ctx, "prompts", params, lambda proxy, p: proxy._list_prompts(ctx, p)
+        )
         if member is None:
             return types.ListPromptsResult(prompts=[], next_cursor=next_cursor)
         prompts = [p.model_copy(update={"name": member.prefix + p.name}) for p in page.prompts]
@@ -491,16 +566,17 @@ class McpGateway(_GatedServer):
     async def _crossed(self, ctx: ServerRequestContext[Any], member: Member, crossing: str, cross: Any) -> Any:
         """A read or a get through `member`'s own crossing (gated in its scope); a server that
         went away during it answers the error that says so."""
-        if member.down is not None or member.proxy is None:
-            message = self._down_message(member)
+        message = self._down_message(member) if member.down is not None else await self._ended(member, ctx)
+        if message is not None or member.proxy is None:
+            message = message or self._down_message(member)
             scope = member.scope if member.scope is not None else self.scope
             scope.refuse(crossing, message, run=self._run(), crossing=CROSSING_TOOLS[crossing])
             raise MCPError(types.INTERNAL_ERROR, message)
         try:
             return await cross(member.proxy)
         except MCPError as exc:
-            if exc.error.code != DENIED and not await self._still_up(member, ctx):
-                raise MCPError(types.INTERNAL_ERROR, self._down_message(member)) from None
+            if exc.error.code != DENIED and (trouble := await self._trouble(member, ctx)) is not None:
+                raise MCPError(types.INTERNAL_ERROR, trouble) from None
             raise
 
     async def _read_resource(
@@ -535,6 +611,30 @@ class McpGateway(_GatedServer):
 
 def _text(text: str) -> types.TextContent:
     return types.TextContent(type="text", text=text)
+
+
+def _speaks_handshake(member: Member) -> bool:
+    """Whether the gateway's own session with the server is of a handshake-era protocol."""
+    return member.upstream().protocol_version not in MODERN_PROTOCOL_VERSIONS
+
+
+async def _link_problem(link: Any) -> str | None:
+    """What is wrong with a client's own session with a server (it ended, or answers a ping with
+    an error: a server answers the ping of a session it serves, and over HTTP one it ended or
+    forgot with 404 or 400), or None when it answers the ping, does not know the method (the
+    newest protocol has none) or takes longer than the ping's timeout."""
+    if link.done.is_set() or link.client is None:
+        return str(link.error or "it ended")
+    with anyio.move_on_after(_PING_TIMEOUT_S):
+        try:
+            await link.client.session.send_ping()
+        except MCPError as exc:
+            if exc.error.code == types.METHOD_NOT_FOUND:
+                return None
+            return _bounded(exc.error.message)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            return type(exc).__name__
+    return None
 
 
 _LIST_PAGE_CAP = 1000

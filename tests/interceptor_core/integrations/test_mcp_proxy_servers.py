@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,11 +19,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
+import httpx
 import mcp_types as types
 import pytest
 import yaml
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.subscriptions import listen
 from mcp.shared.exceptions import MCPError
 
 from events import verify_chain
@@ -364,38 +367,6 @@ async def test_lists_come_page_by_page_with_the_gateways_cursors(setup: Setup) -
     assert "bogus" not in str(forged.value)
 
 
-async def test_a_server_reached_over_http(setup: Setup, tmp_path: Path) -> None:
-    """A `url:` entry: the gateway reaches a streamable HTTP server (server-everything started in
-    that mode), lists its tools under its prefix and calls them, beside a server it started."""
-    port = free_port()
-    log = tmp_path / "remote.log"
-    with log.open("wb") as out:
-        remote = subprocess.Popen(
-            ["node", str(setup.everything), "streamableHttp"],
-            env={**os.environ, "PORT": str(port)},
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_for_line(log, "listening on port", remote)
-        servers = [
-            {"name": "remote", "url": f"http://127.0.0.1:{port}/mcp", "headers": {"X-Callgate-Test": "1"}},
-            {"name": "files", "command": [sys.executable, str(UPSTREAM)], "env": {"UPSTREAM_ROOT": str(setup.root)}},
-        ]
-        setup.config.write_text(yaml.safe_dump({"servers": servers}))
-        async with setup.proxied() as proxied:
-            names = {tool.name for page in await pages(proxied, "tools") for tool in page.tools}
-            echoed = await proxied.call_tool("remote__echo", {"message": "over the wire"})
-        assert {"remote__echo", "files__write_file"} <= names
-        assert "over the wire" in text_of(echoed)
-        found = setup.events_until(lambda evs: any(e.type == "ToolUse" for e in evs))
-        assert [(e.type, e.tool, e.agent) for e in found] == [("ToolUse", "remote__echo", "remote")]
-    finally:
-        remote.terminate()
-        remote.wait(timeout=DEADLINE_S)
-
-
 async def test_each_servers_identity_and_instructions_and_completion(setup: Setup) -> None:
     """The gateway's instructions say which server says what (each server's serverInfo and its
     own instructions, a server that did not start as unavailable), and a completion of a prompt
@@ -497,3 +468,134 @@ async def test_each_server_reaches_the_client_as_it_would_directly(setup: Setup)
         names = {tool.name for page in await pages(plain, "tools") for tool in page.tools}
     assert "alpha__echo" in names
     assert not {"alpha__trigger-sampling-request", "alpha__get-roots-list"} & names
+
+
+async def test_clients_of_the_newest_protocol_are_served_in_it(setup: Setup) -> None:
+    """With every server on the newest protocol (the Python files server twice), the gateway
+    speaks it to a client that does, as the single form does: each server's tools under its
+    prefix, and the tools, resources and prompts list changes of one server reach the client on
+    its listen stream; the tool added later is then called, in its server's scope."""
+    more = setup.root.parent / "more"
+    more.mkdir()
+    (more / "old.txt").write_text("old")
+    command = [sys.executable, str(UPSTREAM)]
+    servers = [
+        {"name": "files", "command": command, "env": {"UPSTREAM_ROOT": str(setup.root)}},
+        {"name": "more", "command": command, "env": {"UPSTREAM_ROOT": str(more), "UPSTREAM_RESOURCES": "1"}},
+    ]
+    setup.config.write_text(yaml.safe_dump({"servers": servers}))
+    heard: set[str] = set()
+    async with setup.proxied() as proxied:
+        assert proxied.session.protocol_version == "2026-07-28"
+        names = {tool.name for page in await pages(proxied, "tools") for tool in page.tools}
+        assert {"files__write_file", "more__write_file", "more__add_note"} <= names
+        async with anyio.create_task_group() as tasks:
+
+            async def follow(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+                async with listen(
+                    proxied.session, tools_list_changed=True, resources_list_changed=True, prompts_list_changed=True
+                ) as changes:
+                    task_status.started()
+                    async for event in changes:
+                        heard.add(type(event).__name__)
+
+            await tasks.start(follow)
+            await proxied.call_tool("more__enable_archive", {})
+            await proxied.call_tool("more__add_note", {})
+            await until(lambda: {"ToolsListChanged", "ResourcesListChanged", "PromptsListChanged"} <= heard)
+            tasks.cancel_scope.cancel()
+        archived = await proxied.call_tool("more__archive_file", {"path": "old.txt"})
+        written = await proxied.call_tool("files__write_file", {"path": "new.txt", "text": "hi"})
+        resources = {r.uri for page in await pages(proxied, "resources") for r in page.resources}
+    assert not archived.is_error, text_of(archived)
+    assert (more / "old.txt.archived").exists()
+    assert not written.is_error
+    assert (setup.root / "new.txt").read_text() == "hi"
+    assert "files://added" in resources
+    found = setup.events_until(lambda evs: any(e.tool == "more__archive_file" for e in evs))
+    assert {(e.tool, e.agent) for e in found if e.type == "ToolUse"} >= {
+        ("more__archive_file", "more"),
+        ("files__write_file", "files"),
+    }
+
+
+async def end_session(url: str, session: str) -> int:
+    """DELETE the MCP session `session` at the server `url`, as a client ending it would; the status."""
+    async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        return (await http.delete(url, headers={"mcp-session-id": session})).status_code
+
+
+async def test_a_server_reached_over_http_ends_one_clients_session(setup: Setup, tmp_path: Path) -> None:
+    """A `url:` entry: the gateway (itself over `--http`) reaches a streamable HTTP server
+    (server-everything started in that mode), lists its tools under its prefix and calls them,
+    beside a server it started. Each client has its own session with it; the server ends one
+    client's session: that client's next call answers an error saying so (its outcome event
+    recorded, one line on stderr), the other client's calls go on, and the first client's call
+    after that opens a new session and works."""
+    port, gateway_port = free_port(), free_port()
+    log = tmp_path / "remote.log"
+    with log.open("wb") as out:
+        remote = subprocess.Popen(
+            ["node", str(setup.everything), "streamableHttp"],
+            env={**os.environ, "PORT": str(port)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    process = None
+    try:
+        wait_for_line(log, "listening on port", remote)
+        remote_url = f"http://127.0.0.1:{port}/mcp"
+        servers = [
+            {"name": "remote", "url": remote_url, "headers": {"X-Callgate-Test": "1"}},
+            {"name": "files", "command": [sys.executable, str(UPSTREAM)], "env": {"UPSTREAM_ROOT": str(setup.root)}},
+        ]
+        setup.config.write_text(yaml.safe_dump({"servers": servers}))
+        with setup.stderr.open("wb") as err:
+            process = subprocess.Popen(
+                [sys.executable, *setup.args("--http", f"127.0.0.1:{gateway_port}")],
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for_line(setup.stderr, "listening on", process)
+
+        def sessions() -> list[str]:
+            return re.findall(r"Session initialized with ID: (\S+)", log.read_text())
+
+        url = f"http://127.0.0.1:{gateway_port}/mcp"
+        async with Client(url) as first:
+            names = {tool.name for page in await pages(first, "tools") for tool in page.tools}
+            assert {"remote__echo", "files__write_file"} <= names
+            echoed = await first.call_tool("remote__echo", {"message": "over the wire"})
+            assert "over the wire" in text_of(echoed)
+            # The gateway's own session, then the first client's.
+            await until(lambda: len(sessions()) == 2)
+            ended = sessions()[-1]
+            async with Client(url) as second:
+                assert not (await second.call_tool("remote__echo", {"message": "two"})).is_error
+                assert await end_session(remote_url, ended) == 200
+                lost = await first.call_tool("remote__echo", {"message": "after"})
+                kept = await second.call_tool("remote__echo", {"message": "still"})
+                again = await first.call_tool("remote__echo", {"message": "again"})
+        assert lost.is_error
+        assert "MCP server 'remote' ended this client's session" in text_of(lost)
+        assert "the next request opens a new session" in text_of(lost)
+        assert "still" in text_of(kept)
+        assert not again.is_error
+        assert "again" in text_of(again)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=DEADLINE_S) == 0, setup.stderr.read_text()
+    finally:
+        for started in (process, remote):
+            if started is not None and started.poll() is None:
+                started.kill()
+                started.wait()
+    assert "a client's upstream session with server remote stopped serving" in setup.stderr.read_text()
+    found = setup.events_until(lambda evs: sum(e.tool == "remote__echo" for e in evs) >= 5)
+    calls = [(e.type, getattr(e, "outcome", None)) for e in found if e.tool == "remote__echo"]
+    assert {e.agent for e in found if e.tool == "remote__echo"} == {"remote"}
+    assert calls.count(("ToolUse", "ok")) == 4
+    # The lost call: failed through the gate, or refused before it when the session's end was
+    # heard first.
+    assert [c for c in calls if c != ("ToolUse", "ok")] in ([("ToolUse", "error")], [("ToolDenied", None)])
