@@ -92,6 +92,11 @@ MAX_NAME_CHARS = 128
 MAX_ARGS_BYTES = 1_048_576
 """The largest `tools/call` arguments (as JSON) `McpProxy` accepts by default."""
 
+MAX_URI_CHARS = 8192
+"""The longest `resources/read` URI the proxy passes on (a prompt's name is held to MAX_NAME_CHARS
+and its arguments to MAX_ARGS_BYTES): longer ones are refused, with a small event, before the gate
+or the server reads them."""
+
 MAX_LINE_BYTES = 4 * 1_048_576
 """The longest JSON-RPC message line `McpProxy.serve_stdio` reads by default."""
 
@@ -717,6 +722,10 @@ def _params_problem(method: str, params: Any) -> tuple[str, str] | None:
         uri = params.get("uri") if isinstance(params, dict) else None
         if not isinstance(uri, str):
             return "mcp.resources.read", f"resources/read uri must be a string, got {_kind(uri)}"
+        if len(uri) > MAX_URI_CHARS:
+            return "mcp.resources.read", (
+                f"resources/read uri of {len(uri)} characters refused: this proxy accepts at most {MAX_URI_CHARS}"
+            )
     elif method == "prompts/get":
         name = params.get("name") if isinstance(params, dict) else None
         arguments = params.get("arguments") if isinstance(params, dict) else None
@@ -724,6 +733,14 @@ def _params_problem(method: str, params: Any) -> tuple[str, str] | None:
             return "mcp.prompts.get", f"prompts/get name must be a string, got {_kind(name)}"
         if arguments is not None and not isinstance(arguments, dict):
             return "mcp.prompts.get", f"prompts/get arguments must be an object, got {_kind(arguments)}"
+        if len(name) > MAX_NAME_CHARS:
+            return "mcp.prompts.get", (
+                f"prompts/get name of {len(name)} characters refused: this proxy accepts at most {MAX_NAME_CHARS}"
+            )
+        if arguments and (size := len(pydantic_core.to_json(arguments))) > MAX_ARGS_BYTES:
+            return "mcp.prompts.get", (
+                f"prompts/get arguments of {size} bytes refused: this proxy accepts at most {MAX_ARGS_BYTES}"
+            )
     return None
 
 

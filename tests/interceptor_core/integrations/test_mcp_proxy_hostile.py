@@ -409,7 +409,9 @@ class TestOversizedInput:
     def test_a_huge_tool_name_is_refused_small(self, stdio_proxy: Any) -> None:
         """A 3 MB tool name: a JSON-RPC invalid-params error stating sizes (not the name), one
         small ToolDenied event with the name cut, and no extra tools/list of the upstream. A 5 MB
-        one (a line past the message limit) is refused unread, its event saying only its size."""
+        one (a line past the message limit) is refused unread, its event saying only its size. A
+        3 MB resource URI and a 3 MB prompt name are refused the same way, before any server
+        reads them."""
         proxy = stdio_proxy()
         proxy.initialize()
         before = proxy.lists()
@@ -421,14 +423,32 @@ class TestOversizedInput:
         proxy.send(huge.encode())
         answer = proxy.receive()
         assert (answer["id"], answer["error"]["code"], len(json.dumps(answer)) < 200) == (None, -32600, True)
+        for method, params, said in [
+            ("resources/read", {"uri": "files://" + "u" * THREE_MB}, "resources/read uri of"),
+            ("prompts/get", {"name": "p" * THREE_MB}, "prompts/get name of"),
+            (
+                "prompts/get",
+                {"name": "greet", "arguments": {"who": "w" * (2 * 1024 * 1024)}},
+                "prompts/get arguments of",
+            ),
+        ]:
+            answer = proxy.request(method, params)
+            assert answer["error"]["code"] == -32602
+            assert len(json.dumps(answer)) < 300
+            assert said in answer["error"]["message"]
         assert proxy.lists() == before
         proxy.process.send_signal(signal.SIGTERM)
         assert proxy.wait() == 0
         assert proxy.events.stat().st_size < 10_000
-        denied, unread = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
+        denied, unread, *crossings = [e for e in read_jsonl(proxy.events) if e.type == "ToolDenied"]
         assert (denied.tool, denied.cause, denied.args) == ("x" * 64 + "…", "validation", {})
         assert (unread.tool, unread.cause, unread.args) == ("unreadable-request", "validation", {})
         assert f"request of {len(huge) + 1} bytes refused" in unread.message  # with its newline
+        assert [(e.tool, e.args) for e in crossings] == [
+            ("mcp.resources.read", {}),
+            ("mcp.prompts.get", {}),
+            ("mcp.prompts.get", {}),
+        ]
 
     def test_huge_arguments_are_refused_before_the_upstream(self, stdio_proxy: Any, root: Path) -> None:
         """2 MB of arguments to a real tool: refused with the sizes, the upstream never runs it,
