@@ -919,10 +919,25 @@ tallied AS (
            count(*) FILTER (WHERE type = 'Substitute') AS substituted,
            count(*) FILTER (WHERE type = 'Blocked') AS blocked,
            count(*) FILTER (WHERE type = 'ApprovalRequested') AS approvals_asked,
-           count(*) FILTER (WHERE type = 'ApprovalResolved' AND outcome <> 'approved') AS approvals_refused,
+           count(*) FILTER (WHERE type = 'ApprovalResolved' AND outcome <> 'approved' AND decided_by IS NULL)
+               AS approvals_refused,
            count(*) FILTER (WHERE type = 'Unmediated') AS unmediated
     FROM events, windows w
     WHERE time >= w.previous_since AND time < w.until_ AND ($tenant IS NULL OR tenant = $tenant)
+    GROUP BY ALL
+),
+-- A refusal no desk key signed (decided_by flagged) counts only when the gate that asked wrote it
+-- (its own handler's answer, an expiry): as in the `calls` view, a forged refusal refuses nothing.
+refused_by_gates AS (
+    SELECT r.time >= w.since_ AS current, count(*) AS approvals_refused
+    FROM events r, windows w
+    WHERE r.type = 'ApprovalResolved' AND r.outcome <> 'approved' AND r.decided_by IS NOT NULL
+      AND r.time >= w.previous_since AND r.time < w.until_ AND ($tenant IS NULL OR r.tenant = $tenant)
+      AND EXISTS (
+          SELECT 1 FROM events q
+          WHERE q.type = 'ApprovalRequested' AND q.call_id = r.call_id AND q.producer_id = r.producer_id
+            AND json_extract_string(q.event, '$.approval_id') = json_extract_string(r.event, '$.approval_id')
+      )
     GROUP BY ALL
 ),
 broken AS (
@@ -938,6 +953,8 @@ measured AS (
                    unmediated]) AS n,
            current
     FROM tallied
+    UNION ALL
+    SELECT 'approvals_refused', approvals_refused, current FROM refused_by_gates
     UNION ALL
     SELECT 'chain_breaks', chain_breaks, current FROM broken
 ),

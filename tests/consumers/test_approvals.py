@@ -27,6 +27,7 @@ from consumers import RawRecord
 from consumers.approvals import ApprovalDesk, DecisionConflict, RequestNotFound, StoreClaims
 from consumers.auth import Forbidden, Identity, TokenFile
 from consumers.materializer import Materializer
+from consumers.queries import run_query
 from consumers.store import AuditStore
 from events import MemorySink
 from events.chain import Producer, new_event_id
@@ -446,9 +447,10 @@ class TestTheDeskRules:
 
 
 def decision_for(
-    request: dict[str, Any], *, key: SigningKey | None = None, by: str = "mallory"
+    request: dict[str, Any], *, key: SigningKey | None = None, by: str = "mallory", approved: bool = True
 ) -> ApprovalResolvedEvent:
-    """An approving decision of `request` as anyone could write it: unsigned, or signed by `key`."""
+    """A decision of `request` (approving unless told) as anyone could write it: unsigned, or signed
+    by `key`."""
     producer = Producer()
     fields: dict[str, Any] = {
         "event_id": new_event_id(),
@@ -459,7 +461,7 @@ def decision_for(
         "run_id": request["run_id"],
         "tenant": request["tenant"],
         "principal": request["principal"],
-        "approved": True,
+        "approved": approved,
         "by": by,
         "waited_ms": 1.0,
         "approval_id": request["approval_id"],
@@ -761,19 +763,22 @@ def test_the_calls_view_counts_no_unverified_decision_as_approved(tmp_path: Path
     """A call that ran on a decision no desk key signed (written by someone who is not the gate
     that asked: the gate here trusted it) is not approved in `calls`, which names the unverified
     decision and why; a call approved by the desk's signed decision, or by the asking gate's own
-    handler (its own, unsigned `ApprovalResolved`), is approved."""
+    handler (its own, unsigned `ApprovalResolved`), is approved. Refusals alike: the Overview's
+    `approvals_refused` counts the signed one and the gate's own, not the forged one."""
     key = SigningKey.generate("callgate-desk")
     taken: list[ApprovalResolvedEvent] = []
 
     async def handler(request: ApprovalRequest) -> Approval | bool:
-        if request.call_id == "c-own":
-            return True
+        approved = not request.call_id.endswith("-deny")
+        if request.call_id.startswith("c-own"):
+            return approved
         row = {k: getattr(request, k) for k in ("approval_id", "call_id", "args_digest", "policy_version")}
         row.update(tool="refund", run_id=None, tenant="acme", principal="u-1")
-        signed = request.call_id == "c-signed"
-        decision = decision_for(row, key=key if signed else None, by="rev-1" if signed else "mallory")
+        signed = request.call_id.startswith("c-signed")
+        by = "rev-1" if signed else "mallory"
+        decision = decision_for(row, key=key if signed else None, by=by, approved=approved)
         taken.append(decision)
-        return Approval(True, by=decision.by, event_id=decision.event_id)  # recorded where it was taken
+        return Approval(approved, by=decision.by, event_id=decision.event_id)  # recorded where it was taken
 
     @tool
     def refund(args: Refund) -> str:
@@ -784,9 +789,10 @@ def test_the_calls_view_counts_no_unverified_decision_as_approved(tmp_path: Path
     scope = Gate("shop", interceptors=[ask], sinks=[sink], approval_handler=handler).agent("desk", tools=[refund])
 
     async def run() -> None:
-        for call_id in ("c-signed", "c-forged", "c-own"):
+        for call_id in ("c-signed", "c-forged", "c-own", "c-signed-deny", "c-forged-deny", "c-own-deny"):
             args = {"order_id": "A-1", "amount_cents": 20000}
-            assert (await scope.call("refund", args, run=RunContext(tenant="acme"), call_id=call_id)).ok
+            result = await scope.call("refund", args, run=RunContext(tenant="acme"), call_id=call_id)
+            assert result.ok is not call_id.endswith("-deny")
 
     asyncio.run(run())
     events = [*sink.events, *taken]
@@ -798,8 +804,13 @@ def test_the_calls_view_counts_no_unverified_decision_as_approved(tmp_path: Path
         store.ingest(batch, {("t", 0): len(batch)})
         columns = "call_id, outcome_type, approval_asked, approved, unverified_decision"
         rows = store.cursor().execute(f"SELECT {columns} FROM calls ORDER BY call_id").fetchall()  # noqa: S608
+        overview = {r["metric"]: r["value"] for r in run_query(store.cursor(), "overview_counts").rows}
     assert rows == [
         ("c-forged", "ToolUse", True, None, "approved (unverified decision: it is not signed)"),
+        ("c-forged-deny", "ToolDenied", True, None, "refused (unverified decision: it is not signed)"),
         ("c-own", "ToolUse", True, True, None),
+        ("c-own-deny", "ToolDenied", True, False, None),
         ("c-signed", "ToolUse", True, True, None),
+        ("c-signed-deny", "ToolDenied", True, False, None),
     ]
+    assert (overview["approvals_asked"], overview["approvals_refused"]) == (6, 2)
