@@ -58,7 +58,7 @@ typecheck: $(STAMP)
 # listed. pytest exits 5 when it collected no tests: that is a broken suite, not a pass, and it says so.
 PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
-	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS); code=$$?; \
+	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS); code=$$?; \
 	if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests; the suite is broken" >&2; exit 1; fi; \
 	exit $$code
 
