@@ -24,6 +24,53 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("LINES", None)
 
 
+# The slowest files first, so that the last files a worker starts are short ones and both workers end
+# together. `make test` runs a file's tests on one worker (`--dist loadfile`) and hands out files in
+# the order collected (`--no-loadscope-reorder`: xdist's own order, most tests first, put files of a
+# few long tests, the browser's and the MCP servers', last, and a worker could finish a minute before
+# the other). Seconds of one run (2026-12-05, two workers, a loaded machine); only the order matters,
+# and a file not listed keeps its place after these. A file that takes over ~20 s belongs here.
+SLOW_FILES = {
+    "tests/interceptor_core/integrations/test_mcp_proxy_hostile.py": 262,
+    "tests/interceptor_core/integrations/test_mcp_gateway.py": 128,
+    "tests/interceptor_core/integrations/test_mcp_proxy_servers.py": 124,
+    "tests/consumers/test_materializer.py": 99,
+    "tests/consumers/test_lake.py": 97,
+    "tests/dashboard/test_browser_login.py": 91,
+    "tests/consumers/test_store_contract.py": 66,
+    "tests/dashboard/test_browser.py": 64,
+    "tests/dashboard/test_approvals_browser.py": 60,
+    "tests/callgate/test_tokens.py": 45,
+    "tests/dashboard/test_app.py": 45,
+    "tests/consumers/test_store.py": 43,
+    "tests/events/test_zero_loss.py": 42,
+    "tests/test_compose.py": 39,
+    "tests/callgate/test_verify.py": 34,
+    "tests/callgate/test_demo.py": 32,
+    "tests/interceptor_core/integrations/test_mcp_proxy.py": 31,
+    "tests/interceptor_core/integrations/test_resume_in_another_process.py": 30,
+    "tests/consumers/test_checkpoint_verification.py": 26,
+    "tests/consumers/test_approvals.py": 25,
+    "tests/interceptor_core/builtins/test_sql_postgres.py": 23,
+    "tests/consumers/test_coverage_signed.py": 22,
+    "tests/interceptor_core/integrations/test_mcp_proxy_lists.py": 22,
+    "tests/dashboard/test_lake.py": 22,
+    "tests/consumers/test_proofs.py": 21,
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the files of `SLOW_FILES` first, slowest first; each file's tests keep their order."""
+    root = config.rootpath
+
+    def seconds(item: pytest.Item) -> int:
+        if not item.path.is_relative_to(root):
+            return 0
+        return SLOW_FILES.get(item.path.relative_to(root).as_posix(), 0)
+
+    items.sort(key=seconds, reverse=True)  # stable: the rest keep the order collected
+
+
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[EmbeddedBroker]:
     """One embedded broker on a free loopback port for the whole session; tests must not stop or kill it
