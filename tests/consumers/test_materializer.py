@@ -420,10 +420,12 @@ class TestFaults:
         assert code == 0, log.read_text()
         assert sorted(stored_ids(db)) == sorted(ids)
 
-    async def test_a_killed_materializer_restarted_stores_again_within_seconds(
+    async def test_a_killed_materializer_restarted_stores_again(
         self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
     ) -> None:
-        """SIGKILL of `callgate materialize`, then the same command again: a new record is stored within 5 s."""
+        """SIGKILL of `callgate materialize`, then the same command again: the records produced
+        meanwhile are stored, each once. (How soon is a figure of the fault drill's
+        materializer-kill row, `make drill`, not of a test on a shared machine.)"""
         from events.kafka import ensure_topic
 
         await ensure_topic(kafka_broker.bootstrap, topic, 3)
@@ -438,15 +440,12 @@ class TestFaults:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
         await produce_to(kafka_broker.bootstrap, topic, second, 3)
-        restarted = time.monotonic()
         with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
             try:
                 await _until(lambda: _stored_via_api(port) == len(first) + len(second), 60)
-                took = time.monotonic() - restarted
             finally:
                 proc.send_signal(signal.SIGINT)
                 proc.wait(60)
-        assert took < 5.0, f"the restarted materializer stored the new records after {took:.1f} s"
         assert sorted(stored_ids(db)) == sorted(e.event_id for e in first + second)
 
     async def test_store_held_by_another_process(
