@@ -35,7 +35,7 @@ from events.chain import Producer, new_event_id
 from events.decisions import DecisionPublisher, KafkaDecisions
 from events.models import ApprovalRequestedEvent, ApprovalResolvedEvent, EventBase, ToolUseEvent
 from interceptor_core import ApprovalRequest, Gate, RequireApproval, RunContext, before_tool_call, tool
-from interceptor_core.approvals import RemoteApprovals
+from interceptor_core.approvals import PER_PROCESS, RemoteApprovals
 
 
 class Refund(BaseModel):
@@ -67,7 +67,7 @@ async def decision_to_resume(bootstrap: str, n: int) -> tuple[list[float], list[
 
     asked: asyncio.Queue[ApprovalRequest] = asyncio.Queue()
     async with KafkaDecisions(bootstrap, decisions_topic) as source:
-        remote = RemoteApprovals(source)
+        remote = RemoteApprovals(source, claims=PER_PROCESS)  # one process: the claim's round trip is not measured
 
         async def handler(request: ApprovalRequest) -> Any:
             asked.put_nowait(request)

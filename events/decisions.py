@@ -7,9 +7,10 @@ decisions topic (`DECISIONS_TOPIC`, keyed by approval id), which waiting gates r
 `KafkaDecisions` is the gates' side: it reads the decisions topic from its beginning (a decision
 taken while no gate was running, before a paused run is resumed in a new process, is found there),
 keeps the decisions by approval id, and wakes waiters when one arrives. It fits
-`interceptor_core.approvals.DecisionSource`; `RemoteApprovals(KafkaDecisions(...))` is an approval
-handler. Without signed decisions (below), who may write to the decisions topic may approve: give
-only the desk write access (Kafka ACLs), and every gate read access.
+`interceptor_core.approvals.DecisionSource`; `RemoteApprovals(KafkaDecisions(...),
+claims=ApiDecisions(...))` is an approval handler (it cannot claim an approval by itself).
+Without signed decisions (below), who may write to the decisions topic may approve: give only the
+desk write access (Kafka ACLs), and every gate read access.
 
 `ApiDecisions` is the other way for a gate that cannot reach Kafka: it asks the read API for the
 requests it waits for (the named query `approval_request`, whose `decision` column is the deciding

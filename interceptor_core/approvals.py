@@ -32,17 +32,20 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from events.chain import canonical_json
 from interceptor_core.context import RunContext
+from interceptor_core.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from events.models import ApprovalResolvedEvent
     from events.signing import VerifyingKey
 
 __all__ = [
+    "PER_PROCESS",
     "Approval",
     "ApprovalClaims",
     "ApprovalHandler",
     "ApprovalRequest",
     "DecisionSource",
+    "PerProcess",
     "RecordedRequests",
     "RemoteApprovals",
     "approval_id_for",
@@ -144,6 +147,17 @@ class RecordedRequests(Protocol):
     async def recorded(self, request: ApprovalRequest) -> ApprovalRequest | None: ...
 
 
+class PerProcess:
+    """`RemoteApprovals(..., claims=PER_PROCESS)`: an approval is used once by this handler, not
+    claimed across the deployment (see `RemoteApprovals`)."""
+
+    def __repr__(self) -> str:
+        return "PER_PROCESS"
+
+
+PER_PROCESS = PerProcess()
+
+
 class RemoteApprovals:
     """An approval handler waiting for a reviewer's decision from a `DecisionSource`.
 
@@ -156,9 +170,11 @@ class RemoteApprovals:
     nothing and the gate records the refusal. The wait is cancelled with its run.
 
     An approval is then claimed from `claims` (default: the source itself when it can claim, as
-    `ApiDecisions` can; None for `KafkaDecisions`, which alone holds "once" per process only): a
-    refused claim refuses the call, with a note saying the approval was used elsewhere, so the
-    model can ask again. Safe for many concurrent calls on one loop.
+    `ApiDecisions` can): a refused claim refuses the call, with a note saying the approval was used
+    elsewhere, so the model can ask again. A source that cannot claim (`KafkaDecisions`) needs
+    `claims=ApiDecisions(...)`, or `claims=PER_PROCESS` to accept that an approval is used once
+    per process only (a decision read by two processes would run in both); without either it is a
+    `ConfigurationError`, never a silent weaker "once". Safe for many concurrent calls on one loop.
 
     `recorded(request)` tells the gate whether the request is recorded already, from `records`
     (default: `claims` or the source, whichever can tell, as `ApiDecisions` can): the gate then
@@ -170,7 +186,7 @@ class RemoteApprovals:
         source: DecisionSource,
         *,
         trusted_keys: Mapping[str, VerifyingKey] | str | os.PathLike[str] | None = None,
-        claims: ApprovalClaims | None = None,
+        claims: ApprovalClaims | PerProcess | None = None,
         records: RecordedRequests | None = None,
     ) -> None:
         self.source = source
@@ -180,11 +196,18 @@ class RemoteApprovals:
             trusted_keys = load_trusted_keys(trusted_keys)
         self.trusted_keys = dict(trusted_keys) if trusted_keys is not None else None
         """The desk keys a decision must be signed by (None: signatures are not checked)."""
-        if claims is None and callable(getattr(source, "claim", None)):
+        if claims is None:
+            if not callable(getattr(source, "claim", None)):
+                raise ConfigurationError(
+                    f"RemoteApprovals({type(source).__name__}(...)): this source cannot hold an approval to one use "
+                    "across processes; pass claims=ApiDecisions(url, token=...) (the read API claims it once per "
+                    "deployment), or claims=PER_PROCESS to accept once per process"
+                )
             claims = source  # type: ignore[assignment]
-        self.claims = claims
+        self.claims: ApprovalClaims | None = None if isinstance(claims, PerProcess) else claims
+        """Where an approval is claimed before its call runs (None: once per process only)."""
         if records is None:
-            found: Any = next((r for r in (claims, source) if callable(getattr(r, "recorded", None))), None)
+            found: Any = next((r for r in (self.claims, source) if callable(getattr(r, "recorded", None))), None)
             records = found
         self.records = records
         """Where `recorded` asks (None: it answers None)."""

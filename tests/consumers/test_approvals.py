@@ -46,7 +46,7 @@ from interceptor_core import (
     before_tool_call,
     tool,
 )
-from interceptor_core.approvals import RemoteApprovals
+from interceptor_core.approvals import PER_PROCESS, RemoteApprovals
 
 SUBJECTS = {
     "rev-1": ["reviewer"],
@@ -182,7 +182,7 @@ async def desk(
     ask = before_tool_call(name="big-refunds")(lambda call: RequireApproval("refunds over 100.00 need a reviewer"))
     sink = KafkaSink(broker.bootstrap, topic, tmp_path / "spool", linger_ms=1)
     trusted = None if decision_key is None else {decision_key.key_id: decision_key.public()}
-    remote = RemoteApprovals(decisions, trusted_keys=trusted)
+    remote = RemoteApprovals(decisions, trusted_keys=trusted, claims=None if poll_api else PER_PROCESS)
     gate = Gate("shop", interceptors=[ask], sinks=[sink], approval_handler=remote, approval_timeout_s=timeout_s)
     try:
         scope = gate.agent("desk", tools=[refund])

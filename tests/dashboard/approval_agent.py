@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from events.decisions import ApiDecisions, KafkaDecisions
 from events.kafka import KafkaSink
 from interceptor_core import Approval, ApprovalRequest, Gate, RunContext, tool
-from interceptor_core.approvals import RemoteApprovals
+from interceptor_core.approvals import PER_PROCESS, RemoteApprovals
 from interceptor_core.policy import Policy
 
 POLICY = """\
@@ -45,7 +45,7 @@ class Refund(BaseModel):
 
 async def main(argv: list[str]) -> None:
     bootstrap, topic, decisions_topic, spool, ran_file, call_id, amount, timeout_s, tenant, principal = argv[:10]
-    claims = ApiDecisions(argv[10], token=argv[11]) if len(argv) > 10 else None
+    claims = ApiDecisions(argv[10], token=argv[11]) if len(argv) > 10 else PER_PROCESS
 
     @tool
     def refund(args: Refund) -> str:

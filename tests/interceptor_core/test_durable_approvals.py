@@ -8,6 +8,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from events import MemorySink
@@ -15,6 +16,7 @@ from events.chain import Producer, new_event_id
 from events.models import ApprovalRequestedEvent, ApprovalResolvedEvent, ToolDeniedEvent, ToolUseEvent
 from interceptor_core import (
     ApprovalRequest,
+    ConfigurationError,
     Gate,
     RequireApproval,
     RunContext,
@@ -22,7 +24,7 @@ from interceptor_core import (
     before_tool_call,
     tool,
 )
-from interceptor_core.approvals import RemoteApprovals, approval_id_for, args_digest
+from interceptor_core.approvals import PER_PROCESS, RemoteApprovals, approval_id_for, args_digest
 from interceptor_core.policy import Policy
 
 ACME = RunContext(tenant="acme", principal="u-1", run_id="r-1")
@@ -101,7 +103,7 @@ def build(timeout_s: float = 30.0) -> tuple[Any, MemorySink, ListedDecisions, As
         return "refunded"
 
     source = ListedDecisions()
-    asked = Asked(RemoteApprovals(source))
+    asked = Asked(RemoteApprovals(source, claims=PER_PROCESS))
     sink = MemorySink()
     gate = Gate(
         "shop",
@@ -298,6 +300,14 @@ class OneClaim:
         return None if holder == self.asked else f"the approval was already used (claimed by claimant {holder})"
 
 
+def test_a_source_that_cannot_claim_needs_claims_or_says_once_per_process() -> None:
+    """A decisions source that cannot claim (as KafkaDecisions cannot) and no `claims`: a
+    configuration error naming both ways out, not an approval silently usable once per process."""
+    with pytest.raises(ConfigurationError, match=r"claims=ApiDecisions\(url, token=...\).*claims=PER_PROCESS"):
+        RemoteApprovals(ListedDecisions())
+    assert RemoteApprovals(ListedDecisions(), claims=PER_PROCESS).claims is None
+
+
 async def test_a_claim_refused_elsewhere_refuses_the_call() -> None:
     """Two gates (as two processes would) get the same approval; the claims arbiter grants it to
     one: the other refuses its call, and the model reads that the approval was used, to ask again."""
@@ -417,7 +427,7 @@ class TestARequestAskedAgain:
             return "refunded"
 
         sink = MemorySink()
-        handler = RemoteApprovals(source, records=records)
+        handler = RemoteApprovals(source, claims=PER_PROCESS, records=records)
         gate = Gate(
             "shop",
             interceptors=[Policy.from_text(POLICY)],
