@@ -384,14 +384,16 @@ class _UpstreamNoise(logging.Filter):
 
 class _HttpNoise(logging.Filter):
     """The SDK's complaints about the requests of a session with a server reached over HTTP, left
-    out while a server is being reached again (`reconnecting` names those servers)."""
+    out while a server is being reached again (`reconnecting` names those servers), and its
+    complaint that a session closed with a server that restarted could not be ended there (the
+    server no longer knows it)."""
 
     def __init__(self, reconnecting: set[str]) -> None:
         super().__init__()
         self.reconnecting = reconnecting
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not self.reconnecting
+        return not self.reconnecting and not record.getMessage().startswith("Session termination failed")
 
 
 _RECONNECTING = "reconnecting ("
@@ -591,7 +593,9 @@ async def run_gateway(
     streamable HTTP on `http` (authenticated as `run_proxy` does it, with `tokens` and `oauth`),
     until SIGINT/SIGTERM, stopping as `run_proxy` does. A server that cannot start (within
     `startup_timeout_s`) or stops later is reported on stderr (one line) and its tools answer an
-    error; the others serve on. `ProxyConfigError` when no server starts, or for an HTTP address
+    error; the others serve on. A server reached over HTTP (`url`) that stops later is tried
+    again (after `RECONNECT_FIRST_S`, doubling up to `RECONNECT_MAX_S`) and served again once it
+    answers (one line on stderr when it is lost, one when it is back). `ProxyConfigError` when no server starts, or for an HTTP address
     `run_proxy` refuses. Closes the gate's sinks on the way out; returns 0, or 1 when an audit
     sink lost events."""
     if any(spec.name == agent for spec in servers):

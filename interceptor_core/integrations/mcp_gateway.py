@@ -26,7 +26,9 @@ COMMAND`). Otherwise (`mcp-proxy --config`):
   listen streams); else the initialize handshake, as the single form does for such a server.
 - A server that fails to start or stops serving is marked down: calls of its tools answer a tool
   error naming the server and its trouble, with one `ToolDenied` event in its scope; the other
-  servers keep serving.
+  servers keep serving. `on_down` hears of it; whoever serves the gateway may bring the server
+  back (`callgate mcp-proxy` does for a server reached over HTTP): bind its toolset to a new
+  session, call its proxy's `reopened()`, and clear `down`.
 - Over HTTP, a client's own session with a server that fails (the server ended it, or its
   connection broke) is that client's trouble alone: its request is answered with an error saying
   so (a call leaves its outcome event, or a `ToolDenied` when the gate never saw it), `on_link_lost`
