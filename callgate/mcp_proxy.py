@@ -595,9 +595,9 @@ async def run_gateway(
     `startup_timeout_s`) or stops later is reported on stderr (one line) and its tools answer an
     error; the others serve on. A server reached over HTTP (`url`) that stops later is tried
     again (after `RECONNECT_FIRST_S`, doubling up to `RECONNECT_MAX_S`) and served again once it
-    answers (one line on stderr when it is lost, one when it is back). `ProxyConfigError` when no server starts, or for an HTTP address
-    `run_proxy` refuses. Closes the gate's sinks on the way out; returns 0, or 1 when an audit
-    sink lost events."""
+    answers (one line on stderr when it is lost, one when it is back). `ProxyConfigError` when
+    no server starts, or for an HTTP address `run_proxy` refuses. Closes the gate's sinks on the
+    way out; returns 0, or 1 when an audit sink lost events."""
     if any(spec.name == agent for spec in servers):
         await gate.close()
         raise ProxyConfigError(f"the server name {agent!r} is the gateway's own agent scope: rename the server")
