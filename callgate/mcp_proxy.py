@@ -43,6 +43,13 @@ STARTUP_TIMEOUT_S = 30.0
 MIN_TOKEN_CHARS = 16
 """The shortest bearer token a tokens file may hold (a guessable token is no authentication)."""
 
+RECONNECT_FIRST_S = 0.5
+"""Under `--config`, how long after losing a server reached over HTTP the gateway first tries to
+reach it again; the wait doubles after each failed try, up to `RECONNECT_MAX_S`."""
+
+RECONNECT_MAX_S = 30.0
+"""The longest wait between two tries to reach again a server lost over HTTP."""
+
 STDIO_GRACE_S = 30.0
 """Over stdio, how long requests in flight at SIGINT/SIGTERM (or the end of stdin) have to finish
 before they are cancelled; a second signal cancels them at once."""
@@ -375,6 +382,36 @@ class _UpstreamNoise(logging.Filter):
         return not self.starting
 
 
+class _HttpNoise(logging.Filter):
+    """The SDK's complaints about the requests of a session with a server reached over HTTP, left
+    out while a server is being reached again (`reconnecting` names those servers), and its
+    complaint that a session closed with a server that restarted could not be ended there (the
+    server no longer knows it)."""
+
+    def __init__(self, reconnecting: set[str]) -> None:
+        super().__init__()
+        self.reconnecting = reconnecting
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.reconnecting and not record.getMessage().startswith("Session termination failed")
+
+
+_RECONNECTING = "reconnecting ("
+
+
+def _reconnecting(why: str | None) -> str:
+    """What a server lost over HTTP is, as its refused calls say it ("... is unavailable: ...")."""
+    return f"{_RECONNECTING}{_lost_reason(why)})"
+
+
+def _lost_reason(down: str | None) -> str:
+    """Why a server was lost, from what marked it down."""
+    said = down or "stopped serving"
+    if said.startswith(_RECONNECTING) and said.endswith(")"):
+        said = said[len(_RECONNECTING) : -1]
+    return said
+
+
 def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
@@ -556,9 +593,11 @@ async def run_gateway(
     streamable HTTP on `http` (authenticated as `run_proxy` does it, with `tokens` and `oauth`),
     until SIGINT/SIGTERM, stopping as `run_proxy` does. A server that cannot start (within
     `startup_timeout_s`) or stops later is reported on stderr (one line) and its tools answer an
-    error; the others serve on. `ProxyConfigError` when no server starts, or for an HTTP address
-    `run_proxy` refuses. Closes the gate's sinks on the way out; returns 0, or 1 when an audit
-    sink lost events."""
+    error; the others serve on. A server reached over HTTP (`url`) that stops later is tried
+    again (after `RECONNECT_FIRST_S`, doubling up to `RECONNECT_MAX_S`) and served again once it
+    answers (one line on stderr when it is lost, one when it is back). `ProxyConfigError` when
+    no server starts, or for an HTTP address `run_proxy` refuses. Closes the gate's sinks on the
+    way out; returns 0, or 1 when an audit sink lost events."""
     if any(spec.name == agent for spec in servers):
         await gate.close()
         raise ProxyConfigError(f"the server name {agent!r} is the gateway's own agent scope: rename the server")
@@ -651,9 +690,27 @@ async def _serve(gate: Gate, servers: Sequence[UpstreamSpec], form: _Form, serve
     noise = _UpstreamNoise()
     stdio_log = logging.getLogger("mcp.client.stdio")
     stdio_log.addFilter(noise)
+    # A server reached over HTTP that is lost is tried again (see `keep`); meanwhile the SDK's
+    # complaints about its failing requests are left out (one line says it is lost, one it is back).
+    reconnecting: set[str] = set()
+    http_log = logging.getLogger("mcp.client.streamable_http")
+    http_noise = _HttpNoise(reconnecting)
+    http_log.addFilter(http_noise)
+    gone: dict[str, anyio.Event] = {}
+    """Per server reached over HTTP under `--config` and serving: set when it is marked down."""
 
     def said_down(member: Member) -> None:
         print(f"callgate mcp-proxy: server {member.name} {member.down}", file=sys.stderr, flush=True)
+
+    def on_down(member: Member) -> None:
+        event = gone.get(member.name)
+        if event is None:
+            said_down(member)
+            return
+        # `keep` reaches the server again; its calls are refused until then.
+        reconnecting.add(member.name)
+        member.down = _reconnecting(member.down)
+        event.set()
 
     starting = True
 
@@ -676,6 +733,8 @@ async def _serve(gate: Gate, servers: Sequence[UpstreamSpec], form: _Form, serve
             elif gateway is not None:
                 gateway.mark_down(member, f"stopped serving: {said}")
             return
+        if member.down is not None:
+            return  # the server itself is lost: one line said so
         whose = "" if single else f" with server {member.name}"
         print(f"callgate mcp-proxy: a client's upstream session{whose} stopped serving: {said}", file=sys.stderr)
 
@@ -713,6 +772,9 @@ async def _serve(gate: Gate, servers: Sequence[UpstreamSpec], form: _Form, serve
         relay = member.relay = McpRelay(member.toolset)
         member.connect = connect
         started = False
+        lost_as: str | None = None
+        """Why a server reached over HTTP under `--config` stopped serving (it is then reached again)."""
+        reconnects = spec.url is not None and not single
         try:
             # The deadline covers the handshake and the first listing, and is lifted once served.
             with anyio.CancelScope(deadline=anyio.current_time() + form.startup_timeout_s) as startup:
@@ -736,8 +798,14 @@ async def _serve(gate: Gate, servers: Sequence[UpstreamSpec], form: _Form, serve
                     await built.wait()
                     if member.proxy is not None:
                         await following.start(member.proxy.follow_lists)
+                    if reconnects and member.proxy is not None and member.down is None:
+                        ended = gone[spec.name] = anyio.Event()
+                    else:
+                        ended = anyio.Event()  # never set: serving ends by cancellation
                     followed.set()
-                    await anyio.sleep_forever()
+                    await ended.wait()
+                    following.cancel_scope.cancel()
+                    lost_as = member.down
             if startup.cancelled_caught and not started:
                 said = f"did not answer as an MCP server within {form.startup_timeout_s:g} s"
                 if single:
@@ -748,6 +816,8 @@ async def _serve(gate: Gate, servers: Sequence[UpstreamSpec], form: _Form, serve
             if not started:
                 program = spec.command[0] if spec.command else command
                 report(member, _startup_failure(command, program, exc, noise.unparsed))
+            elif spec.name in gone:
+                lost_as = member.down or f"stopped serving: {_upstream_lost(exc) or type(exc).__name__}"
             elif single:
                 # The single form's server went away: serving stops as at a signal, then exit 1;
                 # any other error is a fault of the proxy itself, which keeps its traceback.
@@ -764,6 +834,64 @@ async def _serve(gate: Gate, servers: Sequence[UpstreamSpec], form: _Form, serve
                 member.scope = gate.agent(spec.name, tools=[], identity=run)
             ready.set()
             followed.set()
+        if lost_as is not None:
+            await reach_again(member, spec, lost_as, transport)
+
+    async def reach_again(member: Member, spec: UpstreamSpec, why: str, transport: Any) -> None:
+        # A server reached over HTTP under `--config` was lost: its calls are refused (it is down,
+        # "reconnecting") while it is tried again, waiting RECONNECT_FIRST_S, doubling up to
+        # RECONNECT_MAX_S. Once it answers, the gateway's new session with it lists its tools
+        # again, every client's next request opens a new session of its own, and the clients hear
+        # that the lists changed. Lost again, it is tried again the same way.
+        from interceptor_core.integrations.mcp import upstream_client
+
+        proxy, relay = member.proxy, member.relay
+        assert proxy is not None
+        assert relay is not None
+        delay = RECONNECT_FIRST_S
+        why = _lost_reason(why)
+        while True:
+            reconnecting.add(member.name)
+            member.down = _reconnecting(why)
+            said = why.removeprefix("stopped serving: ")
+            print(f"callgate mcp-proxy: server {member.name} lost ({said}): reconnecting", file=sys.stderr, flush=True)
+            while True:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                ended = gone[spec.name] = anyio.Event()
+                serving_again = False
+                try:
+                    with anyio.CancelScope(deadline=anyio.current_time() + form.startup_timeout_s) as attempt:
+                        async with (
+                            upstream_client(transport(), None, **relay.client_options()) as client,
+                            anyio.create_task_group() as following,
+                        ):
+                            member.toolset.bind(client)
+                            await member.toolset.refresh()
+                            await following.start(member.toolset.follow)
+                            await following.start(proxy.follow_lists)
+                            attempt.deadline = math.inf
+                            serving_again = True
+                            member.down = None
+                            reconnecting.discard(member.name)
+                            await proxy.reopened()
+                            count = len(member.toolset.tools)
+                            tools = "tool" if count == 1 else "tools"
+                            print(
+                                f"callgate mcp-proxy: server {member.name} is back ({count} {tools})",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+                            delay = RECONNECT_FIRST_S
+                            await ended.wait()
+                            following.cancel_scope.cancel()
+                except Exception as exc:
+                    if serving_again and member.down is None:
+                        assert gateway is not None
+                        gateway.mark_down(member, f"stopped serving: {_upstream_lost(exc) or type(exc).__name__}")
+                if serving_again:
+                    why = _lost_reason(member.down)
+                    break
 
     async def stop_on_signals() -> None:
         nonlocal signalled
@@ -808,7 +936,7 @@ async def _serve(gate: Gate, servers: Sequence[UpstreamSpec], form: _Form, serve
                         own if own is not None else gate.agent(form.agent, tools=[], identity=run),
                         name=f"callgate:{gate.name}",
                         run=run_for if served.auth else run,
-                        on_down=None if single else said_down,
+                        on_down=None if single else on_down,
                         on_link_lost=link_lost,
                         prefixed=not single,
                     )
@@ -849,6 +977,7 @@ async def _serve(gate: Gate, servers: Sequence[UpstreamSpec], form: _Form, serve
         lost = said
     finally:
         stdio_log.removeFilter(noise)
+        http_log.removeFilter(http_noise)
         await gate.close()
     if lost is not None:
         # The gate is closed and its sinks flushed: every call made so far is recorded.

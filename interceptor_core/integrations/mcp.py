@@ -1443,6 +1443,36 @@ class McpProxy(_GatedServer):
                 if isinstance(event, PromptsListChanged | ResourcesListChanged):
                     await self._bus.publish(event)
 
+    async def reopened(self) -> None:
+        """After the toolset was bound to a new session with the upstream (the old one was lost):
+        every client's own upstream session (a session with the server as it was) is closed, so
+        each client's next request opens a new one, and every client that hears list changes is
+        told that the tools, resources and prompts lists changed."""
+        for client in self._clients.values():
+            if client.link is not None:
+                client.link.closing.set()
+                client.link = None
+        caps = self._upstream_caps
+        changes: list[Any] = [ToolsListChanged()]
+        notes: list[Any] = []
+        if caps.resources is not None and caps.resources.list_changed:
+            changes.append(ResourcesListChanged())
+            notes.append(types.ResourceListChangedNotification())
+        if caps.prompts is not None and caps.prompts.list_changed:
+            changes.append(PromptsListChanged())
+            notes.append(types.PromptListChangedNotification())
+        for change in changes:
+            await self._bus.publish(change)
+        for client in list(self._clients.values()):
+            if client.last.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                continue  # (heard on its listen stream)
+            try:
+                await client.last.session.send_tool_list_changed()
+                for note in notes:
+                    await client.last.session.send_notification(note)
+            except Exception:  # a client that went away must not stop the others hearing of it
+                log.debug("could not notify an MCP client of list changes", exc_info=True)
+
     async def _announce(self, _new: list[Tool[Any, Any]]) -> None:
         await self._bus.publish(ToolsListChanged())
         for client in list(self._clients.values()):

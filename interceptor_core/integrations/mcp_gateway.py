@@ -26,7 +26,9 @@ COMMAND`). Otherwise (`mcp-proxy --config`):
   listen streams); else the initialize handshake, as the single form does for such a server.
 - A server that fails to start or stops serving is marked down: calls of its tools answer a tool
   error naming the server and its trouble, with one `ToolDenied` event in its scope; the other
-  servers keep serving.
+  servers keep serving. `on_down` hears of it; whoever serves the gateway may bring the server
+  back (`callgate mcp-proxy` does for a server reached over HTTP): bind its toolset to a new
+  session, call its proxy's `reopened()`, and clear `down`.
 - Over HTTP, a client's own session with a server that fails (the server ended it, or its
   connection broke) is that client's trouble alone: its request is answered with an error saying
   so (a call leaves its outcome event, or a `ToolDenied` when the gate never saw it), `on_link_lost`
@@ -280,19 +282,35 @@ class McpGateway(_GatedServer):
             assert member.proxy is not None
             if member.proxy.forget_link(ctx) and not link.done.is_set():
                 self._link_ended(member, ConnectionError(problem))
+            # The server itself may be gone (the gateway's own session says so): then it is down.
+            if await self._own_session_lost(member):
+                return self._down_message(member)
             return (
                 f"MCP server {member.name!r} ended this client's session with it ({problem}): "
                 "the next request opens a new session"
             )
+        await self._own_session_lost(member)
+        return self._down_message(member) if member.down is not None else None
+
+    async def _own_session_lost(self, member: Member) -> bool:
+        """Whether the gateway's own session with `member` is lost (the server is then marked
+        down): a ping that finds its connection closed, or that the server answers with an error
+        other than not knowing the method (a server answers every ping of a session it serves; a
+        server reached over HTTP that restarted answers one of a session it no longer knows with
+        404). A ping not answered within its timeout leaves the server up."""
+        if member.down is not None:
+            return True
         with anyio.move_on_after(_PING_TIMEOUT_S):
             try:
                 await member.upstream().send_ping()
             except MCPError as exc:
                 if exc.error.code == types.CONNECTION_CLOSED:
                     self.mark_down(member, "stopped serving: its connection closed")
+                elif exc.error.code != types.METHOD_NOT_FOUND:
+                    self.mark_down(member, f"stopped serving: its session ended ({_bounded(exc.error.message)})")
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
                 self.mark_down(member, f"stopped serving: its connection closed ({type(exc).__name__})")
-        return self._down_message(member) if member.down is not None else None
+        return member.down is not None
 
     def _serving(self) -> list[Member]:
         return [m for m in self.members.values() if m.down is None and m.scope is not None]

@@ -3,11 +3,13 @@
 It reports the HTTP headers it receives: the tool `request_headers` answers (as JSON) the headers
 of the HTTP request that carried the call (`this`) and those of every HTTP request made to it so
 far (`every`). Its resource template `headers://{name}` completes `name` with `helper:` and the
-value typed, so a test can tell which server answered a completion. It binds a free port and
-writes it as the first line on stdout.
+value typed, so a test can tell which server answered a completion. It binds a free port (or
+$HEADERS_PORT, which it may take again right after a killed server held it) and writes it as the
+first line on stdout.
 """
 
 import json
+import os
 import socket
 import sys
 from typing import Any
@@ -55,7 +57,8 @@ def recording(app: Any) -> Any:
 
 async def main() -> None:
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", int(os.environ.get("HEADERS_PORT", "0"))))
     sock.listen(128)
     print(sock.getsockname()[1], flush=True)
     config = uvicorn.Config(recording(server.streamable_http_app()), log_level="warning")

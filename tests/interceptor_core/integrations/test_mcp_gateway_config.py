@@ -4,12 +4,14 @@ the Python server of `mcp_headers_server.py`, reached as a `url:` entry with `he
 gateway process (with `--tokens` and `--jwt-jwks` both) and one HTTP server process serve the
 whole module: completions of resource templates reach the server that owns the template, the
 configured headers reach the HTTP server (and the client's own bearer token does not), and only
-authenticated clients are served, each as the principal its token names. Last, headers HTTP could
-not carry as written are refused when the file is read, without showing their values."""
+authenticated clients are served, each as the principal its token names; the HTTP server killed
+and started again on its port is served again by itself. Last, headers HTTP could not carry as
+written are refused when the file is read, without showing their values."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import jwt
 import mcp_types as types
@@ -39,6 +42,7 @@ from .test_mcp import DEADLINE_S, read_events, text_of
 from .test_mcp_gateway import direct_params, everything, wait_for_line
 from .test_mcp_proxy import free_port
 from .test_mcp_proxy_hostile import bearer, post_status
+from .test_mcp_proxy_servers import stderr_says
 
 __all__ = ["everything"]  # the session fixture that installs server-everything
 
@@ -97,24 +101,52 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+@dataclass
+class HttpServer:
+    """The headers server of the module, on a port it keeps when it is started again."""
+
+    port: int
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> None:
+        """Start it, and return once it listens (it says its port on a line of its own)."""
+        line = f"{self.port}\n"
+        before = self.log.read_text().count(line)
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, str(HERE / "mcp_headers_server.py")],
+                env={**os.environ, "HEADERS_PORT": str(self.port)},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+            )
+        deadline = time.monotonic() + DEADLINE_S
+        while self.log.read_text().count(line) == before:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the headers server did not start (exit {self.process.poll()}):\n{self.log.read_text()}")
+            time.sleep(0.05)  # sleep-ok: polling a file another process writes, with a deadline
+
+
 @pytest.fixture(scope="module")
-def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The URL of the headers server, started for the module."""
-    log = tmp_path_factory.mktemp("http-server") / "server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, str(HERE / "mcp_headers_server.py")], stdin=subprocess.DEVNULL, stdout=out, stderr=out
-        )
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    """The headers server, started for the module."""
+    server = HttpServer(free_port(), tmp_path_factory.mktemp("http-server") / "server.log")
+    server.log.touch()
     try:
-        wait_for_line(log, "\n", process)
-        port = int(log.read_text().splitlines()[0])
-        yield f"http://127.0.0.1:{port}/mcp"
+        server.start()
+        yield server
     finally:
-        stop(process)
+        if server.process is not None:
+            stop(server.process)
 
 
 @pytest.fixture(scope="module")
-def stack(everything: Path, http_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(everything: Path, http_server: HttpServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The gateway over HTTP on 127.0.0.1 with a tokens file and an issuer's JWKS, fronting the
     headers server (first in the config) and server-everything, for the module."""
     tmp = tmp_path_factory.mktemp("gateway")
@@ -124,7 +156,7 @@ def stack(everything: Path, http_server: str, tmp_path_factory: pytest.TempPathF
     (tmp / "tokens.txt").write_text(TOKENS)
     (tmp / "policy.yaml").write_text(POLICY)
     servers = [
-        {"name": "remote", "url": http_server, "headers": HEADERS},
+        {"name": "remote", "url": http_server.url, "headers": HEADERS},
         {"name": "everything", "command": ["node", str(everything), "stdio"]},
     ]
     (tmp / "servers.yaml").write_text(yaml.safe_dump({"servers": servers}))
@@ -250,6 +282,57 @@ async def test_the_issuers_tokens_are_served_as_their_subject(stack: Stack) -> N
     assert ("carol", "globex", "everything__echo", "everything") in uses
     authenticated_only(found)
     assert "Traceback" not in stack.stderr.read_text()
+
+
+async def test_the_http_server_restarted_is_served_again(stack: Stack, http_server: HttpServer) -> None:
+    """The HTTP server is killed and started again on its port while the gateway serves it beside
+    server-everything: the gateway hears at once that its session with it ended (its listen stream
+    ends) and says so on stderr; meanwhile its calls are refused with a `ToolDenied` in its scope
+    and server-everything serves on; once it is back (one line on stderr) the gateway has a new
+    session with it, the client hears that the tools list changed, and its calls are served, with
+    the configured headers, and recorded."""
+    changes: list[str] = []
+
+    async def heard(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changes.append("tools")
+
+    http = create_mcp_http_client(headers=bearer(ALICE))
+    async with http, Client(streamable_http_client(stack.url, http_client=http), message_handler=heard) as client:
+        assert not (await client.call_tool("remote__request_headers", {})).is_error
+        assert http_server.process is not None
+        http_server.process.kill()
+        http_server.process.wait()
+        await stderr_says(stack.stderr, "server remote lost (")
+        refused = await client.call_tool("remote__request_headers", {})
+        echoed = await client.call_tool("everything__echo", {"message": "meanwhile"})
+        http_server.start()
+        await stderr_says(stack.stderr, "server remote is back")
+        with anyio.fail_after(DEADLINE_S):
+            while not changes:
+                await anyio.sleep(0.05)  # sleep-ok: polling what the client heard, with a deadline
+        again = await client.call_tool("remote__request_headers", {})
+    assert refused.is_error
+    assert "MCP server 'remote' is unavailable: reconnecting" in text_of(refused)
+    assert "meanwhile" in text_of(echoed)
+    assert not again.is_error, text_of(again)
+    seen = json.loads(text_of(again))
+    assert seen["this"]["x-callgate-test"] == "configured value"
+    said = await anyio.Path(stack.stderr).read_text()
+    assert said.count("server remote lost (") == 1
+    assert said.count("server remote is back") == 1
+    assert "server everything" not in said
+
+    def served_again(evs: list[Any]) -> bool:
+        kinds = [e.type for e in evs if e.tool == "remote__request_headers"]
+        return "ToolDenied" in kinds and kinds[-1] == "ToolUse"
+
+    found = stack.events_until(served_again)
+    calls = [(e.type, getattr(e, "outcome", None), e.agent) for e in found if e.tool == "remote__request_headers"]
+    assert calls[-3:] == [("ToolUse", "ok", "remote"), ("ToolDenied", None, "remote"), ("ToolUse", "ok", "remote")]
+    assert ("ToolUse", "ok", "everything") in [
+        (e.type, getattr(e, "outcome", None), e.agent) for e in found if e.tool == "everything__echo"
+    ]
 
 
 SECRET = "s3cret-value-0123456789"  # noqa: S105 - a test value

@@ -2,7 +2,8 @@
 instances of `@modelcontextprotocol/server-everything`, the Python files server of
 `mcp_upstream.py`, and a server whose command does not exist). Names are prefixed per server,
 calls reach the server they name, each server has its own agent scope a policy can target, and a
-server that fails or dies is refused on its own tools (with an event) while the others serve on."""
+server that fails or dies is refused on its own tools (with an event) while the others serve on;
+one reached over HTTP that is killed and started again is served again by itself."""
 
 from __future__ import annotations
 
@@ -599,3 +600,89 @@ async def test_a_server_reached_over_http_ends_one_clients_session(setup: Setup,
     # The lost call: failed through the gate, or refused before it when the session's end was
     # heard first.
     assert [c for c in calls if c != ("ToolUse", "ok")] in ([("ToolUse", "error")], [("ToolDenied", None)])
+
+
+def start_remote(setup: Setup, port: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        remote = subprocess.Popen(
+            ["node", str(setup.everything), "streamableHttp"],
+            env={**os.environ, "PORT": str(port)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return remote
+
+
+async def stderr_says(path: Path, text: str, count: int = 1) -> None:
+    """Return once `path` holds `text` `count` times (a deadline bounds the wait)."""
+    with anyio.fail_after(DEADLINE_S):
+        while (await anyio.Path(path).read_text()).count(text) < count:
+            await anyio.sleep(0.05)  # sleep-ok: polling a file another process writes, with a deadline
+
+
+async def test_a_server_reached_over_http_that_restarts_comes_back(setup: Setup, tmp_path: Path) -> None:
+    """A `url:` entry of the handshake era (server-everything over streamable HTTP, on a fixed
+    port) is killed while the gateway serves it beside the files server, with an SDK client over
+    stdio (which has its own session with it): the call that finds it gone fails, the gateway says
+    on stderr it is lost and refuses its calls with an event while the files server serves on;
+    started again on the same port, it is reached again by itself (one stderr line), the client
+    hears that the tools list changed, and its calls are served and recorded in its scope."""
+    port = free_port()
+    log = tmp_path / "remote.log"
+    remote = start_remote(setup, port, log)
+    try:
+        wait_for_line(log, "listening on port", remote)
+        servers = [
+            {"name": "remote", "url": f"http://127.0.0.1:{port}/mcp"},
+            {"name": "files", "command": [sys.executable, str(UPSTREAM)], "env": {"UPSTREAM_ROOT": str(setup.root)}},
+        ]
+        setup.config.write_text(yaml.safe_dump({"servers": servers}))
+        changes: list[str] = []
+
+        async def heard(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                changes.append("tools")
+
+        env = {**os.environ, "PYTHONPATH": str(HERE)}
+        params = StdioServerParameters(command=sys.executable, args=setup.args(), env=env)
+        stderr = setup.stderr
+        with stderr.open("w") as errlog:
+            client_of = Client(stdio_client(params, errlog=errlog), message_handler=heard)
+            async with client_of as client:
+                assert not (await client.call_tool("remote__echo", {"message": "before"})).is_error
+                remote.send_signal(signal.SIGKILL)
+                remote.wait()
+                # The call that finds the server gone fails; the gateway then knows it is away.
+                failed = await client.call_tool("remote__echo", {"message": "lost"})
+                await stderr_says(stderr, "server remote lost (")
+                refused = await client.call_tool("remote__echo", {"message": "away"})
+                written = await client.call_tool("files__write_file", {"path": "during.txt", "text": "on"})
+                remote = start_remote(setup, port, log)
+                await stderr_says(stderr, "server remote is back")
+                again = await client.call_tool("remote__echo", {"message": "again"})
+                with anyio.fail_after(DEADLINE_S):
+                    while not changes:
+                        await anyio.sleep(0.05)  # sleep-ok: polling what the client heard, with a deadline
+    finally:
+        if remote.poll() is None:
+            remote.kill()
+            remote.wait()
+    assert failed.is_error
+    assert refused.is_error
+    assert "MCP server 'remote' is unavailable: reconnecting" in text_of(refused)
+    assert not written.is_error
+    assert (setup.root / "during.txt").read_text() == "on"
+    assert "again" in text_of(again)
+    assert not again.is_error
+    lines = await anyio.Path(stderr).read_text()
+    assert lines.count("server remote lost (") == 1
+    assert lines.count("server remote is back") == 1
+    assert "server files" not in lines
+    found = setup.events_until(lambda evs: sum(e.tool == "remote__echo" for e in evs) >= 4)
+    calls = [(e.type, getattr(e, "outcome", None)) for e in found if e.tool == "remote__echo"]
+    assert {e.agent for e in found if e.tool == "remote__echo"} == {"remote"}
+    assert calls[0] == ("ToolUse", "ok")
+    assert calls[1] in (("ToolUse", "error"), ("ToolDenied", None))
+    assert calls[2:] == [("ToolDenied", None), ("ToolUse", "ok")]
+    assert [(e.type, e.outcome) for e in found if e.tool == "files__write_file"] == [("ToolUse", "ok")]
