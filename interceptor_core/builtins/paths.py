@@ -8,7 +8,9 @@ itself a symlink is compared by its target.
 A path that tools read differently is refused before it is resolved: a NUL byte (the system call
 ends the path there), a lone surrogate (no text; CEL cannot hold it either), a leading `~` (shells,
 `os.path.expanduser` and file servers such as MCP's filesystem server read it as a home
-directory), a backslash where `/` is the separator (a separator to Windows and to tools that
+directory), blanks or quotes at either end (tools trim them: MCP's filesystem server, `str.strip()`,
+shells), a drive letter (`C:`) or a `file:` URI where `/` is the separator (a root of its own to
+Windows and to tools that take URIs), a backslash there (a separator to Windows and to tools that
 normalize it), and look-alikes of `/`, `\\` and `.` that Unicode normalization (NFKC) turns into
 them or that Unicode lists as confusable with them (`／`, `＼`, `．`, `∕`, ...).
 """
@@ -35,6 +37,10 @@ _LOOKALIKES = (
 )
 _READ_DIFFERENTLY = _LOOKALIKES + ("\\" if os.sep == "/" else "")
 _UNREADABLE = re.compile("[\0\ud800-\udfff" + re.escape(_READ_DIFFERENTLY) + "]")
+_QUOTES = "'\""
+_ROOTED_ELSEWHERE = re.compile(r"[A-Za-z]:|file:", re.IGNORECASE) if os.sep == "/" else None
+# "C:/x" and "file:///etc/x" are relative names here, but a drive or a URI to Windows and to tools
+# that take URIs (the path may be used on another machine than the one checking it).
 
 Roots: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """One root directory, or a sequence of them."""
@@ -51,10 +57,11 @@ def within(path: Any, roots: Roots, *, base: str | os.PathLike[str] | None = Non
 
     Never raises for `path`, which is the model's: anything but a str or `os.PathLike` of str (bytes,
     None, a number, a nested list), and a path tools read differently (see this module's docstring:
-    a NUL byte, a lone surrogate, a leading `~`, a backslash, a look-alike of `/`, `\\` or `.`) is
-    False. Raises `TypeError` or `ValueError` for a bad `roots` or `base`: no roots, a root that is
-    not a str or path, an empty root, a NUL byte or lone surrogate, a root starting with `~` (never
-    expanded). Calls `os.path.realpath` (file-system metadata reads); blocks on them.
+    a NUL byte, a lone surrogate, a leading `~`, blanks or quotes at either end, a drive letter or
+    `file:`, a backslash, a look-alike of `/`, `\\` or `.`) is False. Raises `TypeError` or
+    `ValueError` for a bad `roots` or `base`: no roots, a root that is not a str or path, an empty
+    root, a NUL byte or lone surrogate, a root starting with `~` (never expanded). Calls
+    `os.path.realpath` (file-system metadata reads); blocks on them.
 
     The answer holds when it is given: a symlink created between the check and the tool's own use of
     the path is not seen. A tool working in a tree others can write should open with `O_NOFOLLOW`
@@ -209,6 +216,15 @@ def _unreadable(path: object) -> str | None:
         )
     if path.startswith("~"):
         return "starts with '~', which shells and many tools read as a home directory: write the path in full"
+    if path != path.strip():
+        return "starts or ends with a blank (a space, tab or line break), which many tools strip: remove it"
+    if path and (path[0] in _QUOTES or path[-1] in _QUOTES):
+        return "starts or ends with a quote, which some tools strip: send the path without quotes"
+    if _ROOTED_ELSEWHERE is not None and _ROOTED_ELSEWHERE.match(path):
+        return (
+            "starts with a drive letter or 'file:', a root of its own to Windows and to tools taking URIs: "
+            "write the path as this system does"
+        )
     return None
 
 

@@ -182,6 +182,30 @@ class TestWithin:
         data = str(tree / "data")
         assert not within(path.format(data=data), [data])
 
+    @pytest.mark.parametrize(
+        "path",
+        [
+            " /etc/passwd",
+            "\t../precious.txt",
+            "..\u3000",
+            "../precious.txt\n",
+            "'/etc/passwd'",
+            '"../precious.txt"',
+            "'../precious.txt",
+            "C:/Windows/win.ini",
+            "c:..",
+            "file:///etc/passwd",
+            "FILE:../precious.txt",
+        ],
+    )
+    def test_blanks_or_quotes_at_an_end_a_drive_or_a_file_uri_are_refused(self, tree: Path, path: str) -> None:
+        """Each is a name inside the base to POSIX; trimmed (MCP's filesystem server, `str.strip()`), on
+        Windows or to a tool taking URIs it leaves the root. Refused, and the empty path still is the base."""
+        data = str(tree / "data")
+        assert not within(path, [data], base=data)
+        assert within("", [data], base=data)
+        assert within("a b/'q'.txt", [data], base=data)
+
     def test_every_character_nfkc_turns_into_a_separator_or_dots_is_refused(self, tree: Path) -> None:
         """The look-alike list is complete against this Python's Unicode database."""
         data = str(tree / "data")
@@ -410,6 +434,9 @@ class TestPathsWithin:
             ("~/notes.txt", "starts with '~', which shells and many tools read as a home directory"),
             ("..\\precious.txt", "holds a backslash, a separator to Windows and to some tools"),
             ("\uff0e\uff0e/precious.txt", "holds U+FF0E (fullwidth full stop), which some tools turn into"),
+            (" /etc/passwd", "starts or ends with a blank (a space, tab or line break), which many tools strip"),
+            ("'/etc/passwd'", "starts or ends with a quote, which some tools strip"),
+            ("C:/Windows/win.ini", "starts with a drive letter or 'file:', a root of its own to Windows"),
         ],
     )
     async def test_a_path_tools_read_differently_is_denied_with_what_to_write(
