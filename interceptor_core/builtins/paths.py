@@ -3,7 +3,9 @@
 A path is judged where the operating system would take it: joined to a base directory when
 relative, then resolved by `os.path.realpath`, which follows every symlink that exists and
 normalizes `.`, `..` and repeated separators. A root is resolved the same way, so a root that is
-itself a symlink is compared by its target.
+itself a symlink is compared by its target. A path holding `..` must also be inside when its `..`
+are taken off the name before links are followed, as `os.path.abspath`, Node's `path.resolve` and
+MCP's filesystem server do: after a link the two readings part (`link/../..`).
 
 A path that tools read differently is refused before it is resolved: a NUL byte (the system call
 ends the path there), a lone surrogate (no text; CEL cannot hold it either), a leading `~` (shells,
@@ -130,9 +132,16 @@ class PathsWithin:
                         f"inside {', '.join(map(repr, self.roots))}."
                     )
                 if roots is None or not _one_within(value, roots, self._base):
+                    allowed = ", ".join(map(repr, self.roots))
+                    if roots is not None and isinstance(value, str) and _inside(_resolve(value, self._base), roots):
+                        return Deny(
+                            f"{tool}: argument {field!r} is {shown(value)}, which holds '..' after a symbolic link: "
+                            "the kernel takes it to the parent of the link's target, tools that normalize the path "
+                            f"first outside the directories this tool may use ({allowed}). Write it without '..'."
+                        )
                     return Deny(
                         f"{tool}: argument {field!r} is {shown(value)}, which is outside the directories "
-                        f"this tool may use ({', '.join(map(repr, self.roots))}). Use a path inside one of them."
+                        f"this tool may use ({allowed}). Use a path inside one of them."
                     )
         return None
 
@@ -188,13 +197,24 @@ def _resolved_roots(roots: tuple[str, ...], base: str | None) -> tuple[str, ...]
     return tuple(resolved)
 
 
-def _resolve(path: str, base: str | None) -> str | None:
+def _resolve(path: str, base: str | None, *, lexical: bool = False) -> str | None:
+    """`path` joined to `base` and resolved as the kernel does; with `lexical`, its `..` taken off the
+    name first (`os.path.abspath`, Node's `path.resolve`, MCP's filesystem server), then links followed."""
     try:
         # os.path.join drops the base before an absolute path; realpath makes a relative base absolute.
         joined = os.path.join(os.getcwd() if base is None else base, path)
-        return os.path.normcase(os.path.realpath(joined))
+        return os.path.normcase(os.path.realpath(os.path.abspath(joined) if lexical else joined))
     except (OSError, ValueError):
         return None
+
+
+def _inside(resolved: str | None, roots: tuple[str, ...]) -> bool:
+    if resolved is None:
+        return False
+    for root in roots:
+        if resolved == root or resolved.startswith(root if root.endswith(os.sep) else root + os.sep):
+            return True
+    return False
 
 
 def _unreadable(path: object) -> str | None:
@@ -236,10 +256,8 @@ def _one_within(path: object, roots: tuple[str, ...], base: str | None) -> bool:
             return False  # a broken __fspath__ names no path
     if not isinstance(path, str) or _unreadable(path) is not None:
         return False
-    resolved = _resolve(path, base)
-    if resolved is None:
+    if not _inside(_resolve(path, base), roots):
         return False
-    for root in roots:
-        if resolved == root or resolved.startswith(root if root.endswith(os.sep) else root + os.sep):
-            return True
-    return False
+    # After a link, `..` is the parent of the link's target to the kernel and the directory holding
+    # the link to a tool that normalizes the name first: both readings must be inside.
+    return ".." not in path.split(os.sep) or _inside(_resolve(path, base, lexical=True), roots)

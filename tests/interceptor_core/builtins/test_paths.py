@@ -102,6 +102,17 @@ class TestWithin:
         # Lexically data/jump/../notes.txt is data/notes.txt; the kernel opens elsewhere/notes.txt.
         assert not within(f"{data}/jump/../notes.txt", [data])
 
+    def test_dot_dot_after_a_symlink_must_be_inside_read_either_way(self, tree: Path) -> None:
+        """`deep/../../precious.txt`, deep a link to data/sub/deeper: the kernel stays in data, a tool that
+        normalizes the name first (os.path.abspath, Node's path.resolve) opens the protected file."""
+        (tree / "data" / "sub" / "deeper").mkdir()
+        (tree / "data" / "deep").symlink_to(tree / "data" / "sub" / "deeper")
+        data = str(tree / "data")
+        assert not within("deep/../../precious.txt", [data], base=data)
+        assert not within(f"{data}/deep/../../precious.txt", [data])
+        assert within("deep/../notes.txt", [data], base=data)
+        assert within("sub/../notes.txt", [data], base=data)
+
     def test_a_root_that_is_a_symlink_is_compared_by_its_target(self, tree: Path) -> None:
         """A root given through a link holds what its target holds, and paths named either way."""
         (tree / "link-to-data").symlink_to(tree / "data")
@@ -448,6 +459,17 @@ class TestPathsWithin:
         assert isinstance(decision, Deny)
         assert reason in decision.message
         assert f"This tool may use paths inside {data!r}" in decision.message
+
+    async def test_dot_dot_after_a_symlink_is_denied_with_what_to_write(self, tree: Path) -> None:
+        """Inside to the kernel, outside once normalized: the denial says to write the path without '..'."""
+        (tree / "data" / "sub" / "deeper").mkdir()
+        (tree / "data" / "deep").symlink_to(tree / "data" / "sub" / "deeper")
+        data = str(tree / "data")
+        path = "deep/../../precious.txt"
+        decision = await check_before(PathsWithin("path", [data], base=data), any_reader, {"path": path})
+        assert isinstance(decision, Deny)
+        assert "holds '..' after a symbolic link" in decision.message
+        assert "Write it without '..'." in decision.message
 
     async def test_only_matching_tools_are_checked(self, tree: Path) -> None:
         """A tool outside the `tools` globs is not checked; a matching one is."""
