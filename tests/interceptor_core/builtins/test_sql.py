@@ -383,6 +383,7 @@ class TestFunctions:
             ("SELECT * FROM data.csv.gz", "duckdb"),
             ('SELECT * FROM data."JSON"', "duckdb"),
             ("SELECT * FROM data.parquet", None),
+            ("SUMMARIZE 'data.csv'", "duckdb"),
         ],
     )
     def test_functions_with_effects_write_in_their_dialects(self, query: str, dialect: str) -> None:
