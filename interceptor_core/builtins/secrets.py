@@ -544,8 +544,9 @@ def _is_placeholder(span: str) -> bool:
 
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _BASE64_BLOCK = re.compile(
-    r"(?m)^[ \t]*[A-Za-z0-9+/_-]{16,}={0,2}[ \t]*\r?\n(?:[ \t]*[A-Za-z0-9+/_-]+={0,2}[ \t]*(?:\r?\n|\Z))+"
+    r"(?m)^[ \t]*[A-Za-z0-9+/_-]+={0,2}[ \t]*\r?\n(?:[ \t]*[A-Za-z0-9+/_-]+={0,2}[ \t]*(?:\r?\n|\Z))+"
 )
+# Lines of any width: base64 wrapped at 8 characters (or 1) is still one run across its lines.
 _URLSAFE = str.maketrans("-_", "+/")
 _HEX_RUN = re.compile(r"[0-9A-Fa-f]{16,}")
 _HEX_GROUPS = (

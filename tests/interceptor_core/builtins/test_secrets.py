@@ -172,6 +172,12 @@ class TestHardToRead:
         for dash in ("\u2011", "\u2013", "\u2212"):
             assert has_secrets(dash.join(["card 4111", "1111", "1111", "1111"]))
 
+    @pytest.mark.parametrize("width", [1, 4, 8])
+    def test_base64_wrapped_in_short_lines_is_read_across_them(self, width: int) -> None:
+        """Base64 of a key, a few characters per line, is one run across the lines."""
+        encoded = base64.b64encode(AWS_KEY.encode()).decode()
+        assert has_secrets("\n".join(encoded[at : at + width] for at in range(0, len(encoded), width)))
+
     def test_a_secret_key_name_in_look_alike_letters_is_the_key_name(self) -> None:
         """A full-width or Cyrillic `password` map key marks its value as `password` does."""
         assert has_secrets({"\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44": "x9!Kq2#mZ"})
