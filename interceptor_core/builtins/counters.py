@@ -164,8 +164,9 @@ class InProcessCounter:
         self._lock = Lock()
         # (key, key value) -> tool -> timestamps, ascending.
         self._buckets: dict[tuple[str, str | None], dict[str, list[float]]] = {}
-        self._seen: set[str] = set()
-        self._seen_order: deque[tuple[float, str]] = deque()
+        # (call id, tool): an id is one call of one tool, as in Redis, where each tool has its own set.
+        self._seen: set[tuple[str, str]] = set()
+        self._seen_order: deque[tuple[float, tuple[str, str]]] = deque()
         self._matches: dict[tuple[str, str], bool] = {}
 
     @property
@@ -174,14 +175,15 @@ class InProcessCounter:
         return self._retention_s
 
     def record(self, tool: str, run: RunContext, call_id: str, at: float) -> None:
-        """File one call of `tool` under its tenant, principal, run and "global"; once per `call_id`."""
+        """File one call of `tool` under its tenant, principal, run and "global"; once per `call_id` and `tool`."""
         buckets = (("tenant", run.tenant), ("principal", run.principal), ("run", run.run_id), ("global", None))
         with self._lock:
             self._maybe_sweep()
-            if call_id in self._seen:
+            seen = (call_id, tool)
+            if seen in self._seen:
                 return
-            self._seen.add(call_id)
-            self._seen_order.append((at, call_id))
+            self._seen.add(seen)
+            self._seen_order.append((at, seen))
             for bucket in buckets:
                 tools = self._buckets.get(bucket)
                 if tools is None:

@@ -3,12 +3,16 @@
 A path is judged where the operating system would take it: joined to a base directory when
 relative, then resolved by `os.path.realpath`, which follows every symlink that exists and
 normalizes `.`, `..` and repeated separators. A root is resolved the same way, so a root that is
-itself a symlink is compared by its target.
+itself a symlink is compared by its target. A path holding `..` must also be inside when its `..`
+are taken off the name before links are followed, as `os.path.abspath`, Node's `path.resolve` and
+MCP's filesystem server do: after a link the two readings part (`link/../..`).
 
 A path that tools read differently is refused before it is resolved: a NUL byte (the system call
 ends the path there), a lone surrogate (no text; CEL cannot hold it either), a leading `~` (shells,
 `os.path.expanduser` and file servers such as MCP's filesystem server read it as a home
-directory), a backslash where `/` is the separator (a separator to Windows and to tools that
+directory), blanks or quotes at either end (tools trim them: MCP's filesystem server, `str.strip()`,
+shells), a drive letter (`C:`) or a `file:` URI where `/` is the separator (a root of its own to
+Windows and to tools that take URIs), a backslash there (a separator to Windows and to tools that
 normalize it), and look-alikes of `/`, `\\` and `.` that Unicode normalization (NFKC) turns into
 them or that Unicode lists as confusable with them (`／`, `＼`, `．`, `∕`, ...).
 """
@@ -35,6 +39,10 @@ _LOOKALIKES = (
 )
 _READ_DIFFERENTLY = _LOOKALIKES + ("\\" if os.sep == "/" else "")
 _UNREADABLE = re.compile("[\0\ud800-\udfff" + re.escape(_READ_DIFFERENTLY) + "]")
+_QUOTES = "'\""
+_ROOTED_ELSEWHERE = re.compile(r"[A-Za-z]:|file:", re.IGNORECASE) if os.sep == "/" else None
+# "C:/x" and "file:///etc/x" are relative names here, but a drive or a URI to Windows and to tools
+# that take URIs (the path may be used on another machine than the one checking it).
 
 Roots: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """One root directory, or a sequence of them."""
@@ -51,10 +59,11 @@ def within(path: Any, roots: Roots, *, base: str | os.PathLike[str] | None = Non
 
     Never raises for `path`, which is the model's: anything but a str or `os.PathLike` of str (bytes,
     None, a number, a nested list), and a path tools read differently (see this module's docstring:
-    a NUL byte, a lone surrogate, a leading `~`, a backslash, a look-alike of `/`, `\\` or `.`) is
-    False. Raises `TypeError` or `ValueError` for a bad `roots` or `base`: no roots, a root that is
-    not a str or path, an empty root, a NUL byte or lone surrogate, a root starting with `~` (never
-    expanded). Calls `os.path.realpath` (file-system metadata reads); blocks on them.
+    a NUL byte, a lone surrogate, a leading `~`, blanks or quotes at either end, a drive letter or
+    `file:`, a backslash, a look-alike of `/`, `\\` or `.`) is False. Raises `TypeError` or
+    `ValueError` for a bad `roots` or `base`: no roots, a root that is not a str or path, an empty
+    root, a NUL byte or lone surrogate, a root starting with `~` (never expanded). Calls
+    `os.path.realpath` (file-system metadata reads); blocks on them.
 
     The answer holds when it is given: a symlink created between the check and the tool's own use of
     the path is not seen. A tool working in a tree others can write should open with `O_NOFOLLOW`
@@ -123,9 +132,16 @@ class PathsWithin:
                         f"inside {', '.join(map(repr, self.roots))}."
                     )
                 if roots is None or not _one_within(value, roots, self._base):
+                    allowed = ", ".join(map(repr, self.roots))
+                    if roots is not None and isinstance(value, str) and _inside(_resolve(value, self._base), roots):
+                        return Deny(
+                            f"{tool}: argument {field!r} is {shown(value)}, which holds '..' after a symbolic link: "
+                            "the kernel takes it to the parent of the link's target, tools that normalize the path "
+                            f"first outside the directories this tool may use ({allowed}). Write it without '..'."
+                        )
                     return Deny(
                         f"{tool}: argument {field!r} is {shown(value)}, which is outside the directories "
-                        f"this tool may use ({', '.join(map(repr, self.roots))}). Use a path inside one of them."
+                        f"this tool may use ({allowed}). Use a path inside one of them."
                     )
         return None
 
@@ -181,13 +197,24 @@ def _resolved_roots(roots: tuple[str, ...], base: str | None) -> tuple[str, ...]
     return tuple(resolved)
 
 
-def _resolve(path: str, base: str | None) -> str | None:
+def _resolve(path: str, base: str | None, *, lexical: bool = False) -> str | None:
+    """`path` joined to `base` and resolved as the kernel does; with `lexical`, its `..` taken off the
+    name first (`os.path.abspath`, Node's `path.resolve`, MCP's filesystem server), then links followed."""
     try:
         # os.path.join drops the base before an absolute path; realpath makes a relative base absolute.
         joined = os.path.join(os.getcwd() if base is None else base, path)
-        return os.path.normcase(os.path.realpath(joined))
+        return os.path.normcase(os.path.realpath(os.path.abspath(joined) if lexical else joined))
     except (OSError, ValueError):
         return None
+
+
+def _inside(resolved: str | None, roots: tuple[str, ...]) -> bool:
+    if resolved is None:
+        return False
+    for root in roots:
+        if resolved == root or resolved.startswith(root if root.endswith(os.sep) else root + os.sep):
+            return True
+    return False
 
 
 def _unreadable(path: object) -> str | None:
@@ -209,6 +236,15 @@ def _unreadable(path: object) -> str | None:
         )
     if path.startswith("~"):
         return "starts with '~', which shells and many tools read as a home directory: write the path in full"
+    if path != path.strip():
+        return "starts or ends with a blank (a space, tab or line break), which many tools strip: remove it"
+    if path and (path[0] in _QUOTES or path[-1] in _QUOTES):
+        return "starts or ends with a quote, which some tools strip: send the path without quotes"
+    if _ROOTED_ELSEWHERE is not None and _ROOTED_ELSEWHERE.match(path):
+        return (
+            "starts with a drive letter or 'file:', a root of its own to Windows and to tools taking URIs: "
+            "write the path as this system does"
+        )
     return None
 
 
@@ -220,10 +256,8 @@ def _one_within(path: object, roots: tuple[str, ...], base: str | None) -> bool:
             return False  # a broken __fspath__ names no path
     if not isinstance(path, str) or _unreadable(path) is not None:
         return False
-    resolved = _resolve(path, base)
-    if resolved is None:
+    if not _inside(_resolve(path, base), roots):
         return False
-    for root in roots:
-        if resolved == root or resolved.startswith(root if root.endswith(os.sep) else root + os.sep):
-            return True
-    return False
+    # After a link, `..` is the parent of the link's target to the kernel and the directory holding
+    # the link to a tool that normalizes the name first: both readings must be inside.
+    return ".." not in path.split(os.sep) or _inside(_resolve(path, base, lexical=True), roots)

@@ -224,6 +224,7 @@ class _Scan:
                 key = item.key
                 if self.text_holds_secret(key):
                     return True
+                key = _normalize(key)  # a full-width or Cyrillic "pаssword" is still the key name
                 if redactor.is_secret_key(key) and _holds_anything(item.value):
                     return True
                 if (
@@ -397,6 +398,9 @@ def _holds_anything(value: Any) -> bool:
 _UNREADABLE = re.compile("[\x00\ud800-\udfff]")
 _ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _DROPPED = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Mn", "Me"})
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+# Drawn as nothing, yet letters or symbols rather than format characters: the Hangul fillers
+# (Unicode lists them as default-ignorable) and the blank Braille pattern.
 _KEPT = frozenset("\t\n\r")
 
 _LOOK_ALIKES: dict[int, str | None] = {
@@ -436,8 +440,10 @@ def _normalize(text: str) -> str:
         for char in set(text):
             if char > "\x7f":
                 kind = unicodedata.category(char)
-                if kind in _DROPPED:
+                if kind in _DROPPED or char in _BLANK_LETTERS:
                     table[ord(char)] = None
+                elif kind == "Pd" or char == "\u2212":
+                    table[ord(char)] = "-"  # Unicode hyphens, dashes and the minus sign, between card digits
                 elif kind == "Nd":
                     table[ord(char)] = str(unicodedata.decimal(char))  # Arabic-Indic, Devanagari, ... digits
             elif char not in _KEPT and (char < " " or char == "\x7f"):
@@ -538,8 +544,9 @@ def _is_placeholder(span: str) -> bool:
 
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _BASE64_BLOCK = re.compile(
-    r"(?m)^[ \t]*[A-Za-z0-9+/_-]{16,}={0,2}[ \t]*\r?\n(?:[ \t]*[A-Za-z0-9+/_-]+={0,2}[ \t]*(?:\r?\n|\Z))+"
+    r"(?m)^[ \t]*[A-Za-z0-9+/_-]+={0,2}[ \t]*\r?\n(?:[ \t]*[A-Za-z0-9+/_-]+={0,2}[ \t]*(?:\r?\n|\Z))+"
 )
+# Lines of any width: base64 wrapped at 8 characters (or 1) is still one run across its lines.
 _URLSAFE = str.maketrans("-_", "+/")
 _HEX_RUN = re.compile(r"[0-9A-Fa-f]{16,}")
 _HEX_GROUPS = (

@@ -131,6 +131,15 @@ _SYNTAX = _classes(
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _FILE_LIKE = re.compile(r"[./\\:]")
 # DuckDB reads a file named in place of a table (FROM 'x.csv', FROM "y.parquet"): a path, not a table.
+_FILE_EXTENSIONS = frozenset(
+    {"csv", "tsv", "parquet", "json", "jsonl", "ndjson", "gz", "gzip", "zst", "xlsx", "avro", "arrow", "db"}
+)
+# So does an unquoted dotted name that is no table (FROM x.csv, FROM x.csv.gz: the file of that
+# name): DuckDB joins the parts with dots and reads the file when the last part is a format it knows.
+_FILE_TABLES_IN = frozenset({None, "duckdb"})
+# The readers that refuse such a name: DuckDB's, and sqlglot's default rules (no dialect given).
+_SEQUENCE_STEPS = frozenset({"nextval"})
+# Oracle, Snowflake and MariaDB advance a sequence with a column-like `seq.nextval`.
 
 
 def sql_writes(query: Any, *, dialect: str | None = None, safe_functions: Sequence[str] = ()) -> bool:
@@ -250,6 +259,8 @@ class _Reader:
     """Whether `pg_catalog.` names the built-ins."""
     quoted_builtins: bool
     """Whether a quoted name ("lower") still calls the built-in of that name."""
+    dotted_files: bool
+    """Whether an unquoted dotted table name may name a file (DuckDB)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -266,7 +277,7 @@ def _readers(dialect: str | None) -> tuple[_Reader, ...]:
         reader = Dialect.get_or_raise(name)
         key = name.lower() if name is not None else None
         safe = _SAFE_BY_DIALECT.get(key, sql_functions.EVERY) if key is not None else sql_functions.EVERY
-        readers.append(_Reader(reader, safe, key == "postgres", key in _QUOTED_BUILTINS))
+        readers.append(_Reader(reader, safe, key == "postgres", key in _QUOTED_BUILTINS, key in _FILE_TABLES_IN))
     return tuple(readers)
 
 
@@ -312,6 +323,8 @@ def _write_in_dialect(query: str, reader: _Reader, safe: frozenset[str]) -> str 
             continue
         if not isinstance(statement, _READS + _READS_TOO):
             return _kind(statement) if isinstance(statement, _WRITES) else "statement that is not a query"
+        if isinstance(statement, _READS_TOO) and isinstance(statement.this, exp.Literal):
+            return "a file named in place of a table"  # DuckDB's SUMMARIZE 'x.csv' reads the file
         for node in statement.walk():
             if isinstance(node, exp.Func):
                 call = _unsafe_call(node, query, reader, safe)
@@ -322,8 +335,10 @@ def _write_in_dialect(query: str, reader: _Reader, safe: frozenset[str]) -> str 
                     return "locking read: FOR UPDATE or FOR SHARE"
                 if node.args.get("into"):
                     return "SELECT ... INTO"
-            elif isinstance(node, exp.Table) and _names_a_file(node):
+            elif isinstance(node, exp.Table) and _names_a_file(node, reader.dotted_files):
                 return "a file named in place of a table"
+            elif isinstance(node, exp.Column) and node.table and node.name.lower() in _SEQUENCE_STEPS:
+                return f"{node.name} of a sequence, which advances it"
             elif isinstance(node, exp.PropertyEQ) and not isinstance(node.this, exp.Identifier):
                 return "an assignment to a variable"
             elif isinstance(node, _WRITES):
@@ -388,11 +403,15 @@ def _qualifier(node: exp.Func) -> str | None:
     return ".".join(part.name if part.quoted else part.name.lower() for part in parts)
 
 
-def _names_a_file(table: exp.Table) -> bool:
+def _names_a_file(table: exp.Table, dotted_files: bool) -> bool:
     this = table.this
     if isinstance(this, exp.Literal):
         return True
-    return isinstance(this, exp.Identifier) and bool(this.quoted) and _FILE_LIKE.search(this.name) is not None
+    if not isinstance(this, exp.Identifier):
+        return False
+    if this.quoted and _FILE_LIKE.search(this.name) is not None:
+        return True
+    return dotted_files and bool(table.args.get("db")) and this.name.lower() in _FILE_EXTENSIONS
 
 
 def _kind(node: exp.Expression) -> str:

@@ -75,6 +75,15 @@ class CounterContract:
         assert counter.count("search", "tenant", ACME_U1, 3600, T0) == 1
         assert counter.count("search", "tenant", ACME_U1, 50, T0) == 0
 
+    def test_the_same_call_id_for_another_tool_is_another_call(self) -> None:
+        """An id is one call of one tool: another tool sending the same id (ids a framework or a model
+        repeats) is counted for that tool, never skipped."""
+        counter = self.make()
+        counter.record("search", ACME_U1, "call_0", T0)
+        counter.record("send_email", ACME_U1, "call_0", T0)
+        assert counter.count("send_email", "tenant", ACME_U1, 60, T0) == 1
+        assert counter.count("*", "global", ACME_U1, 60, T0) == 2
+
     def test_globs_match_tools_as_fnmatchcase_does(self) -> None:
         """A glob counts the calls of every tool it matches, case-sensitively; an exact name only its own."""
         counter = self.make()

@@ -102,6 +102,17 @@ class TestWithin:
         # Lexically data/jump/../notes.txt is data/notes.txt; the kernel opens elsewhere/notes.txt.
         assert not within(f"{data}/jump/../notes.txt", [data])
 
+    def test_dot_dot_after_a_symlink_must_be_inside_read_either_way(self, tree: Path) -> None:
+        """`deep/../../precious.txt`, deep a link to data/sub/deeper: the kernel stays in data, a tool that
+        normalizes the name first (os.path.abspath, Node's path.resolve) opens the protected file."""
+        (tree / "data" / "sub" / "deeper").mkdir()
+        (tree / "data" / "deep").symlink_to(tree / "data" / "sub" / "deeper")
+        data = str(tree / "data")
+        assert not within("deep/../../precious.txt", [data], base=data)
+        assert not within(f"{data}/deep/../../precious.txt", [data])
+        assert within("deep/../notes.txt", [data], base=data)
+        assert within("sub/../notes.txt", [data], base=data)
+
     def test_a_root_that_is_a_symlink_is_compared_by_its_target(self, tree: Path) -> None:
         """A root given through a link holds what its target holds, and paths named either way."""
         (tree / "link-to-data").symlink_to(tree / "data")
@@ -181,6 +192,30 @@ class TestWithin:
         reader of confusables some are '..' and '/'. Each is refused."""
         data = str(tree / "data")
         assert not within(path.format(data=data), [data])
+
+    @pytest.mark.parametrize(
+        "path",
+        [
+            " /etc/passwd",
+            "\t../precious.txt",
+            "..\u3000",
+            "../precious.txt\n",
+            "'/etc/passwd'",
+            '"../precious.txt"',
+            "'../precious.txt",
+            "C:/Windows/win.ini",
+            "c:..",
+            "file:///etc/passwd",
+            "FILE:../precious.txt",
+        ],
+    )
+    def test_blanks_or_quotes_at_an_end_a_drive_or_a_file_uri_are_refused(self, tree: Path, path: str) -> None:
+        """Each is a name inside the base to POSIX; trimmed (MCP's filesystem server, `str.strip()`), on
+        Windows or to a tool taking URIs it leaves the root. Refused, and the empty path still is the base."""
+        data = str(tree / "data")
+        assert not within(path, [data], base=data)
+        assert within("", [data], base=data)
+        assert within("a b/'q'.txt", [data], base=data)
 
     def test_every_character_nfkc_turns_into_a_separator_or_dots_is_refused(self, tree: Path) -> None:
         """The look-alike list is complete against this Python's Unicode database."""
@@ -410,6 +445,9 @@ class TestPathsWithin:
             ("~/notes.txt", "starts with '~', which shells and many tools read as a home directory"),
             ("..\\precious.txt", "holds a backslash, a separator to Windows and to some tools"),
             ("\uff0e\uff0e/precious.txt", "holds U+FF0E (fullwidth full stop), which some tools turn into"),
+            (" /etc/passwd", "starts or ends with a blank (a space, tab or line break), which many tools strip"),
+            ("'/etc/passwd'", "starts or ends with a quote, which some tools strip"),
+            ("C:/Windows/win.ini", "starts with a drive letter or 'file:', a root of its own to Windows"),
         ],
     )
     async def test_a_path_tools_read_differently_is_denied_with_what_to_write(
@@ -421,6 +459,17 @@ class TestPathsWithin:
         assert isinstance(decision, Deny)
         assert reason in decision.message
         assert f"This tool may use paths inside {data!r}" in decision.message
+
+    async def test_dot_dot_after_a_symlink_is_denied_with_what_to_write(self, tree: Path) -> None:
+        """Inside to the kernel, outside once normalized: the denial says to write the path without '..'."""
+        (tree / "data" / "sub" / "deeper").mkdir()
+        (tree / "data" / "deep").symlink_to(tree / "data" / "sub" / "deeper")
+        data = str(tree / "data")
+        path = "deep/../../precious.txt"
+        decision = await check_before(PathsWithin("path", [data], base=data), any_reader, {"path": path})
+        assert isinstance(decision, Deny)
+        assert "holds '..' after a symbolic link" in decision.message
+        assert "Write it without '..'." in decision.message
 
     async def test_only_matching_tools_are_checked(self, tree: Path) -> None:
         """A tool outside the `tools` globs is not checked; a matching one is."""

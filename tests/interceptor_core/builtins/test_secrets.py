@@ -161,6 +161,28 @@ class TestHardToRead:
         assert has_secrets("\u0410\u041aI\u0410IOSFODNN7EXAMPLE")
         assert has_secrets("card \uff14\uff11\uff11\uff11 1111 1111 1111")
 
+    @pytest.mark.parametrize("blank", ["\u3164", "\uffa0", "\u115f", "\u1160", "\u2800"])
+    def test_letters_drawn_as_nothing_are_dropped(self, blank: str) -> None:
+        """Hangul fillers and the blank Braille pattern are letters or symbols, not format characters,
+        yet show nothing: inside a key they hide nothing."""
+        assert has_secrets(f"AKIAIOSFOD{blank}NN7EXAMPLE")
+
+    def test_unicode_dashes_between_card_groups_are_separators(self) -> None:
+        """A non-breaking hyphen, an en dash or a minus sign joins card groups as '-' does."""
+        for dash in ("\u2011", "\u2013", "\u2212"):
+            assert has_secrets(dash.join(["card 4111", "1111", "1111", "1111"]))
+
+    @pytest.mark.parametrize("width", [1, 4, 8])
+    def test_base64_wrapped_in_short_lines_is_read_across_them(self, width: int) -> None:
+        """Base64 of a key, a few characters per line, is one run across the lines."""
+        encoded = base64.b64encode(AWS_KEY.encode()).decode()
+        assert has_secrets("\n".join(encoded[at : at + width] for at in range(0, len(encoded), width)))
+
+    def test_a_secret_key_name_in_look_alike_letters_is_the_key_name(self) -> None:
+        """A full-width or Cyrillic `password` map key marks its value as `password` does."""
+        assert has_secrets({"\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44": "x9!Kq2#mZ"})
+        assert has_secrets({"p\u0430ssword": "x9!Kq2#mZ"})
+
     def test_card_numbers_with_other_separators_are_found_but_dotted_addresses_are_not_cards(self) -> None:
         """Dots, slashes and spaced dashes between digit groups; a list of addresses stays clean."""
         assert has_secrets("card 4111.1111.1111.1111")

@@ -57,6 +57,9 @@ class TestReads:
             ("SELECT TOP 5 * FROM t", "tsql"),
             ("SELECT $$it's$$", "postgres"),
             ("SELECT a::int FROM t", "postgres"),
+            ("SELECT * FROM main.t", "duckdb"),
+            ("SELECT $tag$; DELETE FROM t; $tag$", "postgres"),
+            ("SELECT 1 /* /* */ ; DELETE FROM t; /* */ */", "postgres"),
         ],
     )
     def test_dialect_reads_are_reads_in_their_dialect(self, query: str, dialect: str) -> None:
@@ -228,6 +231,8 @@ class TestHiddenStatements:
             "SELECT 1 /* /* */ ; DROP TABLE t; /* */ */",
             # T-SQL: [x'] is an identifier, so DROP runs.
             "SELECT [x'];DROP TABLE t;--']",
+            # Postgres ends a -- comment at a carriage return, MySQL only at a line feed.
+            "SELECT 1 -- \r; DROP TABLE t",
         ],
     )
     def test_without_a_dialect_no_dialect_may_see_a_hidden_statement(self, query: str) -> None:
@@ -372,11 +377,19 @@ class TestFunctions:
             ("SELECT nextval('s')", "duckdb"),
             ("SELECT NEXT VALUE FOR s", "tsql"),
             ("SELECT `lower`('A')", "mysql"),
+            ("SELECT s.nextval FROM dual", "oracle"),
+            ("SELECT s.NEXTVAL", "snowflake"),
+            ("SELECT * FROM data.csv", "duckdb"),
+            ("SELECT * FROM data.csv.gz", "duckdb"),
+            ('SELECT * FROM data."JSON"', "duckdb"),
+            ("SELECT * FROM data.parquet", None),
+            ("SUMMARIZE 'data.csv'", "duckdb"),
         ],
     )
     def test_functions_with_effects_write_in_their_dialects(self, query: str, dialect: str) -> None:
         """Sleeps, file reads, variable assignments and sequences, by each dialect's list; in MySQL a
-        backquoted name calls a stored function, not the built-in."""
+        backquoted name calls a stored function, not the built-in. `seq.nextval` advances a sequence
+        (Oracle, Snowflake, MariaDB); DuckDB reads the file `data.csv` for an unquoted dotted name."""
         assert sql_writes(query, dialect=dialect) is True
 
     def test_without_a_dialect_a_function_must_be_free_of_effects_everywhere(self) -> None:
