@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from approval_agent import POLICY  # the plain agent's policy (this folder is on the path)
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -34,17 +35,6 @@ from interceptor_core import Gate, RunContext
 from interceptor_core.approvals import RemoteApprovals
 from interceptor_core.integrations.langchain import CallgateMiddleware
 from interceptor_core.policy import Policy
-
-POLICY = """\
-version: 1
-name: refunds
-rules:
-  - id: big-refunds
-    tools: [refund]
-    when: "args.amount_cents > 10000"
-    decision: require_approval
-    message: "Refunds over 100.00 need a reviewer."
-"""
 
 
 class ScriptedChat(GenericFakeChatModel):
