@@ -556,21 +556,22 @@ class McpGateway(_GatedServer):
             listing = types.PaginatedRequestParams(cursor=page.next_cursor)
         return None
 
+    async def _serving_owner(self, ctx: ServerRequestContext[Any], uri: str) -> McpProxy:
+        """The proxy of the serving server that listed `uri`; invalid params when none did."""
+        member = await self._owner_of(ctx, uri)
+        if member is None or member.proxy is None or member.down is not None:
+            raise MCPError(types.INVALID_PARAMS, "Invalid params: no serving server listed this resource URI")
+        return member.proxy
+
     async def _subscribe(
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
-        member = await self._owner_of(ctx, params.uri)
-        if member is None or member.proxy is None or member.down is not None:
-            raise MCPError(types.INVALID_PARAMS, "Invalid params: no serving server listed this resource URI")
-        return await member.proxy._subscribe(ctx, params)
+        return await (await self._serving_owner(ctx, params.uri))._subscribe(ctx, params)
 
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
-        member = await self._owner_of(ctx, params.uri)
-        if member is None or member.proxy is None or member.down is not None:
-            raise MCPError(types.INVALID_PARAMS, "Invalid params: no serving server listed this resource URI")
-        return await member.proxy._unsubscribe(ctx, params)
+        return await (await self._serving_owner(ctx, params.uri))._unsubscribe(ctx, params)
 
     async def _set_level(
         self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -518,3 +520,39 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tokens() -> dict[str, str]:
     """The tokens of `token_file`, by subject."""
     return dict(TOKENS)
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium (`make test` installs it as root). Missing: a failure in CI, a loud skip
+    elsewhere."""
+    if os.access(CHROMIUM, os.X_OK):
+        return CHROMIUM
+    reason = f"!!! {CHROMIUM} is missing: the console's browser tests did NOT run (apt-get install chromium) !!!"
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[Any]:
+    """One headless chromium for the module, driven by Playwright's sync API."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        try:
+            yield launched
+        finally:
+            launched.close()

@@ -32,10 +32,10 @@ from consumers.reader import ApiReader, SourceUnavailableError
 from consumers.webhooks import signature
 from events.signing import SigningKey
 
+from .conftest import CHROMIUM_FLAGS
+
 pytestmark = pytest.mark.integration
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 AGENT = Path(__file__).with_name("approval_agent.py")
 GRAPH_AGENT = Path(__file__).with_name("langgraph_approval_agent.py")
 CLI = [sys.executable, "-c", "from callgate.cli import main; main()"]
@@ -178,16 +178,6 @@ class Stack:
 def outcome(agent: subprocess.Popen[str]) -> dict[str, Any]:
     out, _ = agent.communicate(timeout=90)
     return dict(json.loads(out.strip().splitlines()[-1]))
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    if os.access(CHROMIUM, os.X_OK):
-        return CHROMIUM
-    reason = f"!!! {CHROMIUM} is missing: the approvals browser test did NOT run (apt-get install chromium) !!!"
-    if os.environ.get("CI"):
-        pytest.fail(reason)
-    pytest.skip(reason)
 
 
 @pytest.fixture

@@ -35,15 +35,6 @@ from interceptor_core.policy import Policy
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 HOSTILE = "EVIL-1 <img src=https://evil.example/x.png onerror=alert(1)> [phish](https://evil.example/p)"
 # Each page's path, its title, and text that shows once its data is drawn.
 PAGES = {
@@ -151,26 +142,11 @@ def stop(proc: subprocess.Popen[Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def browser(signed_store: Any) -> Iterator[Any]:
-    """Debian's chromium, one for the module (`make test` installs it). Missing: a failure in CI, a
-    loud skip elsewhere. The signed store is built first: it runs a gate with `asyncio.run`, which
-    cannot start while the sync Playwright API holds this thread's event loop."""
-    if not os.access(CHROMIUM, os.X_OK):
-        reason = (
-            f"!!! {CHROMIUM} is missing: the dashboard's browser test did NOT run. Install Debian's chromium "
-            "(`apt-get install chromium`, which `make test` does as root) !!!"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
+def browser(signed_store: Any, browser: Any) -> Any:
+    """The module's chromium (tests/dashboard/conftest.py), started after the signed store: that
+    store runs a gate with `asyncio.run`, which cannot start while the sync Playwright API holds
+    this thread's event loop."""
+    return browser
 
 
 @pytest.fixture

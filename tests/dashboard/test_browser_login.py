@@ -25,15 +25,6 @@ from callgate.broker import free_port
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # Each page a login may reach, its title and text that shows once its data is drawn.
 PAGES = {
     "Overview": "Top denied",
@@ -45,26 +36,6 @@ PAGES = {
     "Coverage": "coverage checks",
     "Pipeline health": "Dead letters",
 }
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Debian's chromium, one for the module; missing: a failure in CI, a loud skip elsewhere."""
-    if not os.access(CHROMIUM, os.X_OK):
-        reason = (
-            f"!!! {CHROMIUM} is missing: the dashboard's login browser tests did NOT run (apt-get install chromium) !!!"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
 
 
 @pytest.fixture(scope="module")

@@ -150,6 +150,20 @@ def assert_tidy_up(root: Path, done: list[str], messages: Sequence[AnyMessage], 
     assert verify_chain(memory.events).ok
 
 
+def flaky_tool(tries: list[str]) -> BaseTool:
+    """A tool that fails twice, then answers; each attempt's key lands in `tries`."""
+
+    @tool
+    def flaky(key: str) -> str:
+        """Fails twice, then answers."""
+        tries.append(key)
+        if len(tries) < 3:
+            raise ConnectionError("try again")
+        return f"value of {key}"
+
+    return flaky
+
+
 def agent_for(model: ScriptedChat, tools: list[BaseTool], gate: Gate, **kwargs: Any) -> Any:
     return create_agent(model, tools=tools, middleware=[CallgateMiddleware(tools, gate=gate, agent="writer", **kwargs)])
 
@@ -204,14 +218,7 @@ class TestCallgateMiddleware:
         """`ToolRetryMiddleware` listed before the gate's retries a gated tool's exception; each
         attempt passes the chain and is its own call (`c1`, `c1#2`, `c1#3`)."""
         tries: list[str] = []
-
-        @tool
-        def flaky(key: str) -> str:
-            """Fails twice, then answers."""
-            tries.append(key)
-            if len(tries) < 3:
-                raise ConnectionError("try again")
-            return f"value of {key}"
+        flaky = flaky_tool(tries)
 
         memory = MemorySink()
         retry = ToolRetryMiddleware(max_retries=2, initial_delay=0, jitter=False)
@@ -599,14 +606,7 @@ class TestGatedTool:
         """A gated tool under `with_retry` is retried on its exception; each attempt passes the
         chain and is its own call (a tool call's id gets `#N` from the second attempt)."""
         tries: list[str] = []
-
-        @tool
-        def flaky(key: str) -> str:
-            """Fails twice, then answers."""
-            tries.append(key)
-            if len(tries) < 3:
-                raise ConnectionError("try again")
-            return f"value of {key}"
+        flaky = flaky_tool(tries)
 
         memory = MemorySink()
         (gated,) = gate_tools([flaky], gate=Gate("g", sinks=[memory]))

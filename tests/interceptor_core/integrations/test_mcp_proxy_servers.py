@@ -535,14 +535,7 @@ async def test_a_server_reached_over_http_ends_one_clients_session(setup: Setup,
     after that opens a new session and works."""
     port, gateway_port = free_port(), free_port()
     log = tmp_path / "remote.log"
-    with log.open("wb") as out:
-        remote = subprocess.Popen(
-            ["node", str(setup.everything), "streamableHttp"],
-            env={**os.environ, "PORT": str(port)},
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    remote = start_remote(setup, port, log)
     process = None
     try:
         wait_for_line(log, "listening on port", remote)
