@@ -556,3 +556,21 @@ def browser(chromium: str) -> Iterator[Any]:
             yield launched
         finally:
             launched.close()
+
+
+def download(page: Any, button: str, *, attempts: int = 3) -> Any:
+    """The download the page's `button` starts (Playwright's `Download`). The click is repeated,
+    up to `attempts` times of 15 s each, when no download starts: a Live rerun can replace the
+    button between finding it and the click landing, and the click is then lost."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(1, attempts + 1):
+        try:
+            with page.expect_download(timeout=15_000) as caught:
+                page.get_by_role("button", name=button).click()
+        except PlaywrightTimeout:
+            if attempt == attempts:
+                raise
+            continue
+        return caught.value
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -33,6 +33,8 @@ from events.proofs import check_proof
 from interceptor_core import Block, Deny, Gate, RunContext, ToolBlockedError, before_tool_call, tool
 from interceptor_core.policy import Policy
 
+from .conftest import download
+
 pytestmark = pytest.mark.integration
 
 HOSTILE = "EVIL-1 <img src=https://evil.example/x.png onerror=alert(1)> [phish](https://evil.example/p)"
@@ -320,18 +322,15 @@ def test_signed_coverage_and_a_downloaded_proof_in_a_real_browser(
         page.goto(f"{signed_dashboard}/call?call_id=s-3")
         page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
         expect(page.get_by_text("signed by a trusted key")).to_be_visible(timeout=30_000)
-        with page.expect_download(timeout=30_000) as caught:
-            page.get_by_role("button", name="Download proof").click()
-        download = caught.value
-        assert download.suggested_filename == f"proof-{event_id}.json"
-        doc = json.loads(Path(download.path()).read_text(encoding="utf-8"))
+        downloaded = download(page, "Download proof")
+        assert downloaded.suggested_filename == f"proof-{event_id}.json"
+        doc = json.loads(Path(downloaded.path()).read_text(encoding="utf-8"))
         assert check_proof(doc, signed_store.key).ok
         page.screenshot(path=str(shots / "call-proof.png"), full_page=True)
         # The call's evidence: every own event's proof, one a line, each verifying with the gate's key.
-        with page.expect_download(timeout=30_000) as caught:
-            page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
-        assert caught.value.suggested_filename == "call-s-3-proofs.jsonl"
-        docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
+        downloaded = download(page, "Download inclusion proofs (JSON lines)")
+        assert downloaded.suggested_filename == "call-s-3-proofs.jsonl"
+        docs = [json.loads(line) for line in Path(downloaded.path()).read_text(encoding="utf-8").splitlines()]
         assert docs
         assert all("no_proof" not in d and check_proof(d, signed_store.key).ok for d in docs)
         assert event_id in {json.loads(d["event"])["event_id"] for d in docs}
@@ -339,9 +338,8 @@ def test_signed_coverage_and_a_downloaded_proof_in_a_real_browser(
         page.goto(f"{signed_dashboard}/call?call_id=u-0")
         page.get_by_role("button", name="Proof", exact=True).click(timeout=30_000)
         expect(page.get_by_text("is not covered by any stored checkpoint")).to_be_visible(timeout=30_000)
-        with page.expect_download(timeout=30_000) as caught:
-            page.get_by_role("button", name="Download inclusion proofs (JSON lines)").click()
-        docs = [json.loads(line) for line in Path(caught.value.path()).read_text(encoding="utf-8").splitlines()]
+        downloaded = download(page, "Download inclusion proofs (JSON lines)")
+        docs = [json.loads(line) for line in Path(downloaded.path()).read_text(encoding="utf-8").splitlines()]
         assert docs
         assert all("is not covered by any stored checkpoint" in d["no_proof"] for d in docs)
     finally:
@@ -435,10 +433,9 @@ def test_console_keeps_its_place_and_shows_its_evidence_at_1440_px(
         expect(page.get_by_text('"call_id": "console-0"').first).to_be_visible()
         expect(page.get_by_test_id("stApp")).to_have_attribute("data-test-script-state", "notRunning")
         assert all(scroll <= width for scroll, width in fits(page)), fits(page)
-        with page.expect_download(timeout=30_000) as caught:
-            page.get_by_role("button", name="Download evidence (events as JSON lines)").click()
-        assert caught.value.suggested_filename == "call-console-0.jsonl"
-        lines = Path(caught.value.path()).read_text(encoding="utf-8").splitlines()
+        downloaded = download(page, "Download evidence (events as JSON lines)")
+        assert downloaded.suggested_filename == "call-console-0.jsonl"
+        lines = Path(downloaded.path()).read_text(encoding="utf-8").splitlines()
         stored = ApiReader(live_stack["api"], timeout_s=5).query("call_detail", {"call_id": "console-0"}).rows
         assert [json.loads(line)["event_id"] for line in lines] == [row["event_id"] for row in stored]
         assert {json.loads(line)["call_id"] for line in lines} == {"console-0"}
