@@ -203,6 +203,10 @@ class _State:
     points into a log that is gone."""
     fenced: int = 0
     """Batches the lake refused because another materializer had stored their partitions first."""
+    assigned_at: float | None = None
+    """Group mode: when the group last assigned this member its partitions (none included)."""
+    reassign_asked_at: float | None = None
+    """Group mode: when this member, assigned nothing, last joined the group again to be assigned."""
 
 
 class Materializer:
@@ -826,6 +830,35 @@ class Materializer:
                     part.unread_since = now
             self._track_stall(part, before, now)
             self._publish(number, part, now)
+        if self.assignment == "group" and not consumer.assignment():
+            self._ask_to_reassign(consumer, now)
+
+    def _ask_to_reassign(self, consumer: Any, now: float) -> None:
+        """Group mode, this member assigned nothing: when listed partitions have waited unread past the
+        grace since the group's last assignment, join the group again as a new member (once an
+        assignment: a join takes seconds, and one asked meanwhile would start it over).
+
+        A leader's assignment can be lost on its way back, and asking again under the same member id
+        does not help everywhere: after an empty restart the embedded broker answered every sync of
+        a member with the first assignment it had stored for that member id (none, made before the
+        topic was recreated), and no later metadata change would ever rejoin. A new member id gets
+        a new assignment; the group forgets the old one when its session times out."""
+        state, grace = self._state, self.unread_grace_s
+        unread = sorted(
+            n for n, p in state.partitions.items() if p.unread_since is not None and now - p.unread_since > grace
+        )
+        assigned_at, asked_at = state.assigned_at, state.reassign_asked_at
+        if not unread or assigned_at is None or now - assigned_at <= grace:
+            return
+        if asked_at is not None and asked_at >= assigned_at:
+            return
+        state.reassign_asked_at = now
+        log.warning(
+            "partitions %s of %s wait unread and the group assigned this materializer none: joining it again",
+            unread,
+            self.topic,
+        )
+        consumer._coordinator.reset_generation()
 
     def _publish(self, number: int, part: _Partition, now: float) -> None:
         if self.metrics is not None:
@@ -1015,6 +1048,7 @@ class _SeekToStore:
             state.cluster_id is not None and cluster_id is not None and cluster_id != state.cluster_id
         )
         await seek_to_store(self.materializer, self.consumer, assigned, log_lost=lost)
+        state.assigned_at = time.monotonic()
         state.log_lost = False
         state.cluster_id = cluster_id or state.cluster_id
 

@@ -841,6 +841,46 @@ class TestHealth:
             # The idle member gone, the group gives the partition back to the materializer.
             await _until(lambda: health_via_api(port)[0] == 200 and _count(materializer) == 4, 60)
 
+    async def test_a_member_assigned_nothing_while_partitions_wait_asks_the_group_again(
+        self, kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The group's first assignment reaches the materializer empty (after an empty restart the embedded
+        broker answered a sync with the member's assignment from before the topic was recreated): once the
+        topic's partitions have waited unread past the grace, it asks the group to assign again and
+        stores their records. Nothing else would ever rejoin: the topic's metadata no longer changes."""
+        from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+        from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+        from events.kafka import ensure_topic
+
+        assign = RoundRobinPartitionAssignor.assign.__func__  # type: ignore[attr-defined]
+        assignments: list[int] = []
+
+        def first_one_lost(cls: Any, cluster: Any, members: Any) -> Any:
+            assignments.append(len(assignments))
+            if len(assignments) == 1:
+                return {member: ConsumerProtocolMemberAssignment(cls.version, [], b"") for member in members}
+            return assign(cls, cluster, members)
+
+        monkeypatch.setattr(RoundRobinPartitionAssignor, "assign", classmethod(first_one_lost))
+        await ensure_topic(kafka_broker.bootstrap, topic, 2)
+        materializer = Materializer(
+            kafka_broker.bootstrap,
+            topic,
+            str(tmp_path / "audit.duckdb"),
+            group=f"g-{uuid.uuid4().hex[:8]}",
+            assignment="group",
+            unread_grace_s=0.5,
+            metadata_interval_s=0.2,
+            **FAST_GROUP,
+        )
+        async with running(materializer):
+            await produce_to(kafka_broker.bootstrap, topic, sealed_events(4), 2)
+            await _until(lambda: _count(materializer) == 4, 60)
+            await _until(lambda: materializer.health().ok, 30)
+            assert [p.owned for p in materializer.health().partitions] == [True, True]
+        assert len(assignments) >= 2
+
 
 def _rss_bytes() -> int:
     """This process's resident set now (Linux)."""
