@@ -64,14 +64,26 @@ def breaks(store: AuditStore) -> list[tuple[int, str]]:
 
 
 def gate_events(key: SigningKey, calls: int, checkpoint_events: int = 4) -> list[EventBase]:
-    """A real gate's events with its checkpoints (every `checkpoint_events` events, and on close)."""
+    """A real gate's events with its checkpoints (every `checkpoint_events` events, and on close).
+
+    The gate's checkpoint thread runs beside the calls: after the k-th `checkpoint_events` calls this
+    waits until k checkpoints are out (each new event is covered by one emitted after it, within the
+    gate's `checkpoint_s`), so a loaded machine cannot leave a run with only the closing one."""
     sink = MemorySink()
     gate = Gate("shop", sinks=[sink], signing_key=key, checkpoint_events=checkpoint_events)
     desk = gate.agent("desk", tools=[refund])
 
+    def checkpoints() -> int:
+        return sum(isinstance(e, CheckpointEvent) for e in list(sink.events))
+
     async def run() -> None:
         for n in range(calls):
             await desk.call("refund", {"order_id": f"A-{n}"}, run=RUN)
+            if (n + 1) % checkpoint_events == 0:
+                wanted, deadline = (n + 1) // checkpoint_events, time.monotonic() + 30
+                while checkpoints() < wanted:
+                    assert time.monotonic() < deadline, "no checkpoint within 30 s"
+                    await asyncio.sleep(0.01)  # sleep-ok: polling with a deadline
         await gate.close()
 
     asyncio.run(run())

@@ -260,8 +260,10 @@ def request_box(page: Any, approval_id: str) -> Any:
             raise AssertionError(f"request {approval_id} not shown")
         page.get_by_test_id("stSidebarNav").get_by_role("link", name="Approvals", exact=True).click()
         page.wait_for_timeout(500)
-    expect(box).to_be_visible(timeout=30_000)
-    return box
+    expect(box.first).to_be_visible(timeout=30_000)
+    # While the page reruns, the box's elements from the run before stay drawn beside the new ones
+    # (marked stale): a Note field was found twice. Only the current run's elements are used.
+    return box.locator("[data-testid='stElementContainer'][data-stale='false']")
 
 
 def decide(page: Any, approval_id: str, button: str, note: str) -> Any:
